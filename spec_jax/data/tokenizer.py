@@ -1,0 +1,162 @@
+"""Tokenizers: the SmolLM2 byte-level BPE rebuilt from its GGUF, and a byte tokenizer for tests.
+
+Every tokenizer exposes the same small surface (`encode`, `encode_batch`, `decode`, `vocab_size`,
+`eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary: drafter and verifier
+must agree on it, and token caches on disk are keyed by it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
+from typing import Protocol, Sequence
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+
+
+class Tokenizer(Protocol):
+  name: str
+  vocab_size: int
+  eos_id: int
+  pad_id: int
+  stop_ids: tuple[int, ...]
+
+  @property
+  def fingerprint(self) -> str: ...
+  def encode(self, text: str) -> list[int]: ...
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` with the ids spec_jax needs.
+
+  No BOS is prepended: SmolLM2's own tokenizer.json has no post-processor, so HF transformers does
+  not add one either (the GGUF's `add_bos_token` flag is llama.cpp's, not the model's training).
+  """
+
+  def __init__(self, tok: tokenizers.Tokenizer, *, name: str, eos_token: str,
+               stop_tokens: Sequence[str] = (), chat_template: str | None = None):
+    self._tok = tok
+    self.name = name
+    self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    self.eos_id = self._id(eos_token)
+    self.pad_id = self.eos_id  # padding is always masked; any valid id works
+    self.stop_ids = tuple(sorted({self.eos_id, *(self._id(t) for t in stop_tokens)}))
+    self.chat_template = chat_template
+
+  def _id(self, token: str) -> int:
+    i = self._tok.token_to_id(token)
+    if i is None:
+      raise ValueError(f"Tokenizer {self.name!r} has no token {token!r}.")
+    return i
+
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    return hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._tok.decode(list(ids), skip_special_tokens=False)
+
+  def chat_prompt(self, user: str, system: str | None = None) -> str:
+    """ChatML prompt (the template SmolLM2-Instruct ships), ending with the assistant header."""
+    if system is None:
+      system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+def tokenizer_from_gguf(path: str | pathlib.Path) -> HFTokenizer:
+  """Rebuild a GPT-2 style byte-level BPE (`tokenizer.ggml.model == "gpt2"`) from a GGUF file."""
+  import gguf  # local: only needed when a GGUF is read
+  reader = gguf.GGUFReader(str(path))
+  fields = reader.fields
+
+  def get(key):
+    if key not in fields:
+      raise ValueError(f"{path}: GGUF has no {key!r}; it does not carry a BPE tokenizer.")
+    return fields[key].contents()
+
+  if get("tokenizer.ggml.model") != "gpt2":
+    raise ValueError(f"{path}: tokenizer model {get('tokenizer.ggml.model')!r} is not supported; "
+                     "only byte-level BPE ('gpt2') GGUF tokenizers can be rebuilt.")
+  tokens = get("tokenizer.ggml.tokens")
+  types = get("tokenizer.ggml.token_type")
+  merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
+  vocab = {t: i for i, t in enumerate(tokens)}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+  pre = get("tokenizer.ggml.pre") if "tokenizer.ggml.pre" in fields else "default"
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  if pre == "smollm":
+    # llama.cpp's SMOLLM pre-tokenizer: every digit on its own, then the GPT-2 regex.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), byte_level])
+  else:
+    tok.pre_tokenizer = byte_level
+  tok.decoder = decoders.ByteLevel()
+  # Control tokens (type 3) must never be split by the BPE: register them as special.
+  specials = [tokenizers.AddedToken(t, special=True, normalized=False)
+              for t, ty in zip(tokens, types) if ty == 3]
+  tok.add_special_tokens(specials)
+  eos = tokens[int(get("tokenizer.ggml.eos_token_id"))]
+  stop = [t for t in ("<|endoftext|>", "<|im_end|>") if t in vocab]
+  template = get("tokenizer.chat_template") if "tokenizer.chat_template" in fields else None
+  # SmolLM2's GGUF names <|im_start|> as EOS; text generation stops on <|endoftext|> instead.
+  if "<|endoftext|>" in vocab:
+    eos = "<|endoftext|>"
+  return HFTokenizer(tok, name=pathlib.Path(path).name, eos_token=eos, stop_tokens=stop,
+                     chat_template=template)
+
+
+def tokenizer_from_json(path: str | pathlib.Path, eos_token: str) -> HFTokenizer:
+  """A tokenizer from an HF `tokenizer.json`."""
+  return HFTokenizer(tokenizers.Tokenizer.from_file(str(path)), name=str(path), eos_token=eos_token)
+
+
+@functools.cache
+def smollm2_tokenizer() -> HFTokenizer:
+  from spec_jax import assets
+  return tokenizer_from_gguf(assets.smollm2_gguf_path())
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as ids 0..255 plus EOS = 256; for tests and tiny models."""
+
+  name = "bytes"
+  vocab_size = 257
+  eos_id = 256
+  pad_id = 256
+  stop_ids = (256,)
+  fingerprint = "bytes-257"
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+  """Tokenizer by config name: 'smollm2', 'bytes', or a path to a tokenizer.json / .gguf file."""
+  if name == "smollm2":
+    return smollm2_tokenizer()
+  if name == "bytes":
+    return ByteTokenizer()
+  if name.endswith(".gguf"):
+    return tokenizer_from_gguf(name)
+  if name.endswith(".json"):
+    return tokenizer_from_json(name, eos_token="<|endoftext|>")
+  raise ValueError(f"Unknown tokenizer {name!r}. Use 'smollm2', 'bytes', or a path to a "
+                   "tokenizer.json or .gguf file.")

@@ -1,0 +1,8 @@
+"""Shared test set-up: fake CPU devices must be configured before jax is imported anywhere."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests compare in float32; keep matmuls exact on CPU.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
