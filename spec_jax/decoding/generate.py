@@ -1,0 +1,138 @@
+"""Autoregressive generation: one jitted `lax.while_loop`, batch > 1 with ragged prompts.
+
+Cache layout (DESIGN.md §2): slot = absolute position. Prompts are right-padded to a fixed
+`P = max_prompt_tokens`, so one compiled program serves every batch of the same (B, P, N). The
+padding's K/V land in slots >= length[b]; the causal mask hides them and the next real token in
+that row overwrites them before any query can see them.
+
+Stopping (shared with speculative decoding so both emit identical text): a row stops after it
+emits a stop token (kept in the output) or after `max_new_tokens` new tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.models import llama
+
+# Incremented each time `_generate` is traced; tests assert it stays put across calls.
+TRACE_COUNT = {"generate": 0}
+
+
+@flax.struct.dataclass
+class Prompts:
+  """tokens int32[B, P] right-padded; lengths int32[B] (>= 1)."""
+  tokens: jax.Array
+  lengths: jax.Array
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_tokens: int,
+                   field: str = "generation.max_prompt_tokens") -> Prompts:
+  """Tokenize and right-pad prompts to `max_prompt_tokens`, with clear errors for bad input."""
+  if not texts:
+    raise ValueError("No prompts given.")
+  ids = tokenizer.encode_batch(list(texts))
+  return pad_prompts(ids, max_prompt_tokens, tokenizer.pad_id, field)
+
+
+def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: int,
+                field: str = "generation.max_prompt_tokens") -> Prompts:
+  tokens = np.full((len(ids), max_prompt_tokens), pad_id, np.int32)
+  for i, row in enumerate(ids):
+    if len(row) == 0:
+      raise ValueError(f"Prompt {i} is empty: generation needs at least one prompt token.")
+    if len(row) > max_prompt_tokens:
+      raise ValueError(
+          f"Prompt {i} has {len(row)} tokens but {field}={max_prompt_tokens} (the KV cache holds "
+          f"max_prompt_tokens + max_new_tokens). Raise {field} or shorten the prompt.")
+    tokens[i, :len(row)] = row
+  return Prompts(jnp.asarray(tokens), jnp.asarray([len(r) for r in ids], jnp.int32))
+
+
+@flax.struct.dataclass
+class GenerateState:
+  tokens: jax.Array      # int32[B, S]: prompt then generated tokens, S = P + N
+  lengths: jax.Array     # int32[B]: committed tokens per row (prompt + generated)
+  num_new: jax.Array     # int32[B]: generated tokens per row
+  done: jax.Array        # bool[B]
+  cache: llama.KVCache
+  rng: jax.Array
+  step: jax.Array        # int32[]: decode steps taken (verifier-only forward calls after prefill)
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+  tokens: jax.Array      # int32[B, S]: prompt + generated (stale beyond lengths[b])
+  lengths: jax.Array     # int32[B]
+  prompt_lengths: jax.Array
+  num_new: jax.Array     # int32[B]
+  steps: jax.Array       # int32[]: forward calls, prefill included
+
+  def new_tokens(self) -> list[list[int]]:
+    """Generated ids per row (host side), stop token included when one was emitted."""
+    toks, lens, plens = jax.device_get((self.tokens, self.lengths, self.prompt_lengths))
+    return [toks[b, plens[b]:lens[b]].tolist() for b in range(toks.shape[0])]
+
+
+def commit(tokens, lengths, num_new, done, new, stop_ids, max_new_tokens):
+  """Append `new[B]` to rows that are not done; update lengths, counts and done flags."""
+  rows = jnp.arange(tokens.shape[0])
+  live = ~done
+  tokens = tokens.at[rows, jnp.where(live, lengths, tokens.shape[1])].set(new, mode="drop")
+  lengths = lengths + live
+  num_new = num_new + live
+  is_stop = jnp.isin(new, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(live)
+  done = done | (live & is_stop) | (num_new >= max_new_tokens)
+  return tokens, lengths, num_new, done
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "max_new_tokens", "stop_ids"))
+def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
+              stop_ids):
+  TRACE_COUNT["generate"] += 1
+  apply = llama.make_apply(cfg)
+  b, p = prompt_tokens.shape
+  size = p + max_new_tokens
+  cache = llama.init_cache(cfg, b, size)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  logits, _, cache = apply(params, prompt_tokens, positions, cache)
+  last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  rng, key = jax.random.split(rng)
+  first = sampling_lib.sample_logits(key, last, sampling)
+  tokens = jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens)))
+  done = jnp.zeros((b,), bool)
+  tokens, lengths, num_new, done = commit(tokens, prompt_lengths, jnp.zeros_like(prompt_lengths),
+                                          done, first, stop_ids, max_new_tokens)
+  state = GenerateState(tokens, lengths, num_new, done, cache, rng, jnp.int32(1))
+
+  def body(s: GenerateState) -> GenerateState:
+    pos = (s.lengths - 1)[:, None]
+    current = jnp.take_along_axis(s.tokens, pos, axis=1)
+    logits, _, cache = apply(params, current, pos, s.cache)
+    new = sampling_lib.sample_logits(jax.random.fold_in(s.rng, s.step), logits[:, 0], sampling)
+    tokens, lengths, num_new, done = commit(s.tokens, s.lengths, s.num_new, s.done, new, stop_ids,
+                                            max_new_tokens)
+    return GenerateState(tokens, lengths, num_new, done, cache, s.rng, s.step + 1)
+
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return GenerateOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.step)
+
+
+def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
+             sampling: sampling_lib.Sampling, max_new_tokens: int,
+             stop_ids: Sequence[int] = ()) -> GenerateOutput:
+  """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
+
+  One compiled program per (cfg, sampling, B, P, max_new_tokens, stop_ids); no host syncs inside.
+  """
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  return _generate(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
+                   max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids))

@@ -1,0 +1,98 @@
+"""Llama forward contract: cache, slots, masks, hidden states, variants."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.models import llama
+
+
+def _full(cfg, params, tokens):
+  pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  return jax.jit(llama.make_apply(cfg))(params, tokens, pos)[0]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"qkv_bias": True, "tie_embeddings": False,
+                                           "n_kv_heads": 1, "rope_theta": 1e6}])
+def test_incremental_decode_matches_full_forward(overrides):
+  cfg, params = testing.tiny_model(seed=1, **overrides)
+  if overrides.get("qkv_bias"):  # random biases so the bias path matters
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, x: x + 0.1 if "bias" in jax.tree_util.keystr(p) else x, params)
+  tokens = jax.random.randint(jax.random.key(2), (3, 12), 0, cfg.vocab_size)
+  full = _full(cfg, params, tokens)
+  apply = jax.jit(llama.make_apply(cfg))
+  cache = llama.init_cache(cfg, 3, 16)
+  pos = jnp.broadcast_to(jnp.arange(12), (3, 12))
+  out, _, cache = apply(params, tokens[:, :5], pos[:, :5], cache)
+  chunks = [out]
+  for t in range(5, 12, 2):  # two tokens at a time, like a short verification call
+    out, _, cache = apply(params, tokens[:, t:t + 2], pos[:, t:t + 2], cache)
+    chunks.append(out)
+  np.testing.assert_allclose(jnp.concatenate(chunks, 1), full, atol=2e-5)
+
+
+def test_stale_slots_are_masked_and_overwritten():
+  """Rejected drafts leave K/V behind; the causal mask hides them until they are overwritten."""
+  cfg, params = testing.tiny_model(seed=3)
+  apply = jax.jit(llama.make_apply(cfg))
+  tokens = jnp.array([[5, 6, 7, 8, 9, 10]])
+  pos = jnp.arange(6)[None]
+  cache = llama.init_cache(cfg, 1, 8)
+  _, _, cache = apply(params, tokens, pos, cache)      # writes slots 0..5
+  other = jnp.array([[100, 101]])                      # "accepted" tokens differ from slots 3..4
+  logits, _, _ = apply(params, other, pos[:, 3:5], cache)
+  want = _full(cfg, params, jnp.array([[5, 6, 7, 100, 101]]))[:, 3:5]
+  np.testing.assert_allclose(logits, want, atol=2e-5)
+
+
+def test_custom_slots_and_tree_mask():
+  """Two sibling branches written to scratch slots, each seeing the prefix and its own node."""
+  cfg, params = testing.tiny_model(seed=4)
+  apply = jax.jit(llama.make_apply(cfg))
+  prefix = jnp.array([[3, 4, 5]])
+  cache = llama.init_cache(cfg, 1, 12)
+  _, _, cache = apply(params, prefix, jnp.arange(3)[None], cache)
+  siblings = jnp.array([[20, 30]])
+  slots = jnp.array([[8, 9]])                          # scratch region past the sequence
+  positions = jnp.array([[3, 3]])                      # same depth
+  mask = jnp.zeros((1, 2, 12), bool).at[:, :, :3].set(True)
+  mask = mask.at[0, 0, 8].set(True).at[0, 1, 9].set(True)
+  logits, _, _ = apply(params, siblings, positions, cache, mask, slots)
+  for i, tok in enumerate([20, 30]):
+    want = _full(cfg, params, jnp.array([[3, 4, 5, tok]]))[0, -1]
+    np.testing.assert_allclose(logits[0, i], want, atol=2e-5)
+
+
+def test_out_of_range_slots_drop_writes():
+  cfg, params = testing.tiny_model(seed=5)
+  cache = llama.init_cache(cfg, 1, 4)
+  _, _, cache2 = llama.make_apply(cfg)(params, jnp.array([[1]]), jnp.array([[0]]), cache,
+                                       None, jnp.array([[4]]))
+  assert not jnp.any(cache2.k)
+
+
+def test_hidden_layers():
+  cfg, params = testing.tiny_model(seed=6)
+  tokens = jnp.array([[1, 2, 3]])
+  pos = jnp.arange(3)[None]
+  _, hidden, _ = llama.make_apply(cfg, hidden_layers=(0, 1, -1))(params, tokens, pos)
+  np.testing.assert_allclose(hidden[0], params["embed"]["embedding"][tokens], atol=1e-6)
+  assert hidden[-1].shape == (1, 3, cfg.d_model)
+  assert not np.allclose(hidden[1], hidden[0]) and not np.allclose(hidden[-1], hidden[1])
+  with pytest.raises(ValueError, match="hidden layer 5"):
+    llama.make_apply(cfg, hidden_layers=(5,))(params, tokens, pos)
+
+
+def test_variants_and_param_count():
+  cfg = llama.model_config("smollm2-135m")
+  assert 134e6 < cfg.num_params < 135e6  # SmolLM2-135M: 134.5M parameters
+  small = llama.model_config("drafter-s", vocab_size=1000)
+  shapes = llama.param_shapes(small)
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == small.num_params
+  with pytest.raises(ValueError, match="Unknown model size 'huge'.*drafter-s"):
+    llama.model_config("huge")
+  with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+    llama.model_config("test-tiny", n_kv_heads=3)
