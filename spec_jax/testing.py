@@ -23,14 +23,18 @@ def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **o
   return cfg, params
 
 
-def naive_greedy(cfg, params, prompt: list[int], n: int) -> list[int]:
-  """Greedy continuation by re-running the full causal forward each step (no cache at all)."""
+def naive_greedy(cfg, params, prompt: list[int], n: int, width: int = 64) -> list[int]:
+  """Greedy continuation by re-running the full causal forward each step (no cache at all).
+  The sequence is right-padded to a fixed `width` (causality makes the padding invisible), so
+  every step reuses one compiled forward."""
+  if len(prompt) + n > width:
+    raise ValueError(f"prompt + n = {len(prompt) + n} exceeds width={width}.")
   apply = jax.jit(llama.make_apply(cfg))
   seq = list(prompt)
   for _ in range(n):
-    x = jnp.asarray([seq], jnp.int32)
-    logits, _, _ = apply(params, x, jnp.arange(len(seq))[None])
-    seq.append(int(jnp.argmax(logits[0, -1])))
+    x = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
+    logits, _, _ = apply(params, x, jnp.arange(width)[None])
+    seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
   return seq[len(prompt):]
 
 
@@ -69,5 +73,7 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], law: dict[tuple[int, ...],
   if pool_exp > 0:
     obs.append(pool_obs)
     exp.append(pool_exp)
+  if len(obs) < 2:  # a single cell holds all samples, and all of them are in the support
+    return 1.0
   exp = np.asarray(exp) * (n / np.sum(exp))  # guard float drift in the law's total
   return float(stats.chisquare(obs, exp).pvalue)

@@ -6,3 +6,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare in float32; keep matmuls exact on CPU.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+import tempfile
+
+# Corpora and token caches built by program tests go to a throwaway dir, not the user's cache.
+os.environ.setdefault("SPEC_JAX_DATA_DIR", tempfile.mkdtemp(prefix="spec_jax_test_tfds_"))

@@ -1,0 +1,38 @@
+"""Generate text with SmolLM2-135M-Instruct (or any model) for a few prompts.
+
+  python launch.py --config configs/generate.py --workdir runs/generate
+  python launch.py --config configs/generate.py:temperature=0.7 --workdir runs/generate \
+      --config.prompts_file=my_prompts.txt
+  python launch.py --config configs/generate.py:smoke --workdir /tmp/gen   # tiny random model
+
+Time: ~30 s on 2 CPU cores (10 s loading the GGUF, ~1 s/prompt batch), a few s on one GPU.
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False, temperature=0.0, new_tokens=48, chat=True)
+  config = common.base("generate")
+  config.model = common.model(size="smollm2-135m", checkpoint="smollm2")
+  config.generation = common.generation(max_new_tokens=args.new_tokens, max_prompt_tokens=96,
+                                        batch_size=4)
+  config.generation.sampling.temperature = args.temperature
+  config.chat = args.chat  # wrap prompts in the tokenizer's chat template
+  config.prompts = (
+      "What is speculative decoding?",
+      "Write a Python function that reverses a string.",
+      "Give me three tips for learning to juggle.",
+      "Who wrote Romeo and Juliet?",
+  )
+  config.prompts_file = ""
+  config.data = common.data()
+  config.num_data_prompts = 0
+  config.data_prompt_tokens = 64
+  if args.smoke:
+    config.tokenizer = "bytes"
+    config.model = common.model(size="test-tiny")
+    config.chat = False
+    config.generation.max_new_tokens = 8
+    config.generation.max_prompt_tokens = 64
+  return config

@@ -1,0 +1,92 @@
+"""The single launcher: `python launch.py --config configs/X.py[:args] --workdir DIR [--config.a.b=v]`.
+
+Dispatches on `config.program` to `spec_jax.programs.<program>.run(config, workdir)`.
+"""
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with ':args' (e.g. configs/train_lm.py:smoke).",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() first (multi-host pods).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _programs() -> list[str]:
+  import spec_jax.programs
+  return sorted(m.name for m in pkgutil.iter_modules(spec_jax.programs.__path__))
+
+
+def _check_override_keys(argv: list[str]) -> None:
+  """Reject `--config.a.b=v` for keys the config does not have, naming the key and its siblings.
+
+  ml_collections would raise a bare AttributeError("'b'") from deep inside flag parsing.
+  """
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None and "--config" in argv[:-1]:
+    config_arg = argv[argv.index("--config") + 1]
+  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  if not config_arg or not overrides:
+    return
+  path, _, arg = config_arg.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_spec_jax_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception:  # let config_flags report problems with the file itself
+    return
+  for key in overrides:
+    node, walked = config, []
+    for part in key.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(walked) or "the top level"
+        known = sorted(node.keys()) if hasattr(node, "keys") else []
+        raise app.UsageError(
+            f"Unknown config key {key!r} (from --config.{key}): {where} has no field {part!r}. "
+            f"Known fields there: {known}.")
+      node = node[part]
+      walked.append(part)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    _check_override_keys(argv)
+  except app.UsageError as e:
+    print(f"FATAL {e}", file=sys.stderr)
+    sys.exit(1)
+  return flags.FLAGS(argv)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  import jax
+  if _DISTRIBUTED.value:
+    jax.distributed.initialize()
+  config = _CONFIG.value
+  if "program" not in config:
+    raise app.UsageError("The config has no 'program' field; set config.program to one of "
+                         f"{_programs()}.")
+  if config.program not in _programs():
+    raise app.UsageError(f"config.program={config.program!r} is not a program; choose one of "
+                         f"{_programs()}.")
+  logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(),
+               jax.devices())
+  logging.info("config:\n%s", config)
+  module = importlib.import_module(f"spec_jax.programs.{config.program}")
+  module.run(config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,51 @@
+"""Build a model from a config's `model` section: random init, the SmolLM2 GGUF, any GGUF file, or a
+train_lm checkpoint. Checks that the model and the tokenizer agree before anything runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from spec_jax.models import gguf_import, llama
+
+
+def _with_dtype(cfg: llama.LlamaConfig, params, dtype: str):
+  if cfg.dtype == dtype and cfg.param_dtype == dtype:
+    return cfg, params
+  cfg = dataclasses.replace(cfg, dtype=dtype, param_dtype=dtype)
+  return cfg, jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+
+
+def _check_vocab(cfg: llama.LlamaConfig, tokenizer, source: str, field: str) -> None:
+  if cfg.vocab_size != tokenizer.vocab_size:
+    raise ValueError(
+        f"{field}={source!r} has vocab_size={cfg.vocab_size} but the tokenizer "
+        f"{tokenizer.name!r} has {tokenizer.vocab_size} tokens. Use the tokenizer the model was "
+        "trained with (config.tokenizer) or a model trained with this tokenizer.")
+
+
+def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint"):
+  """(LlamaConfig, params) for a `configs.common.model()` section.
+
+  checkpoint '' → random init of `model_cfg.size` with the tokenizer's vocabulary;
+  'smollm2' or a .gguf path → weights from the GGUF (dequantized);
+  anything else → a train_lm workdir or checkpoint directory.
+  """
+  ckpt = model_cfg.checkpoint
+  dtype = model_cfg.dtype
+  if not ckpt:
+    cfg = llama.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
+                             param_dtype=dtype)
+    return cfg, llama.init_params(cfg, jax.random.key(seed))
+  if ckpt == "smollm2" or ckpt.endswith(".gguf"):
+    cfg, params = (gguf_import.load_smollm2() if ckpt == "smollm2"
+                   else gguf_import.read_gguf(ckpt))
+    _check_vocab(cfg, tokenizer, ckpt, field)
+    return _with_dtype(cfg, jax.device_put(params), dtype)
+  from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
+  cfg, params, meta = checkpoints.load_model(ckpt)
+  checkpoints.check_tokenizer(meta, tokenizer, f"{field}={ckpt!r}")
+  _check_vocab(cfg, tokenizer, ckpt, field)
+  return _with_dtype(cfg, params, dtype)

@@ -1,0 +1,54 @@
+"""Program `benchmark`: decoding throughput of a model, rows in `workdir/results.json`.
+
+Each row: method, batch_size, new_tokens, tokens_per_s, ms_per_token (= 1000 / tokens_per_s,
+i.e. wall time per emitted token over the batch), ms_per_step (wall time per decode step, the
+per-token latency a user of one row sees), compile_s, device. Every call generates exactly
+`new_tokens` per row (stop tokens are ignored) from prompts of the configured split, and the
+timed region is the whole jitted generate call, prefill included.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from spec_jax.data import pipeline
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.evaluation import benchmark as bench
+from spec_jax.models import loading
+
+
+def run(config, workdir: str) -> list[dict]:
+  b = config.benchmark
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
+  d = config.data
+  texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=max(b.batch_sizes),
+                                prompt_tokens=b.prompt_tokens, seed=config.seed,
+                                data_dir=d.data_dir or None, text_key=d.text_key)
+  sampling = sampling_lib.Sampling.from_config(config.sampling)
+  device = bench.device_description()
+  rows = []
+  for batch_size in b.batch_sizes:
+    prompts = generate_lib.encode_prompts(tokenizer, texts[:batch_size], b.prompt_tokens,
+                                          field="benchmark.prompt_tokens")
+
+    def call():
+      return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
+                                   sampling=sampling, max_new_tokens=b.new_tokens).tokens
+
+    t = bench.time_call(call, b.repeats)
+    tokens_per_s = batch_size * b.new_tokens / t["median_s"]
+    rows.append(dict(
+        method="autoregressive", sampling="greedy" if sampling.greedy else str(sampling),
+        batch_size=batch_size, new_tokens=b.new_tokens, prompt_tokens=b.prompt_tokens,
+        tokens_per_s=round(tokens_per_s, 2), ms_per_token=round(1000 / tokens_per_s, 3),
+        ms_per_step=round(1000 * t["median_s"] / b.new_tokens, 3),
+        compile_s=round(t["compile_s"], 2), repeats=b.repeats, device=device,
+        model=config.model.checkpoint or config.model.size))
+  base = rows[0]["tokens_per_s"]
+  for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
+    row["throughput_vs_first_batch_size"] = round(row["tokens_per_s"] / base, 3)
+  bench.write_results(workdir, rows)
+  return rows

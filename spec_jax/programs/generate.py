@@ -1,0 +1,78 @@
+"""Program `generate`: sample continuations for prompts and print them.
+
+Prompts come from `config.prompts` (a tuple of strings), `config.prompts_file` (one prompt per
+line, `\\n` escapes allowed), or `config.num_data_prompts` prompts from `config.data.prompt_split`.
+Writes `workdir/generations.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+
+from spec_jax.data import pipeline
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.models import loading
+
+
+def read_prompts(config, tokenizer) -> list[str]:
+  """The prompt texts a config asks for, in order: inline, then file, then data split."""
+  prompts = list(config.get("prompts", ()))
+  path = config.get("prompts_file", "")
+  if path:
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"prompts_file={path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+      prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+  n = config.get("num_data_prompts", 0)
+  if n:
+    d = config.data
+    prompts += pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=n,
+                                     prompt_tokens=config.get("data_prompt_tokens", 64),
+                                     seed=config.seed, data_dir=d.data_dir or None,
+                                     text_key=d.text_key)
+  if not prompts:
+    raise ValueError("No prompts: set config.prompts, config.prompts_file or "
+                     "config.num_data_prompts.")
+  return prompts
+
+
+def run(config, workdir: str) -> list[dict]:
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  gen = config.generation
+  sampling = sampling_lib.Sampling.from_config(gen.sampling)
+  cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
+  texts = read_prompts(config, tokenizer)
+  if config.get("chat", False):
+    texts_in = [tokenizer.chat_prompt(t) for t in texts]
+  else:
+    texts_in = texts
+  stop_ids = tokenizer.stop_ids if gen.stop_at_eos else ()
+  rows = []
+  rng = jax.random.key(config.seed)
+  for start in range(0, len(texts_in), gen.batch_size):
+    chunk = texts_in[start:start + gen.batch_size]
+    # Pad the batch to batch_size so every chunk reuses one compiled program.
+    padded = chunk + [chunk[-1]] * (gen.batch_size - len(chunk))
+    prompts = generate_lib.encode_prompts(tokenizer, padded, gen.max_prompt_tokens)
+    t0 = time.perf_counter()
+    out = generate_lib.generate(params, prompts, jax.random.fold_in(rng, start), cfg=cfg,
+                                sampling=sampling, max_new_tokens=gen.max_new_tokens,
+                                stop_ids=stop_ids)
+    new = out.new_tokens()
+    seconds = time.perf_counter() - t0
+    for i, ids in enumerate(new[:len(chunk)]):
+      rows.append(dict(prompt=texts[start + i], completion=tokenizer.decode(ids),
+                       new_tokens=len(ids), batch_seconds=seconds))
+  with open(os.path.join(workdir, "generations.jsonl"), "w", encoding="utf-8") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  for row in rows:
+    print(f"\n=== prompt: {row['prompt']!r}\n{row['completion']}")
+  return rows

@@ -1,0 +1,109 @@
+"""Autoregressive generation: sampling laws, ragged batches, EOS, static shapes, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.data.tokenizer import ByteTokenizer
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding.sampling import Sampling, probs_from_logits
+
+LOGITS = jnp.log(jnp.array([0.1, 0.4, 0.2, 0.3]))
+
+
+def test_transforms_on_a_hand_written_law():
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(1.0)), [0.1, 0.4, 0.2, 0.3],
+                             atol=1e-6)
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling()), [0, 1, 0, 0])
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(1.0, top_k=2)),
+                             [0, 4 / 7, 0, 3 / 7], atol=1e-6)
+  # top_p: sorted 0.4, 0.3, 0.2, 0.1; mass before 0.2 is 0.7 < 0.75, before 0.1 is 0.9.
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(1.0, top_p=0.75)),
+                             [0, 4 / 9, 2 / 9, 3 / 9], atol=1e-6)
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(1.0, top_p=0.7)),
+                             [0, 4 / 7, 0, 3 / 7], atol=1e-6)
+  t2 = np.array([0.1, 0.4, 0.2, 0.3]) ** 0.5
+  np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(2.0)), t2 / t2.sum(), atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p must be in \\(0, 1\\]"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k must be >= 0"),
+])
+def test_bad_sampling_is_a_clear_error(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    Sampling(**kwargs)
+
+
+def test_ragged_batch_greedy_matches_no_cache_reference():
+  cfg, params = testing.tiny_model(seed=0, sharpness=4.0)
+  prompts = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102]]
+  batch = generate_lib.pad_prompts(prompts, 8, pad_id=0)
+  out = generate_lib.generate(params, batch, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                              max_new_tokens=6)
+  new = out.new_tokens()
+  for prompt, row in zip(prompts, new):
+    assert row == testing.naive_greedy(cfg, params, prompt, 6)
+  np.testing.assert_array_equal(out.lengths, [13, 7, 9])
+
+
+def test_stop_token_ends_only_its_row():
+  cfg, params = testing.tiny_model(seed=1, sharpness=4.0)
+  prompts = [[1, 2, 3], [50, 60]]
+  batch = generate_lib.pad_prompts(prompts, 4, pad_id=0)
+  free = generate_lib.generate(params, batch, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                               max_new_tokens=8).new_tokens()
+  stop = free[0][2]  # row 0 emits this as its third token
+  out = generate_lib.generate(params, batch, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                              max_new_tokens=8, stop_ids=(stop,))
+  rows = out.new_tokens()
+  assert rows[0] == free[0][:free[0].index(stop) + 1]  # stop token kept, nothing after it
+  want1 = free[1][:free[1].index(stop) + 1] if stop in free[1] else free[1]
+  assert rows[1] == want1
+  np.testing.assert_array_equal(out.num_new, [len(rows[0]), len(rows[1])])
+
+
+def test_no_recompile_across_calls_of_the_same_shapes():
+  cfg, params = testing.tiny_model(seed=2)
+  kwargs = dict(cfg=cfg, sampling=Sampling(1.0, top_k=5), max_new_tokens=4)
+  generate_lib.generate(params, generate_lib.pad_prompts([[1, 2]], 4, 0), jax.random.key(0),
+                        **kwargs)
+  before = generate_lib.TRACE_COUNT["generate"]
+  for i, prompt in enumerate([[3], [4, 5, 6, 7], [9, 9]]):
+    generate_lib.generate(params, generate_lib.pad_prompts([prompt], 4, 0), jax.random.key(i),
+                          **kwargs)
+  assert generate_lib.TRACE_COUNT["generate"] == before
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.8, top_k=3), Sampling(1.0, top_p=0.8)])
+def test_sampled_sequences_follow_the_exact_law(sampling):
+  """Two-token continuations from the jitted sampler vs the enumerated law (chi-square)."""
+  cfg, params = testing.tiny_model(seed=3, vocab_size=6, sharpness=3.0)
+  prompt = [1, 4, 2]
+  law = testing.exact_sequence_law(cfg, params, prompt, 2, sampling)
+  n = 4000
+  batch = generate_lib.pad_prompts([prompt] * n, 3, pad_id=0)
+  out = generate_lib.generate(params, batch, jax.random.key(7), cfg=cfg, sampling=sampling,
+                              max_new_tokens=2)
+  samples = [tuple(r) for r in out.new_tokens()]
+  assert sum(p > 0.01 for p in law.values()) >= 4  # a law worth testing, not a near-point mass
+  assert testing.chi_square_pvalue(samples, law) > 1e-3
+  # The test can fail: the same samples do not fit a law that ignores the transform.
+  if sampling != Sampling(1.0):
+    plain = testing.exact_sequence_law(cfg, params, prompt, 2, Sampling(1.0))
+    assert testing.chi_square_pvalue(samples, plain) < 1e-3
+
+
+def test_bad_prompts_are_clear_errors():
+  tok = ByteTokenizer()
+  with pytest.raises(ValueError, match="Prompt 1 is empty"):
+    generate_lib.encode_prompts(tok, ["ok", ""], 8)
+  with pytest.raises(ValueError, match="Prompt 0 has 11 tokens but generation.max_prompt_tokens=8"):
+    generate_lib.encode_prompts(tok, ["hello world"], 8)
+  with pytest.raises(ValueError, match="No prompts"):
+    generate_lib.encode_prompts(tok, [], 8)

@@ -1,0 +1,89 @@
+"""Programs end to end on their smoke configs, and the launcher's handling of bad input."""
+
+import json
+import re
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import benchmark as benchmark_config
+from configs import generate as generate_config
+from spec_jax.programs import benchmark, generate
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _launch(*args, timeout=300):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_generate_smoke(tmp_path):
+  config = generate_config.get_config("smoke")
+  config.prompts = ("To be", "or not", "to be")
+  rows = generate.run(config, str(tmp_path))
+  assert [r["prompt"] for r in rows] == ["To be", "or not", "to be"]
+  assert all(0 < r["new_tokens"] <= 8 for r in rows)
+  saved = [json.loads(l) for l in open(tmp_path / "generations.jsonl")]
+  assert saved == rows
+
+
+def test_generate_prompts_file_and_errors(tmp_path):
+  config = generate_config.get_config("smoke")
+  config.prompts = ()
+  path = tmp_path / "prompts.txt"
+  path.write_text("first\\nline\n\nsecond\n")
+  config.prompts_file = str(path)
+  rows = generate.run(config, str(tmp_path / "out"))
+  assert [r["prompt"] for r in rows] == ["first\nline", "second"]
+  config.prompts = ("x" * 100,)
+  with pytest.raises(ValueError, match="Prompt 0 has 100 tokens but generation.max_prompt_tokens=64"):
+    generate.run(config, str(tmp_path / "out"))
+  config.prompts, config.prompts_file = (), ""
+  with pytest.raises(ValueError, match="No prompts"):
+    generate.run(config, str(tmp_path / "out"))
+
+
+def test_benchmark_smoke_writes_rows(tmp_path):
+  rows = benchmark.run(benchmark_config.get_config("smoke"), str(tmp_path))
+  saved = json.load(open(tmp_path / "results.json"))
+  assert saved == rows and [r["batch_size"] for r in rows] == [1, 2]
+  for row in rows:
+    assert {"method", "batch_size", "new_tokens", "tokens_per_s", "ms_per_token",
+            "device"} <= set(row)
+    assert row["tokens_per_s"] > 0
+    assert row["ms_per_token"] == pytest.approx(1000 / row["tokens_per_s"], rel=1e-2)
+
+
+def test_quickstart_smoke_through_the_launcher(tmp_path):
+  workdir = str(tmp_path / "qs")
+  result = _launch("--config", "configs/quickstart.py:smoke", "--workdir", workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.load(open(os.path.join(workdir, "quickstart.json")))
+  assert summary["generate"]["prompts"] == 4
+  assert summary["drafter"]["step"] == 20
+  assert os.path.isdir(os.path.join(workdir, "drafter", "checkpoints", "20"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.generation.bogus=1"],
+     "Unknown config key 'generation.bogus'.*Known fields there: \\['batch_size'"),
+    (["--config.nope=1"], "Unknown config key 'nope'"),
+    (["--config.generation.max_new_tokens=many"], "--config.generation.max_new_tokens=many"),
+    (["--config.program=fly"], "config.program='fly' is not a program"),
+])
+def test_launcher_rejects_bad_config(tmp_path, args, message):
+  result = _launch("--config", "configs/generate.py:smoke", "--workdir", str(tmp_path), *args,
+                   timeout=120)
+  assert result.returncode != 0
+  assert re.search(message, result.stderr), result.stderr[-2000:]
+
+
+def test_config_arg_errors():
+  with pytest.raises(ValueError, match="Unknown config argument 'colour'"):
+    generate_config.get_config("colour=red")
+  with pytest.raises(ValueError, match="'new_tokens' must be int"):
+    generate_config.get_config("new_tokens=lots")
