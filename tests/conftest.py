@@ -11,3 +11,11 @@ import tempfile
 
 # Corpora and token caches built by program tests go to a throwaway dir, not the user's cache.
 os.environ.setdefault("SPEC_JAX_DATA_DIR", tempfile.mkdtemp(prefix="spec_jax_test_tfds_"))
+
+# A persistent compilation cache shared by every test, xdist worker and launched subprocess: the
+# programs' smoke runs compile the same steps many times. Entries are keyed by HLO, backend and
+# jax version, so reuse across runs is safe.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "spec_jax_test_jax_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -149,35 +149,37 @@ class Attention(nn.Module):
   cfg: LlamaConfig
 
   @nn.compact
-  def __call__(self, x, layer_cache, positions, slots, mask):
+  def __call__(self, x, layer_cache, positions, mask_old, mask_new):
+    """Attend to the cache as it was before this call (mask_old[B,T,S]) and to the T new tokens
+    (mask_new[B,T,T]) as two parts of one softmax. Reading the cache without writing it first
+    avoids copying the whole [B,S,K,H] buffer per layer; the new K/V are returned and written
+    once, after all layers (`Llama.__call__`), which XLA does in place inside decode loops."""
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
     q = _dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x)  # [B,T,N,H]
     k = _dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x)      # [B,T,K,H]
     v = _dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x)
     q = rope(q, positions, cfg.rope_theta)
-    k = rope(k, positions, cfg.rope_theta)
-    if layer_cache is not None:
-      # Write the new K/V into their slots, then attend over the whole cache. mode="drop" lets a
-      # caller park writes it does not want (padding) at an out-of-range slot.
-      cache_k, cache_v = layer_cache
-      rows = jnp.arange(x.shape[0])[:, None]
-      cache_k = cache_k.at[rows, slots].set(k.astype(cache_k.dtype), mode="drop")
-      cache_v = cache_v.at[rows, slots].set(v.astype(cache_v.dtype), mode="drop")
-      keys, values, new_cache = cache_k, cache_v, (cache_k, cache_v)
-    else:
-      keys, values, new_cache = k, v, None
+    k = rope(k, positions, cfg.rope_theta).astype(cfg.dtype)
+    v = v.astype(cfg.dtype)
     b, t = x.shape[:2]
-    q = q.reshape(b, t, k_heads, g, cfg.head_dim)
-    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, keys, preferred_element_type=jnp.float32)
-    logits = logits * (cfg.head_dim ** -0.5)
-    logits = jnp.where(mask[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(logits, axis=-1).astype(values.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", weights, values).reshape(b, t, cfg.n_heads, cfg.head_dim)
+    q = q.reshape(b, t, k_heads, g, cfg.head_dim) * jnp.asarray(cfg.head_dim ** -0.5, q.dtype)
+    neg = jnp.finfo(jnp.float32).min
+    logits = jnp.einsum("BTKGH,BJKH->BKGTJ", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask_new[:, None, None], logits, neg)
+    if layer_cache is not None:
+      cache_k, cache_v = layer_cache
+      old = jnp.einsum("BTKGH,BSKH->BKGTS", q, cache_k, preferred_element_type=jnp.float32)
+      logits = jnp.concatenate([jnp.where(mask_old[:, None, None], old, neg), logits], axis=-1)
+    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("BKGTJ,BJKH->BTKGH", weights[..., -t:], v)
+    if layer_cache is not None:
+      out = out + jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :-t], cache_v)
+    out = out.reshape(b, t, cfg.n_heads, cfg.head_dim)
     out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                           param_dtype=cfg.param_dtype, kernel_init=nn.initializers.normal(0.02),
                           name="o")(out)
-    return out, new_cache
+    return out, (k, v)
 
 
 class Block(nn.Module):
@@ -185,18 +187,34 @@ class Block(nn.Module):
   cfg: LlamaConfig
 
   @nn.compact
-  def __call__(self, x, layer_cache, positions, slots, mask):
+  def __call__(self, x, layer_cache, positions, mask_old, mask_new):
     cfg = self.cfg
     residual_in = x
-    h, new_cache = Attention(cfg, name="attn")(
-        RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x), layer_cache, positions, slots,
-        mask)
+    h, new_kv = Attention(cfg, name="attn")(
+        RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x), layer_cache, positions,
+        mask_old, mask_new)
     x = x + h
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
     gate = _dense(cfg, cfg.d_ff, "gate")(h)
     up = _dense(cfg, cfg.d_ff, "up")(h)
     x = x + _dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up)
-    return x, (new_cache, residual_in)
+    return x, (new_kv, residual_in)
+
+
+def split_mask(mask: jax.Array, slots: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+  """Split a post-write mask[B,T,S] into (old[B,T,S], new[B,T,T]).
+
+  old: cache slots as they were, minus the slots this call overwrites;
+  new[b,t,j]: whether token t sees new token j, i.e. mask[b,t,slots[b,j]] (False when slot j
+  is out of range, since that write is dropped).
+  """
+  b, t = slots.shape
+  rows = jnp.arange(b)[:, None]
+  written = jnp.zeros((b, size), bool).at[rows, slots].set(True, mode="drop")
+  old = mask & ~written[:, None, :]
+  idx = jnp.broadcast_to(jnp.clip(slots, 0, size - 1)[:, None, :], (b, t, t))
+  new = jnp.take_along_axis(mask, idx, axis=2) & (slots < size)[:, None, :]
+  return old, new
 
 
 class Llama(nn.Module):
@@ -218,10 +236,15 @@ class Llama(nn.Module):
         mask = positions[:, None, :] <= positions[:, :, None]  # causal over the T tokens
     if slots is None:
       slots = positions
+    if cache is not None:
+      mask_old, mask_new = split_mask(mask, slots, cache.size)
+      layer_caches = (cache.k, cache.v)
+    else:
+      mask_old, mask_new, layer_caches = None, mask, None
     layers = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers)
-    layer_caches = None if cache is None else (cache.k, cache.v)
-    x, (new_kv, residuals) = layers(cfg, name="layers")(x, layer_caches, positions, slots, mask)
+    x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
+        x, layer_caches, positions, mask_old, mask_new)
     hidden = {}
     for layer in self.hidden_layers:
       depth = cfg.n_layers if layer == -1 else layer
@@ -233,7 +256,13 @@ class Llama(nn.Module):
       logits = embed.attend(x)
     else:
       logits = _dense(cfg, cfg.vocab_size, "lm_head")(x)
-    new_cache = None if cache is None else KVCache(k=new_kv[0], v=new_kv[1])
+    new_cache = None
+    if cache is not None:
+      # One scatter of every layer's new K/V [L,B,T,K,H] into their slots; mode="drop" lets a
+      # caller park writes it does not want (padding) at an out-of-range slot.
+      rows = jnp.arange(tokens.shape[0])[:, None]
+      new_cache = KVCache(k=cache.k.at[:, rows, slots].set(new_k, mode="drop"),
+                          v=cache.v.at[:, rows, slots].set(new_v, mode="drop"))
     return logits.astype(jnp.float32), hidden, new_cache
 
 

@@ -26,19 +26,20 @@ def _check_vocab(cfg: llama.LlamaConfig, tokenizer, source: str, field: str) -> 
         "trained with (config.tokenizer) or a model trained with this tokenizer.")
 
 
-def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint"):
-  """(LlamaConfig, params) for a `configs.common.model()` section.
+def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
+  """(LlamaConfig, params or None) for a `configs.common.model()` section; None means "initialise
+  randomly" (training initialises by shape, with shardings, itself).
 
-  checkpoint '' → random init of `model_cfg.size` with the tokenizer's vocabulary;
+  checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2' or a .gguf path → weights from the GGUF (dequantized);
-  anything else → a train_lm workdir or checkpoint directory.
+  anything else → a train_lm workdir or checkpoint directory (its model config wins over size).
+  The model's vocabulary must be the tokenizer's (and a checkpoint's tokenizer fingerprint too).
   """
   ckpt = model_cfg.checkpoint
   dtype = model_cfg.dtype
   if not ckpt:
-    cfg = llama.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
-                             param_dtype=dtype)
-    return cfg, llama.init_params(cfg, jax.random.key(seed))
+    return llama.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
+                              param_dtype=dtype), None
   if ckpt == "smollm2" or ckpt.endswith(".gguf"):
     cfg, params = (gguf_import.load_smollm2() if ckpt == "smollm2"
                    else gguf_import.read_gguf(ckpt))
@@ -49,3 +50,12 @@ def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.check
   checkpoints.check_tokenizer(meta, tokenizer, f"{field}={ckpt!r}")
   _check_vocab(cfg, tokenizer, ckpt, field)
   return _with_dtype(cfg, params, dtype)
+
+
+def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint"):
+  """(LlamaConfig, params) for a `configs.common.model()` section; see `resolve_model`. A model
+  without a checkpoint is initialised from `seed`."""
+  cfg, params = resolve_model(model_cfg, tokenizer, field=field)
+  if params is None:
+    params = llama.init_params(cfg, jax.random.key(seed))
+  return cfg, params

@@ -1,0 +1,170 @@
+"""Device mesh and shardings from the config (DESIGN.md §5).
+
+Mesh axes are ('data', 'fsdp', 'tensor'):
+  * batches shard their leading (batch) dim over ('data', 'fsdp');
+  * params (and optimizer moments, which share their shapes) shard over 'fsdp' along their
+    largest evenly divisible dim, and over 'tensor' along the next largest one (see
+    `param_sharding_rule`); everything else is replicated. Any placement is *correct* (GSPMD
+    inserts the collectives); the rule only decides memory and communication.
+
+Multi-host: `maybe_initialize_distributed` must run before anything touches `jax.devices()`;
+`shard_batch` builds a global array from each process's rows of a host batch.
+
+Known trap (DESIGN.md §5): on CPU, a loop that keeps dispatching cross-device collectives
+without waiting can hang after ~40 calls. Loops here block on each step's (or the previous
+step's) results.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from absl import logging
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def _mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+  """Resolve the at most one -1 in (data, fsdp, tensor) against `num_devices`."""
+  sizes = [int(mesh_cfg[a]) for a in AXES]
+  spec = ", ".join(f"{a}={s}" for a, s in zip(AXES, sizes))
+  if sizes.count(-1) > 1:
+    raise ValueError(f"Mesh ({spec}): at most one axis may be -1 (take the remaining devices).")
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"Mesh ({spec}): axis sizes must be >= 1 or -1.")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if num_devices % fixed:
+    raise ValueError(
+        f"Mesh ({spec}) needs a multiple of {fixed} devices but there are {num_devices}. Fix: "
+        f"choose sizes whose product divides {num_devices}, e.g. --config.mesh.data=-1 "
+        "--config.mesh.fsdp=1 --config.mesh.tensor=1.")
+  if -1 in sizes:
+    sizes[sizes.index(-1)] = num_devices // fixed
+  return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A Mesh over `devices` (default: all) with axes ('data', 'fsdp', 'tensor').
+
+  mesh_cfg: anything indexable by 'data', 'fsdp', 'tensor' (ConfigDict or dict); one size may be
+  -1, meaning the remaining devices. The product of the sizes must divide the device count; a
+  product smaller than it uses the first devices (with a warning).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = _mesh_shape(mesh_cfg, len(devices))
+  if math.prod(shape) < len(devices):
+    # Allowed (a product dividing the device count), e.g. a 1-device mesh for a debugging run,
+    # but never silent: idle devices usually mean a forgotten -1.
+    logging.warning("Mesh %s uses %d of %d devices; set one axis to -1 to use them all.",
+                    dict(zip(AXES, shape)), math.prod(shape), len(devices))
+    devices = devices[:math.prod(shape)]
+  if len(devices) == len(jax.devices()):
+    # create_device_mesh orders devices so that inner axes (tensor, fsdp) land on the
+    # best-connected devices (same host / ICI ring) on real accelerators.
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_device_mesh(shape, devices)
+  else:
+    grid = np.asarray(devices).reshape(shape)
+  # Auto axes: shardings are annotations and GSPMD propagates them (our jitted steps rely on
+  # in/out_shardings, not on explicit-sharding types).
+  return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dim over ('data', 'fsdp'); the other dims replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def _path_keys(path) -> list[str]:
+  return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def param_sharding_rule(shape: Sequence[int], fsdp: int, tensor: int, *,
+                        skip_leading: bool = False) -> P:
+  """PartitionSpec for one array of `shape`.
+
+  'fsdp' takes the largest dim divisible by the fsdp size; 'tensor' the largest remaining dim
+  divisible by the tensor size, for arrays with >= 2 dims only (kernels and embeddings: vectors
+  are too small to be worth splitting). Ties go to the later dim (the output features of a
+  kernel). With `skip_leading` the first dim is never sharded: it is the layer axis that
+  `nn.scan` slices each iteration, and slicing a sharded axis would all-gather every layer.
+  """
+  spec: list[Any] = [None] * len(shape)
+  candidates = list(range(1 if skip_leading else 0, len(shape)))
+
+  def take(size: int, axis: str):
+    if size <= 1:
+      return
+    dims = [d for d in candidates if spec[d] is None and shape[d] % size == 0 and shape[d] >= size]
+    if dims:
+      best = max(dims, key=lambda d: (shape[d], d))
+      spec[best] = axis
+
+  take(fsdp, "fsdp")
+  if len(shape) >= 2:
+    take(tensor, "tensor")
+  return P(*spec)
+
+
+def param_shardings(mesh: Mesh, param_shapes: Any) -> Any:
+  """NamedShardings for a pytree of arrays or ShapeDtypeStructs (params, optimizer state or a
+  whole train state), by `param_sharding_rule`. Leaves under a 'layers' key are stacked over
+  layers by `nn.scan`, so their leading dim is never sharded."""
+  fsdp, tensor = mesh.shape["fsdp"], mesh.shape["tensor"]
+
+  def one(path, leaf):
+    shape = tuple(getattr(leaf, "shape", ()))
+    skip = "layers" in _path_keys(path)
+    return NamedSharding(mesh, param_sharding_rule(shape, fsdp, tensor, skip_leading=skip))
+
+  return jax.tree_util.tree_map_with_path(one, param_shapes)
+
+
+def shard_batch(batch: Any, sharding: NamedSharding) -> Any:
+  """Host batch (numpy, same global batch on every process) -> global jax.Arrays.
+
+  Each process contributes its own contiguous block of rows, so a multi-host run reads the same
+  global batch as a single-host run. B must divide evenly over the batch axes.
+  """
+  mesh_batch = math.prod(sharding.mesh.shape[a] for a in BATCH_AXES)
+  n_proc, pid = jax.process_count(), jax.process_index()
+
+  def one(x):
+    x = np.asarray(x)
+    if x.shape[0] % mesh_batch:
+      raise ValueError(
+          f"Batch size {x.shape[0]} does not divide over the mesh's batch axes data*fsdp = "
+          f"{mesh_batch}. Fix: make train.batch_size a multiple of {mesh_batch}.")
+    rows = x.shape[0] // n_proc
+    local = x[pid * rows:(pid + 1) * rows]
+    return jax.make_array_from_process_local_data(sharding, local, x.shape)
+
+  return jax.tree.map(one, batch)
+
+
+def maybe_initialize_distributed(config) -> bool:
+  """Call `jax.distributed.initialize()` (multi-host pods) when `config.distributed` is true.
+
+  Coordinator address, process count and id come from the environment (TPU pods, SLURM and
+  Kubernetes set them; `jax.distributed.initialize` auto-detects). Must run before the first
+  `jax.devices()`. Returns whether it initialized; a second call is a no-op.
+  """
+  wanted = bool(config.get("distributed", False)) if hasattr(config, "get") else bool(config)
+  if not wanted:
+    return False
+  if jax.distributed.is_initialized():
+    return False
+  jax.distributed.initialize()
+  logging.info("jax.distributed: process %d of %d, %d local / %d global devices.",
+               jax.process_index(), jax.process_count(), jax.local_device_count(),
+               jax.device_count())
+  return True

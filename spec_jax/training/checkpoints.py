@@ -1,0 +1,226 @@
+"""Checkpoints: Orbax `CheckpointManager` under `<workdir>/checkpoints/<step>/`.
+
+Each step directory holds three items:
+  params/  the model params (StandardSave), all that `load_model` needs;
+  train/   {"step", "opt_state"} (StandardSave), needed only to resume training;
+  meta/    JSON: {"format", "step", "model" (LlamaConfig fields), "tokenizer" {name, fingerprint,
+           vocab_size}, "config" (the run's whole ConfigDict)}.
+Keeping params apart from the optimizer state lets evaluate/generate load a drafter with nothing
+but its model config (from meta), and keeps a frozen verifier's params out of student checkpoints.
+
+Orbax writes each step to a temporary directory and renames it when complete, so a run killed
+mid-save leaves no half-written step that `restore_latest` would pick up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any
+
+from absl import logging
+import jax
+import orbax.checkpoint as ocp
+
+from spec_jax.models import llama
+
+FORMAT = 1
+_ITEMS = ("params", "train", "meta")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint exists but cannot be used (unreadable, corrupt, or for another model)."""
+
+
+def make_manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = True,
+                 read_only: bool = False) -> ocp.CheckpointManager:
+  """Manager over `<workdir>/checkpoints`. async_save lets training run while the previous
+  state is written (Orbax copies arrays to host before `save` returns, so donating the state
+  to the next step is safe)."""
+  root = os.path.join(os.path.abspath(workdir), "checkpoints")
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep or None, create=not read_only, read_only=read_only,
+      enable_async_checkpointing=async_save,
+      # Leftover temporary directories are saves interrupted by a kill: never valid.
+      cleanup_tmp_directories=not read_only)
+  return ocp.CheckpointManager(root, options=options, item_names=_ITEMS)
+
+
+def make_meta(model_cfg: llama.LlamaConfig, tokenizer, config=None, **extra) -> dict:
+  """The JSON metadata item saved with every checkpoint."""
+  meta = {
+      "format": FORMAT,
+      "model": dataclasses.asdict(model_cfg),
+      "tokenizer": {"name": getattr(tokenizer, "name", ""), "fingerprint": tokenizer.fingerprint,
+                    "vocab_size": int(tokenizer.vocab_size)},
+  }
+  if config is not None:
+    meta["config"] = json.loads(config.to_json_best_effort()) if hasattr(
+        config, "to_json_best_effort") else config
+  meta.update(extra)
+  return meta
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, meta: dict, *,
+         force: bool = True) -> None:
+  """Save a TrainState (`.step`, `.params`, `.opt_state`) at `step` (asynchronously if the
+  manager is async; `manager.wait_until_finished()` to block)."""
+  args = ocp.args.Composite(
+      params=ocp.args.StandardSave(state.params),
+      train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
+      meta=ocp.args.JsonSave({**meta, "step": int(step)}))
+  manager.save(int(step), args=args, force=force)
+
+
+def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
+  return os.path.join(str(manager.directory), str(step))
+
+
+def _unreadable(path: str, err: Exception) -> CheckpointError:
+  # tensorstore appends its whole JSON spec (kilobytes) to every error: keep the cause only.
+  cause = str(err).split(" [tensorstore_spec")[0]
+  cause = cause if len(cause) <= 400 else cause[:400] + "..."
+  return CheckpointError(
+      f"Checkpoint {path} could not be read ({type(err).__name__}: {cause}). It is probably "
+      "truncated or corrupt (disk full, a copy that did not finish, or files edited by hand). "
+      f"Fix: delete {path} so that the previous checkpoint is used, or point to another "
+      "checkpoint; a corrupt latest checkpoint of a training run means that run resumes from "
+      "its previous one once this directory is removed.")
+
+
+def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig | None = None,
+                   manager: ocp.CheckpointManager | None = None) -> tuple[Any, dict] | None:
+  """(state, meta) from the newest checkpoint in `<workdir>/checkpoints`, or None if there is
+  none. `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s whose `.sharding`s say
+  where each restored array goes (from `jax.eval_shape` + `parallel.param_shardings`).
+  model_cfg: if given, checked against the checkpoint's before any array is read, so a workdir
+  reused for another model fails with a clear message rather than a shape error."""
+  own = manager is None
+  manager = manager or make_manager(workdir, read_only=True)
+  try:
+    step = manager.latest_step()
+    if step is None:
+      return None
+    path = _step_dir(manager, step)
+    try:
+      meta = dict(manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"])
+    except Exception as e:  # orbax/tensorstore raise assorted types on bad files
+      raise _unreadable(path, e) from e
+    if model_cfg is not None:
+      check_model_config(model_config_from_meta(meta, path), model_cfg, path)
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract_state.params),
+          train=ocp.args.StandardRestore({"step": abstract_state.step,
+                                          "opt_state": abstract_state.opt_state})))
+    except Exception as e:
+      raise _unreadable(path, e) from e
+    train = restored["train"]
+    state = abstract_state.replace(step=train["step"], params=restored["params"],
+                                   opt_state=train["opt_state"])
+    logging.info("Restored step %d from %s.", step, path)
+    return state, meta
+  finally:
+    if own:
+      manager.close()
+
+
+def _resolve(path: str) -> tuple[str, int]:
+  """A train_lm workdir, its `checkpoints/` folder, or one step folder -> (workdir, step)."""
+  p = pathlib.Path(path).expanduser().absolute()
+  if not p.exists():
+    raise FileNotFoundError(
+        f"No checkpoint at {p}: the path does not exist. Fix: pass a train_lm workdir (the "
+        "--workdir of a training run), its checkpoints/ folder, or one checkpoints/<step> folder.")
+  if (p / "meta").is_dir() or (p / "params").is_dir():  # a step folder
+    if not p.name.isdigit():
+      raise FileNotFoundError(f"{p} looks like a checkpoint step folder but is not named by its "
+                              "step number (checkpoints/<step>).")
+    return str(p.parent.parent), int(p.name)
+  workdir = p.parent if p.name == "checkpoints" and not (p / "checkpoints").is_dir() else p
+  steps = []
+  root = workdir / "checkpoints"
+  if root.is_dir():
+    steps = sorted(int(d.name) for d in root.iterdir()
+                   if d.name.isdigit() and (d / "_CHECKPOINT_METADATA").exists())
+  if not steps:
+    raise FileNotFoundError(
+        f"No checkpoint found under {p} (looked for {root}/<step>/ folders). Fix: train one "
+        f"first (`launch.py --config configs/train_lm.py --workdir {p}`) or pass the workdir "
+        "of a finished run.")
+  return str(workdir), steps[-1]
+
+
+def model_config_from_meta(meta: dict, path: str = "") -> llama.LlamaConfig:
+  fields = {f.name for f in dataclasses.fields(llama.LlamaConfig)}
+  saved = dict(meta.get("model", {}))
+  unknown = sorted(set(saved) - fields)
+  if not saved or unknown:
+    raise CheckpointError(
+        f"Checkpoint {path} has no usable model config in its meta (missing, or unknown fields "
+        f"{unknown}); it was written by another version of spec_jax.")
+  return llama.LlamaConfig(**saved)
+
+
+def check_model_config(saved: llama.LlamaConfig, requested: llama.LlamaConfig, path: str) -> None:
+  """Raise CheckpointError listing every field where the checkpoint's model differs."""
+  diffs = [f"{f.name}: checkpoint {getattr(saved, f.name)!r} vs requested "
+           f"{getattr(requested, f.name)!r}"
+           for f in dataclasses.fields(llama.LlamaConfig)
+           if getattr(saved, f.name) != getattr(requested, f.name)]
+  if diffs:
+    raise CheckpointError(
+        f"Checkpoint {path} holds a different model than requested ({'; '.join(diffs)}). Fix: "
+        "use a fresh --workdir for a new model, or request the checkpoint's model (e.g. "
+        "--config.model.size matching it), or load it without a requested config.")
+
+
+def check_tokenizer(meta: dict, tokenizer, path: str) -> None:
+  """Raise CheckpointError when a checkpoint was trained with another vocabulary."""
+  saved = meta.get("tokenizer", {})
+  if saved.get("fingerprint") != tokenizer.fingerprint:
+    raise CheckpointError(
+        f"Checkpoint {path} was trained with tokenizer {saved.get('name')!r} (fingerprint "
+        f"{saved.get('fingerprint')}, vocab {saved.get('vocab_size')}) but the requested "
+        f"tokenizer is {getattr(tokenizer, 'name', '?')!r} (fingerprint {tokenizer.fingerprint}, "
+        f"vocab {tokenizer.vocab_size}). Fix: set config.tokenizer to the checkpoint's.")
+
+
+def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardings=None
+               ) -> tuple[llama.LlamaConfig, Any, dict]:
+  """(LlamaConfig, params, meta) of a trained model, without the optimizer state.
+
+  path: a train_lm workdir (newest checkpoint), its `checkpoints/` folder, or a specific
+    `checkpoints/<step>` folder.
+  model_cfg: if given, the checkpoint's model config must equal it (CheckpointError otherwise).
+  shardings: pytree of Shardings for the params (default: the first device).
+  """
+  workdir, step = _resolve(path)
+  manager = make_manager(workdir, read_only=True)
+  step_path = _step_dir(manager, step)
+  try:
+    try:
+      meta = dict(manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))["meta"])
+    except Exception as e:
+      raise _unreadable(step_path, e) from e
+    cfg = model_config_from_meta(meta, step_path)
+    if model_cfg is not None:
+      check_model_config(cfg, model_cfg, step_path)
+    shapes = llama.param_shapes(cfg)
+    if shardings is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, shapes)
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, shardings)
+    try:
+      params = manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(abstract)))["params"]
+    except Exception as e:
+      raise _unreadable(step_path, e) from e
+  finally:
+    manager.close()
+  return cfg, params, meta
