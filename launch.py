@@ -68,7 +68,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return flags.FLAGS(argv)
 
 
+def _quiet_libraries(record) -> bool:
+  """Keep INFO logs of our code; from orbax/tensorstore (hundreds of lines per checkpoint) only
+  warnings and errors."""
+  noisy = ("/orbax/", "/tensorstore/", "/etils/", "/tensorflow_datasets/")
+  return record.levelno >= 30 or not any(part in record.pathname for part in noisy)
+
+
 def main(argv):
+  logging.get_absl_handler().addFilter(_quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax

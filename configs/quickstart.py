@@ -1,15 +1,18 @@
-"""The main job: SmolLM2 generation, then a drafter trained on Shakespeare and saved.
+"""The main job: SmolLM2 generation, a drafter trained on Shakespeare, then AR vs SD.
 
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
-Time on 2 CPU cores: ~1 min for generation (GGUF load + compile), ~5 min of drafter training
-(300 steps of drafter-s, 8 x 128 tokens). A second run reuses the trained drafter.
+Time on 2 CPU cores: ~1 min for generation (GGUF load + compile), ~6 min of drafter training
+(300 steps of drafter-s, 8 x 128 tokens), ~3 min for the AR vs SD table. A second run reuses
+the trained drafter.
 Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ (checkpoints,
-metrics.jsonl, TensorBoard events), runs/quickstart/quickstart.json.
+metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ (results.json, results.md, PNGs),
+runs/quickstart/quickstart.json.
 """
 
 from configs import common
+from configs import evaluate as evaluate_config
 from configs import generate as generate_config
 from configs import train_lm as train_lm_config
 
@@ -21,6 +24,9 @@ def get_config(arg=None):
   config.generate = generate_config.get_config(sub or "new_tokens=40")
   config.drafter = train_lm_config.get_config(
       sub or f"size=drafter-s,steps={args.drafter_steps},batch=8,seq_len=128")
+  config.evaluate = evaluate_config.get_config(
+      sub or "gammas=4,temperatures=0+1,num_prompts=4,new_tokens=48")
+  config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly trained drafter"
   if not args.smoke:
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
   return config

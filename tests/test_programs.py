@@ -65,6 +65,8 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
   summary = json.load(open(os.path.join(workdir, "quickstart.json")))
   assert summary["generate"]["prompts"] == 4
   assert summary["drafter"]["step"] == 20
+  rows = json.load(open(os.path.join(workdir, "evaluate", "results.json")))
+  assert {r["method"] for r in rows} == {"autoregressive", "sd"}
   assert os.path.isdir(os.path.join(workdir, "drafter", "checkpoints", "20"))
 
 

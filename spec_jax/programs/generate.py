@@ -50,6 +50,9 @@ def run(config, workdir: str) -> list[dict]:
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
   texts = read_prompts(config, tokenizer)
   if config.get("chat", False):
+    if not hasattr(tokenizer, "chat_prompt"):
+      raise ValueError(f"chat=True but tokenizer {tokenizer.name!r} has no chat template; set "
+                       "--config.chat=False.")
     texts_in = [tokenizer.chat_prompt(t) for t in texts]
   else:
     texts_in = texts
@@ -68,8 +71,10 @@ def run(config, workdir: str) -> list[dict]:
     new = out.new_tokens()
     seconds = time.perf_counter() - t0
     for i, ids in enumerate(new[:len(chunk)]):
-      rows.append(dict(prompt=texts[start + i], completion=tokenizer.decode(ids),
-                       new_tokens=len(ids), batch_seconds=seconds))
+      stopped = bool(ids) and ids[-1] in stop_ids
+      rows.append(dict(prompt=texts[start + i],
+                       completion=tokenizer.decode(ids[:-1] if stopped else ids),
+                       new_tokens=len(ids), stopped=stopped, batch_seconds=seconds))
   with open(os.path.join(workdir, "generations.jsonl"), "w", encoding="utf-8") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")

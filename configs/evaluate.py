@@ -1,0 +1,51 @@
+"""Evaluate autoregressive vs speculative decoding (SmolLM2 verifier, a trained drafter).
+
+  python launch.py --config configs/evaluate.py --workdir runs/eval \
+      --config.drafter.checkpoint=runs/quickstart/drafter
+  python launch.py --config configs/evaluate.py:gammas=2+4+8,temperatures=0+1 --workdir runs/eval
+  python launch.py --config configs/evaluate.py:smoke --workdir /tmp/eval   # tiny random models
+
+Writes results.json (one row per method × γ × temperature × batch size, with every metric of the
+glossary in DESIGN.md §3, the seed and the device), results.md and tau_vs_gamma.png /
+speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
+--config.prompts_file=FILE, or --config.data.name=spec_jax_pystdlib for code).
+Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens.
+"""
+
+from configs import common
+
+
+def _floats(s: str) -> tuple[float, ...]:
+  return tuple(float(x) for x in s.split("+") if x)
+
+
+def _ints(s: str) -> tuple[int, ...]:
+  return tuple(int(x) for x in s.split("+") if x)
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False, gammas="2+4+6", temperatures="0+1", batch_sizes="1",
+                          num_prompts=8, new_tokens=64, drafter="runs/quickstart/drafter")
+  config = common.base("evaluate")
+  config.title = "SmolLM2-135M-Instruct verifier, quickstart drafter"
+  config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
+  config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
+  config.data = common.data()
+  config.prompts = ()
+  config.prompts_file = ""
+  config.num_data_prompts = args.num_prompts
+  config.data_prompt_tokens = 64
+  config.eval = dict(
+      gammas=_ints(args.gammas), temperatures=_floats(args.temperatures),
+      batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
+      new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
+      rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False)
+  if args.smoke:
+    config.tokenizer = "bytes"
+    config.verifier = common.model(size="test-tiny")
+    config.drafter = common.model(size="test-tiny")
+    config.num_data_prompts = 3
+    config.data_prompt_tokens = 16
+    config.eval.update(gammas=(1, 3), temperatures=(0.0, 1.0), batch_sizes=(2,), num_prompts=3,
+                       new_tokens=8, max_prompt_tokens=32)
+  return config

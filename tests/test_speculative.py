@@ -1,0 +1,128 @@
+"""The speculative loop: greedy equality, losslessness (chi-square), static shapes, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import acceptance
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import speculative
+from spec_jax.decoding.sampling import Sampling
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
+
+
+def _pair(vocab_size=257, sharpness=4.0, drafter_seed=11):
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  d_cfg, d_params = testing.tiny_model(seed=drafter_seed, vocab_size=vocab_size,
+                                       sharpness=sharpness)
+  return v_cfg, v_params, d_cfg, d_params
+
+
+def _sd(v_cfg, v_params, d_cfg, d_params, prompts, *, gamma, sampling=Sampling(), n=10,
+        stop_ids=(), rule="auto", seed=0, **spec_kwargs):
+  spec = speculative.SpecConfig(gamma=gamma, rule=rule, **spec_kwargs)
+  return speculative.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
+      spec=spec, sampling=sampling, max_new_tokens=n, stop_ids=stop_ids)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_equals_autoregressive_ragged_batch(gamma):
+  v_cfg, v_params, d_cfg, d_params = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=10)
+  sd = _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=gamma)
+  assert sd.new_tokens() == ar.new_tokens()
+  np.testing.assert_array_equal(sd.lengths, ar.lengths)
+  # The verifier as its own drafter accepts everything: τ = γ + 1 until the last round.
+  same = _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=gamma)
+  assert same.new_tokens() == ar.new_tokens()
+  calls = np.asarray(same.stats.verifier_calls)
+  np.testing.assert_array_equal(calls, -(-10 // (gamma + 1)))
+  np.testing.assert_array_equal(same.stats.accepted_at, same.stats.reached)
+
+
+def test_greedy_stop_tokens_match_autoregressive():
+  v_cfg, v_params, d_cfg, d_params = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  free = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
+                               sampling=Sampling(), max_new_tokens=12).new_tokens()
+  stops = (free[0][3], free[2][1])
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12, stop_ids=stops)
+  for drafter in [(d_cfg, d_params), (v_cfg, v_params)]:
+    sd = _sd(v_cfg, v_params, *drafter, prompts, gamma=4, n=12, stop_ids=stops)
+    assert sd.new_tokens() == ar.new_tokens()
+    np.testing.assert_array_equal(sd.num_new, ar.num_new)
+
+
+def _first_tokens_law_check(rule_name, sampling, gamma, n_samples=3000, seed=0):
+  """(p-value of the first two emitted tokens vs the exact verifier law, empirical acceptance,
+  analytic acceptance) for many rows of one prompt."""
+  v_cfg, v_params, d_cfg, d_params = _pair(vocab_size=6, sharpness=3.0, drafter_seed=5)
+  prompt = [1, 4, 2]
+  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, sampling)
+  prompts = generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0)
+  out = _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=gamma, sampling=sampling, n=2,
+            rule=rule_name, seed=seed)
+  samples = [tuple(r) for r in out.new_tokens()]
+  reached = float(np.sum(out.stats.reached))
+  empirical = float(np.sum(out.stats.accepted_at)) / reached
+  analytic = float(np.sum(out.stats.alpha_sum)) / reached
+  return testing.chi_square_pvalue(samples, law), empirical, analytic, reached
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(1.0, top_k=4),
+                                      Sampling(0.9, top_p=0.85)])
+def test_sampling_is_lossless(gamma, sampling):
+  pvalue, empirical, analytic, reached = _first_tokens_law_check("speculative", sampling, gamma)
+  assert pvalue > 1e-3
+  # Acceptance matches Σ min(p, q) at the examined positions (binomial tolerance, 5 sigma).
+  assert 0.05 < analytic < 0.95  # the drafter is neither perfect nor useless here
+  assert abs(empirical - analytic) < 5 * np.sqrt(0.25 / reached)
+
+
+def test_broken_rule_fails_the_law_check(monkeypatch):
+  """The check above can fail: on rejection, resampling from p instead of the residual biases
+  the emitted law towards tokens the drafter already proposes."""
+  def broken(p, q, draft, rng):
+    verdict = acceptance.speculative_sampling(p, q, draft, rng)
+    n = verdict.num_accepted
+    gamma = draft.shape[1]
+    p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+    resample = jax.random.categorical(jax.random.fold_in(rng, 99), jnp.log(p_n + 1e-30))
+    return verdict.replace(next_token=jnp.where(n < gamma, resample, verdict.next_token)
+                           .astype(jnp.int32))
+  monkeypatch.setitem(acceptance.RULES, "broken_residual", broken)
+  pvalue, *_ = _first_tokens_law_check("broken_residual", Sampling(1.0), 1)
+  assert pvalue < 1e-3
+
+
+def test_no_recompile_across_calls():
+  v_cfg, v_params, d_cfg, d_params = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=3, sampling=Sampling(1.0), n=6)
+  before = speculative.TRACE_COUNT["speculative"]
+  other = generate_lib.pad_prompts([[1], [2, 3], [4, 5, 6], [9]], 8, pad_id=0)
+  for seed in range(3):
+    _sd(v_cfg, v_params, d_cfg, d_params, other, gamma=3, sampling=Sampling(1.0), n=6, seed=seed)
+  assert speculative.TRACE_COUNT["speculative"] == before
+
+
+def test_bad_input_is_a_clear_error():
+  v_cfg, v_params, _, _ = _pair()
+  d_cfg, d_params = testing.tiny_model(seed=1, vocab_size=300)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  with pytest.raises(ValueError, match="Drafter vocab_size=300 differs from the verifier's 257"):
+    _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=2)
+  with pytest.raises(ValueError, match="gamma"):
+    speculative.SpecConfig(gamma=0)
+  with pytest.raises(ValueError, match="decode.rule='bogus'"):
+    speculative.SpecConfig(rule="bogus")
+  with pytest.raises(ValueError, match="needs greedy sampling"):
+    _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=2, sampling=Sampling(1.0), rule="greedy")
