@@ -36,10 +36,12 @@ def get_config(arg=None):
   config.num_data_prompts = args.num_prompts
   config.data_prompt_tokens = 64
   config.eval = dict(
+      methods=("sd",),  # speculative methods run beside the autoregressive baseline
       gammas=_ints(args.gammas), temperatures=_floats(args.temperatures),
       batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
-      rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False)
+      rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
+      max_cache_len=8192)  # SmolLM2's context: prompt + new tokens + γ must fit
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")

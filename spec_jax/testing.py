@@ -23,6 +23,14 @@ def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **o
   return cfg, params
 
 
+def perturbed(params, sigma: float, seed: int = 1):
+  """params + sigma * N(0, 1) noise: a drafter that agrees with its verifier often, not always."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(
+      treedef, [x + sigma * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+
+
 def naive_greedy(cfg, params, prompt: list[int], n: int, width: int = 64) -> list[int]:
   """Greedy continuation by re-running the full causal forward each step (no cache at all).
   The sequence is right-padded to a fixed `width` (causality makes the padding invisible), so

@@ -89,3 +89,31 @@ def test_config_arg_errors():
     generate_config.get_config("colour=red")
   with pytest.raises(ValueError, match="'new_tokens' must be int"):
     generate_config.get_config("new_tokens=lots")
+
+
+def test_evaluate_smoke_rows_and_report(tmp_path):
+  from configs import evaluate as evaluate_config
+  from spec_jax.programs import evaluate
+  config = evaluate_config.get_config("smoke")
+  rows = evaluate.run(config, str(tmp_path))
+  # 2 temperatures x 1 batch size x (autoregressive + 2 gammas)
+  assert len(rows) == 6
+  keys = {"method", "gamma", "block_efficiency", "mean_accepted_tokens", "acceptance_rate",
+          "empirical_acceptance", "per_position_acceptance", "verifier_calls", "drafter_calls",
+          "tokens_per_s", "speedup", "cost_ratio_c", "theoretical_speedup", "speedup_vs_theory",
+          "verifier_tokens_per_call", "seed", "identical_to_greedy"}
+  for row in rows:
+    assert keys <= set(row), keys - set(row)
+    if row["method"] == "sd":
+      assert 1.0 <= row["block_efficiency"] <= row["gamma"] + 1
+      assert row["verifier_tokens_per_call"] == row["gamma"] + 1
+      assert len(row["per_position_acceptance"]) == row["gamma"]
+      assert row["drafter_calls"] == row["verifier_calls"] * row["gamma"]
+      if row["temperature"] == 0.0:
+        assert row["identical_to_greedy"] is True
+  for name in ("results.json", "results.md", "config.json", "tau_vs_gamma.png",
+               "speedup_vs_gamma.png"):
+    assert (tmp_path / name).stat().st_size > 0, name
+  config.eval.methods = ("sd", "warp")
+  with pytest.raises(ValueError, match="eval.methods has unknown methods \\['warp'\\]"):
+    evaluate.run(config, str(tmp_path))

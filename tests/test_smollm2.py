@@ -3,6 +3,7 @@
 The reference was made once by tests/fixtures/make_smollm2_reference.py.
 """
 
+import dataclasses
 import pathlib
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import speculative
 from spec_jax.models import gguf_import, llama
 
 REF = np.load(pathlib.Path(__file__).parent / "fixtures" / "smollm2_reference.npz")
@@ -57,6 +59,24 @@ def test_greedy_32_tokens_match_hf(smollm2):
                               sampling=sampling_lib.Sampling(), max_new_tokens=32)
   for i, new in enumerate(out.new_tokens()):
     assert new == REF[f"greedy_{i}"].tolist(), i
+
+
+def test_speculative_greedy_matches_hf(smollm2):
+  """Greedy SD with a pretrained drafter reproduces the verifier's greedy tokens. The drafter is
+  SmolLM2 exiting after its first 20 of 30 layers (self-speculative style): real weights that
+  agree with the full model often but not always, so both verdicts are exercised."""
+  cfg, params = smollm2
+  d_cfg = dataclasses.replace(cfg, n_layers=20)
+  d_params = {**params, "layers": jax.tree.map(lambda x: x[:20], params["layers"])}
+  ids = [REF[f"prompt_ids_{i}"].tolist() for i in range(N_PROMPTS)]
+  prompts = generate_lib.pad_prompts(ids, 40, pad_id=0)
+  out = speculative.speculative_generate(
+      params, d_params, prompts, jax.random.key(0), verifier_cfg=cfg, drafter_cfg=d_cfg,
+      spec=speculative.SpecConfig(gamma=3), sampling=sampling_lib.Sampling(), max_new_tokens=32)
+  for i, new in enumerate(out.new_tokens()):
+    assert new == REF[f"greedy_{i}"].tolist(), i
+  accepted, calls = np.asarray(out.stats.accepted), np.asarray(out.stats.verifier_calls)
+  assert np.all(accepted > 0) and np.all(accepted < 3 * calls)  # accepts and rejections
 
 
 def test_missing_gguf_is_a_clear_error(tmp_path):

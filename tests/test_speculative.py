@@ -46,6 +46,33 @@ def test_greedy_equals_autoregressive_ragged_batch(gamma):
   np.testing.assert_array_equal(same.stats.accepted_at, same.stats.reached)
 
 
+def test_greedy_rounds_match_a_host_simulation():
+  """Acceptance counts per round, not just the output, match a host-side re-enactment of greedy
+  SD. Output equality alone cannot see a drafter cache that goes stale after rejections (the
+  verifier still corrects every token; only acceptance drops), and a perfect drafter never
+  rejects. A noisy copy of the verifier agrees with it often but not always."""
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
+  d_cfg, d_params = v_cfg, testing.perturbed(v_params, 0.05)
+  gamma, n = 3, 12
+
+  def simulate(prompt):
+    seq, rounds, accepted = list(prompt), 0, 0
+    while len(seq) - len(prompt) < n:
+      drafts = testing.naive_greedy(d_cfg, d_params, seq, gamma)
+      targets = testing.naive_greedy(v_cfg, v_params, seq, gamma + 1)
+      m = next((i for i in range(gamma) if drafts[i] != targets[i]), gamma)
+      seq += targets[:m + 1][:n - (len(seq) - len(prompt))]
+      rounds, accepted = rounds + 1, accepted + m
+    return rounds, accepted
+
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  out = _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=gamma, n=n)
+  want = [simulate(p) for p in PROMPTS]
+  assert sum(a for _, a in want) > 0 and any(a < r * gamma for r, a in want)  # mixed verdicts
+  np.testing.assert_array_equal(out.stats.verifier_calls, [r for r, _ in want])
+  np.testing.assert_array_equal(out.stats.accepted, [a for _, a in want])
+
+
 def test_greedy_stop_tokens_match_autoregressive():
   v_cfg, v_params, d_cfg, d_params = _pair()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
@@ -126,3 +153,10 @@ def test_bad_input_is_a_clear_error():
     speculative.SpecConfig(rule="bogus")
   with pytest.raises(ValueError, match="needs greedy sampling"):
     _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=2, sampling=Sampling(1.0), rule="greedy")
+  with pytest.raises(ValueError, match="temperature=0 means greedy"):
+    _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=2, rule="speculative")
+  with pytest.raises(ValueError, match="decode.gamma = 5 exceeds the maximum 2"):
+    speculative.speculative_generate(
+        v_params, v_params, prompts, jax.random.key(0), verifier_cfg=v_cfg, drafter_cfg=v_cfg,
+        spec=speculative.SpecConfig(gamma=5), sampling=Sampling(), max_new_tokens=10,
+        max_cache_len=20)

@@ -65,6 +65,9 @@ class SpecConfig:
     if rule == "greedy" and not sampling.greedy:
       raise ValueError("decode.rule='greedy' needs greedy sampling (temperature 0); with "
                        "temperature > 0 use 'speculative'.")
+    if rule != "greedy" and sampling.greedy:
+      raise ValueError(f"decode.rule={rule!r} samples, but temperature=0 means greedy decoding. "
+                       "Set sampling.temperature > 0, or use rule 'greedy' (or 'auto').")
     if rule == "lenient":
       return functools.partial(acceptance.lenient, lenience=self.lenience, epsilon=self.epsilon)
     return acceptance.RULES[rule]
@@ -238,12 +241,20 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
                          rng: jax.Array, *, verifier_cfg: llama.LlamaConfig,
                          drafter_cfg: llama.LlamaConfig, spec: SpecConfig,
                          sampling: sampling_lib.Sampling, max_new_tokens: int,
-                         stop_ids: Sequence[int] = ()) -> SpecOutput:
+                         stop_ids: Sequence[int] = (),
+                         max_cache_len: int | None = None) -> SpecOutput:
   """Generate up to `max_new_tokens` per row with a draft model and exact (or lenient)
-  verification. Same stopping rule and output layout as `generate.generate`."""
+  verification. Same stopping rule and output layout as `generate.generate`.
+
+  The caches hold P + max_new_tokens + γ slots (drafts of the last round overhang by γ);
+  `max_cache_len` (e.g. the verifier's context length) bounds that.
+  """
   check_pair(verifier_cfg, drafter_cfg)
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  if max_cache_len is not None:
+    room = max_cache_len - prompts.tokens.shape[1] - max_new_tokens
+    acceptance.validate_gamma(spec.gamma, max_gamma=room, field="decode.gamma")
   spec.rule_fn(sampling)  # fail fast on rule/sampling mismatches, outside jit
   return _speculative_generate(
       verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, v_cfg=verifier_cfg,

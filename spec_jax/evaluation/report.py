@@ -17,6 +17,8 @@ import numbers
 import os
 from typing import Any, Callable, Iterable, Sequence
 
+from spec_jax.evaluation import theory
+
 # One-line definitions, DESIGN.md §3 wording. The order is the order the glossary is printed in.
 GLOSSARY: dict[str, str] = {
     "method": "decoding method: autoregressive (one verifier call per token), sd (chain "
@@ -218,9 +220,7 @@ def tau_theory(row: dict) -> float | None:
   alpha, gamma = row.get("acceptance_rate"), row.get("gamma")
   if not (_is_number(alpha) and _is_number(gamma)) or math.isnan(alpha):
     return None
-  if alpha >= 1.0 - 1e-9:  # the limit α -> 1 is γ+1 (every draft accepted)
-    return gamma + 1.0
-  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+  return float(theory.expected_block_efficiency(min(alpha, 1.0), int(gamma)))
 
 
 def _devices(rows: Iterable[dict]) -> list[str]:

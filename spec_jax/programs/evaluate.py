@@ -28,6 +28,11 @@ from spec_jax.models import loading
 from spec_jax.programs import generate as generate_program
 
 
+# Speculative methods by name; each row of results.json names one. Draft trees (RSD, SpecInfer,
+# SpecTr) join this list with their own loop.
+METHODS = ("sd",)
+
+
 def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   """Prompt batches of exactly batch_size rows (the last one padded by repeating its last prompt;
   padded rows are dropped from every count)."""
@@ -78,6 +83,10 @@ def run(config, workdir: str) -> list[dict]:
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
   speculative.check_pair(v_cfg, d_cfg)
+  unknown = sorted(set(ev.methods) - set(METHODS))
+  if unknown:
+    raise ValueError(f"eval.methods has unknown methods {unknown}; known: {list(METHODS)} "
+                     "(autoregressive, the baseline, always runs).")
   texts = generate_program.read_prompts(config, tokenizer)[:ev.num_prompts]
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
   device = bench.device_description()
@@ -102,7 +111,9 @@ def run(config, workdir: str) -> list[dict]:
       c = _ar_step_seconds(d_out, d_s) / _ar_step_seconds(ar_out, ar_s)
       base = dict(temperature=float(temperature), top_k=int(ev.top_k), top_p=float(ev.top_p),
                   batch_size=batch_size, num_prompts=len(texts), device=device,
-                  seed=config.seed, dataset=config.data.name, cost_ratio_c=round(c, 4))
+                  seed=config.seed, dataset=config.data.name, cost_ratio_c=round(c, 4),
+                  verifier=config.verifier.checkpoint or config.verifier.size,
+                  drafter=config.drafter.checkpoint or config.drafter.size)
       rows.append(dict(base, method="autoregressive", gamma=None, new_tokens=n_ar,
                        block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
                        empirical_acceptance=None, per_position_acceptance=None,
@@ -110,13 +121,13 @@ def run(config, workdir: str) -> list[dict]:
                        tokens_per_s=round(ar_tps, 2), speedup=1.0, theoretical_speedup=1.0,
                        speedup_vs_theory=None, verifier_tokens_per_call=1,
                        identical_to_greedy=True if sampling.greedy else None))
-      for gamma in ev.gammas:
+      for method, gamma in [(m, g) for m in ev.methods for g in ev.gammas]:
         spec = speculative.SpecConfig(gamma=int(gamma), rule=ev.rule, lenience=ev.lenience,
                                       epsilon=float(ev.epsilon))
         fn = lambda prompts, i: speculative.speculative_generate(  # noqa: E731
             v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier_cfg=v_cfg,
-            drafter_cfg=d_cfg, spec=spec, **common)
-        sd_out, sd_s = _timed_pass(fn, batches, f"{label} sd γ={gamma}")
+            drafter_cfg=d_cfg, spec=spec, max_cache_len=ev.max_cache_len, **common)
+        sd_out, sd_s = _timed_pass(fn, batches, f"{label} {method} γ={gamma}")
         sd_tokens = _new_tokens(sd_out, batches)
         n_sd = sum(len(t) for t in sd_tokens)
         calls = int(_sum_stat(sd_out, batches, "verifier_calls").sum())
@@ -129,7 +140,7 @@ def run(config, workdir: str) -> list[dict]:
             (gamma + 1) / (gamma * c + 1))
         measured = tps / ar_tps
         rows.append(dict(
-            base, method="sd", gamma=int(gamma), rule=spec.rule,
+            base, method=method, gamma=int(gamma), rule=spec.rule,
             lenience=spec.lenience if spec.rule == "lenient" else None,
             epsilon=spec.epsilon if spec.rule == "lenient" else None, new_tokens=n_sd,
             block_efficiency=round(tau, 4), mean_accepted_tokens=round(tau - 1, 4),
@@ -146,6 +157,8 @@ def run(config, workdir: str) -> list[dict]:
       print(report.markdown_table([r for r in rows if r["temperature"] == float(temperature)
                                    and r["batch_size"] == batch_size]), flush=True)
   os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))
   bench.write_results(workdir, rows)
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))
