@@ -8,9 +8,10 @@ Invariants at the start of a round, per row b with L = lengths[b] committed toke
     token: the correction or bonus of the previous round) has not been verified yet;
   * the drafter cache holds correct K/V for at least tokens[0 .. L-3].
 One round:
-  1. the drafter feeds the window [tokens[L-2], tokens[L-1]] (re-writing L-2 is harmless: same
-     token, same prefix, same K/V; it is needed after a fully accepted round, when x_γ was never
-     fed), then drafts x_1..x_γ one token per call, keeping each step's exact law q_i;
+  1. the drafter (`LMDrafter.propose`) feeds the window [tokens[L-2], tokens[L-1]] (re-writing
+     L-2 is harmless: same token, same prefix, same K/V; it is needed after a fully accepted
+     round, when x_γ was never fed), then drafts x_1..x_γ one token per call, keeping each
+     step's exact law q_i;
   2. the verifier scores [tokens[L-1], x_1..x_γ] at positions L-1 .. L-1+γ in one call → p_1..p_{γ+1};
   3. the acceptance rule returns n accepted drafts and the correction/bonus token; the row emits
      up to n+1 tokens, cut exactly where autoregressive decoding would stop (after a stop token
@@ -90,7 +91,7 @@ class SpecState:
   num_new: jax.Array            # int32[B]
   done: jax.Array               # bool[B]
   v_cache: llama.KVCache
-  d_cache: llama.KVCache
+  d_cache: object               # the drafter's state (an LM drafter's KV cache)
   rng: jax.Array
   round: jax.Array              # int32[]
   stats: SpecStats
@@ -110,54 +111,75 @@ class SpecOutput:
     return [toks[b, plens[b]:lens[b]].tolist() for b in range(toks.shape[0])]
 
 
-def check_pair(verifier_cfg: llama.LlamaConfig, drafter_cfg: llama.LlamaConfig) -> None:
-  """Drafter and verifier must share a vocabulary: q and p are laws over the same ids."""
-  if verifier_cfg.vocab_size != drafter_cfg.vocab_size:
+def check_pair(verifier_cfg: llama.LlamaConfig, drafter) -> None:
+  """Drafter and verifier must share a vocabulary: q and p are laws over the same ids.
+  `drafter` is a drafter or a LlamaConfig."""
+  if verifier_cfg.vocab_size != drafter.vocab_size:
     raise ValueError(
-        f"Drafter vocab_size={drafter_cfg.vocab_size} differs from the verifier's "
+        f"Drafter vocab_size={drafter.vocab_size} differs from the verifier's "
         f"{verifier_cfg.vocab_size}: speculative decoding compares their laws token by token. "
         "Train the drafter with the verifier's tokenizer (config.tokenizer).")
 
 
-def _draft(d_apply, d_params, d_cache, tokens, lengths, rng, gamma, sampling):
-  """Catch the drafter up and draft γ tokens. Returns (draft int32[B,γ], q f32[B,γ,V], cache)."""
-  b = tokens.shape[0]
-  size = d_cache.size
-  last = lengths - 1
-  # Window [L-2, L-1]. With a one-token prompt (L = 1) there is no L-2: park that write at an
-  # out-of-range slot, which drops it and hides it from every query (llama.split_mask).
-  prev = jnp.maximum(last - 1, 0)
-  window = jnp.stack([jnp.take_along_axis(tokens, prev[:, None], 1)[:, 0],
-                      jnp.take_along_axis(tokens, last[:, None], 1)[:, 0]], axis=1)
-  positions = jnp.stack([prev, last], axis=1)
-  slots = jnp.stack([jnp.where(last >= 1, prev, size), last], axis=1)
-  logits, _, d_cache = d_apply(d_params, window, positions, d_cache, None, slots)
-  logits = logits[:, -1]
+@dataclasses.dataclass(frozen=True)
+class LMDrafter:
+  """A small language model as drafter (plain, distilled or steered later).
 
-  def step(i, carry):
-    logits, cache, draft, q = carry
-    probs = sampling_lib.probs_from_logits(logits, sampling)
-    if sampling.greedy:
-      x = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    else:
-      x = sampling_lib.sample(jax.random.fold_in(rng, i), probs)
-    draft = draft.at[:, i].set(x)
-    q = q.at[:, i].set(probs)
-    pos = (last + 1 + i)[:, None]
-    # The last drafted token is never fed: the verifier decides what follows it.
-    next_logits, _, cache = d_apply(d_params, x[:, None], pos, cache)
-    return next_logits[:, 0], cache, draft, q
+  Every drafter offers the same two methods (DESIGN.md §2), so the loop never looks inside:
+    init_state(params, prompt_tokens[B,P], size) -> state       (prefill)
+    propose(params, state, tokens[B,S], lengths[B], rng, gamma, sampling)
+        -> (draft int32[B,γ], q f32[B,γ,V], state)
+  where q is the exact law each draft token was sampled from (float32, after the same
+  temperature/top-k/top-p transform the verifier uses). A drafter is static (hashable): its
+  arrays travel in `params` and `state`.
+  """
+  cfg: llama.LlamaConfig
 
-  v = logits.shape[-1]
-  init = (logits, d_cache, jnp.zeros((b, gamma), jnp.int32), jnp.zeros((b, gamma, v), jnp.float32))
-  # Steps 0..γ-2 feed their token; the final step only samples (no forward needed).
-  logits, d_cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
-  probs = sampling_lib.probs_from_logits(logits, sampling)
-  if sampling.greedy:
-    x = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  else:
-    x = sampling_lib.sample(jax.random.fold_in(rng, gamma - 1), probs)
-  return draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs), d_cache
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  def init_state(self, params, prompt_tokens, size: int) -> llama.KVCache:
+    b, p = prompt_tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    _, _, cache = llama.make_apply(self.cfg)(params, prompt_tokens, positions,
+                                             llama.init_cache(self.cfg, b, size))
+    return cache
+
+  def propose(self, params, cache, tokens, lengths, rng, gamma, sampling):
+    """Catch up on the committed tokens the cache lacks, then draft γ tokens (one call each)."""
+    apply = llama.make_apply(self.cfg)
+    b = tokens.shape[0]
+    size = cache.size
+    last = lengths - 1
+    # Window [L-2, L-1]. With a one-token prompt (L = 1) there is no L-2: park that write at an
+    # out-of-range slot, which drops it and hides it from every query (llama.split_mask).
+    prev = jnp.maximum(last - 1, 0)
+    window = jnp.stack([jnp.take_along_axis(tokens, prev[:, None], 1)[:, 0],
+                        jnp.take_along_axis(tokens, last[:, None], 1)[:, 0]], axis=1)
+    positions = jnp.stack([prev, last], axis=1)
+    slots = jnp.stack([jnp.where(last >= 1, prev, size), last], axis=1)
+    logits, _, cache = apply(params, window, positions, cache, None, slots)
+
+    def draw(i, logits):
+      probs = sampling_lib.probs_from_logits(logits, sampling)
+      if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+      return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
+
+    def step(i, carry):
+      logits, cache, draft, q = carry
+      x, probs = draw(i, logits)
+      next_logits, _, cache = apply(params, x[:, None], (last + 1 + i)[:, None], cache)
+      return next_logits[:, 0], cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
+
+    init = (logits[:, -1], cache, jnp.zeros((b, gamma), jnp.int32),
+            jnp.zeros((b, gamma, self.vocab_size), jnp.float32))
+    # Steps 0..γ-2 feed their token; the last draft is never fed (the verifier decides what
+    # follows it, and the next round's catch-up window covers it).
+    logits, cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
+    x, probs = draw(gamma - 1, logits)
+    return draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs), cache
 
 
 def _commit(state: SpecState, emitted, n_emit, stop_ids, max_new_tokens):
@@ -184,20 +206,20 @@ def _commit(state: SpecState, emitted, n_emit, stop_ids, max_new_tokens):
   return tokens, state.lengths + n_emit, num_new, done
 
 
-@functools.partial(jax.jit, static_argnames=("v_cfg", "d_cfg", "spec", "sampling",
+@functools.partial(jax.jit, static_argnames=("v_cfg", "drafter", "spec", "sampling",
                                              "max_new_tokens", "stop_ids"))
-def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, v_cfg, d_cfg,
-                          spec, sampling, max_new_tokens, stop_ids):
+def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, v_cfg,
+                          drafter, spec, sampling, max_new_tokens, stop_ids):
   TRACE_COUNT["speculative"] += 1
   gamma = spec.gamma
   rule = spec.rule_fn(sampling)
-  v_apply, d_apply = llama.make_apply(v_cfg), llama.make_apply(d_cfg)
+  v_apply = llama.make_apply(v_cfg)
   b, p = prompt_tokens.shape
   size = p + max_new_tokens + gamma
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  # Prefill both caches with the whole prompt (more than the invariant needs).
+  # Prefill both with the whole prompt (more than the invariant needs).
   _, _, v_cache = v_apply(v_params, prompt_tokens, positions, llama.init_cache(v_cfg, b, size))
-  _, _, d_cache = d_apply(d_params, prompt_tokens, positions, llama.init_cache(d_cfg, b, size))
+  d_cache = drafter.init_state(d_params, prompt_tokens, size)
   zeros = jnp.zeros((b,), jnp.int32)
   stats = SpecStats(zeros, zeros, jnp.zeros((b, gamma), jnp.int32),
                     jnp.zeros((b, gamma), jnp.int32), jnp.zeros((b,), jnp.float32))
@@ -207,8 +229,8 @@ def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng
   def body(s: SpecState) -> SpecState:
     key = jax.random.fold_in(s.rng, s.round)
     draft_key, accept_key = jax.random.split(key)
-    draft, q, d_cache = _draft(d_apply, d_params, s.d_cache, s.tokens, s.lengths, draft_key,
-                               gamma, sampling)
+    draft, q, d_cache = drafter.propose(d_params, s.d_cache, s.tokens, s.lengths, draft_key,
+                                        gamma, sampling)
     last = s.lengths - 1
     current = jnp.take_along_axis(s.tokens, last[:, None], 1)
     verify_tokens = jnp.concatenate([current, draft], axis=1)          # [B, γ+1]
@@ -239,17 +261,23 @@ def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng
 
 def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.Prompts,
                          rng: jax.Array, *, verifier_cfg: llama.LlamaConfig,
-                         drafter_cfg: llama.LlamaConfig, spec: SpecConfig,
+                         drafter_cfg: llama.LlamaConfig | None = None, drafter=None,
+                         spec: SpecConfig,
                          sampling: sampling_lib.Sampling, max_new_tokens: int,
                          stop_ids: Sequence[int] = (),
                          max_cache_len: int | None = None) -> SpecOutput:
   """Generate up to `max_new_tokens` per row with a draft model and exact (or lenient)
   verification. Same stopping rule and output layout as `generate.generate`.
 
-  The caches hold P + max_new_tokens + γ slots (drafts of the last round overhang by γ);
-  `max_cache_len` (e.g. the verifier's context length) bounds that.
+  The drafter is `drafter` (any object with `init_state`/`propose`, see `LMDrafter`) or, as a
+  shorthand, `drafter_cfg` for an LM drafter. The caches hold P + max_new_tokens + γ slots
+  (drafts of the last round overhang by γ); `max_cache_len` (e.g. the verifier's context
+  length) bounds that.
   """
-  check_pair(verifier_cfg, drafter_cfg)
+  if (drafter is None) == (drafter_cfg is None):
+    raise ValueError("Pass exactly one of drafter_cfg (an LM drafter) or drafter.")
+  drafter = drafter or LMDrafter(drafter_cfg)
+  check_pair(verifier_cfg, drafter)
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
   if max_cache_len is not None:
@@ -258,5 +286,5 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   spec.rule_fn(sampling)  # fail fast on rule/sampling mismatches, outside jit
   return _speculative_generate(
       verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, v_cfg=verifier_cfg,
-      d_cfg=drafter_cfg, spec=spec, sampling=sampling, max_new_tokens=int(max_new_tokens),
+      drafter=drafter, spec=spec, sampling=sampling, max_new_tokens=int(max_new_tokens),
       stop_ids=tuple(int(i) for i in stop_ids))
