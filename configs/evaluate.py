@@ -9,7 +9,8 @@ Writes results.json (one row per method × γ × temperature × batch size, with
 glossary in DESIGN.md §3, the seed and the device), results.md and tau_vs_gamma.png /
 speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
 --config.prompts_file=FILE, or --config.data.name=spec_jax_pystdlib for code).
-Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens.
+Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens (the
+quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). GPU not measured yet.
 """
 
 from configs import common

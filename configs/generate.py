@@ -5,7 +5,7 @@
       --config.prompts_file=my_prompts.txt
   python launch.py --config configs/generate.py:smoke --workdir /tmp/gen   # tiny random model
 
-Time: ~30 s on 2 CPU cores (10 s loading the GGUF, ~1 s/prompt batch), a few s on one GPU.
+Time: ~30 s on 2 CPU cores (10 s loading the GGUF, ~1 s per prompt batch); GPU not measured yet.
 """
 
 from configs import common

@@ -6,6 +6,8 @@
 Time on 2 CPU cores (measured 2026-11-21: 8 min 4 s in all): 16 s for generation, 6.5 min of
 drafter training (300 steps of drafter-s, 8 x 128 tokens), 75 s for the AR vs SD table. A second
 run reuses the trained drafter.
+Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 greedy τ 1.40, T=1 τ 1.42; greedy SD
+output identical to AR.
 Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ (checkpoints,
 metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ (results.json, results.md, PNGs),
 runs/quickstart/quickstart.json.
