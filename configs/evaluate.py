@@ -37,11 +37,16 @@ def get_config(arg=None):
   config.num_data_prompts = args.num_prompts
   config.data_prompt_tokens = 64
   config.eval = dict(
-      methods=("sd",),  # speculative methods run beside the autoregressive baseline
+      # Speculative methods run beside the autoregressive baseline: sd, specinfer, spectr, rsd_c,
+      # rsd_s, each optionally NAME:SHAPE@L (see spec_jax.programs.evaluate.parse_method).
+      methods=("sd",),
+      tree_width=3,      # K chains (specinfer/spectr), beam width W (rsd_s), root branching (rsd_c)
+      tree_rule="auto",  # tree verification rule; auto = the one each tree's sampling needs
       gammas=_ints(args.gammas), temperatures=_floats(args.temperatures),
       batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
       rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
+      epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon
       max_cache_len=8192)  # SmolLM2's context: prompt + new tokens + γ must fit
   if args.smoke:
     config.tokenizer = "bytes"

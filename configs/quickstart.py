@@ -1,34 +1,49 @@
-"""The main job: SmolLM2 generation, a drafter trained on Shakespeare, then AR vs SD.
+"""The main job: SmolLM2 generation, a drafter trained on Shakespeare, a distilled copy of it,
+then AR vs SD with both drafters.
 
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
-Time on 2 CPU cores (measured 2026-11-21: 8 min 4 s in all): 16 s for generation, 6.5 min of
-drafter training (300 steps of drafter-s, 8 x 128 tokens), 75 s for the AR vs SD table. A second
-run reuses the trained drafter.
+Time on 2 CPU cores (measured 2026-11-21: 8 min 4 s in all before the distillation stage): 16 s
+for generation, 6.5 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 75 s for
+the AR vs SD table. The distillation stage (DistillSpec, `distill_steps` steps of
+`distill_divergence` on `distill_source` data, batch 8 × (32 + 48) tokens) adds ≈ 2 min on idle
+cores plus a second 75 s AR vs SD table (see experiments/distillspec/results.md for what each
+divergence and data source buys). A second run reuses the trained drafters.
 Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 greedy τ 1.40, T=1 τ 1.42; greedy SD
 output identical to AR.
-Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ (checkpoints,
-metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ (results.json, results.md, PNGs),
-runs/quickstart/quickstart.json.
+Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ and
+runs/quickstart/distilled/ (checkpoints, metrics.jsonl, TensorBoard events),
+runs/quickstart/evaluate/ and runs/quickstart/evaluate_distilled/ (results.json, results.md,
+PNGs), runs/quickstart/quickstart.json.
 """
 
 from configs import common
+from configs import distill as distill_config
 from configs import evaluate as evaluate_config
 from configs import generate as generate_config
 from configs import train_lm as train_lm_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, drafter_steps=300)
+  args = common.parse_arg(arg, smoke=False, drafter_steps=300, distill_steps=30,
+                          distill_divergence="fkl", distill_source="onpolicy")
   config = common.base("quickstart")
   sub = "smoke" if args.smoke else None
   config.generate = generate_config.get_config(sub or "new_tokens=40")
   config.drafter = train_lm_config.get_config(
       sub or f"size=drafter-s,steps={args.drafter_steps},batch=8,seq_len=128")
+  # drafter.checkpoint is set to the freshly trained drafter at run time.
+  config.distill = distill_config.get_config(
+      sub or f"steps={args.distill_steps},divergence={args.distill_divergence},"
+      f"source={args.distill_source}")
+  config.distill.eval.update(temperatures=(), at_start=False)  # the evaluate stage measures τ
   config.evaluate = evaluate_config.get_config(
       sub or "gammas=4,temperatures=0+1,num_prompts=4,new_tokens=48")
   config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly trained drafter"
-  if not args.smoke:
+  if args.smoke:
+    config.distill.train.update(num_steps=4, eval_every=0, checkpoint_every=4)
+  else:
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
+    config.distill.train.update(checkpoint_every=10)
   return config

@@ -1,4 +1,5 @@
-"""Tokenizers: the SmolLM2 byte-level BPE rebuilt from its GGUF, and a byte tokenizer for tests.
+"""Tokenizers: the SmolLM2 byte-level BPE rebuilt from its GGUF, any HF tokenizer directory
+(tokenizer.json + tokenizer_config.json), and a byte tokenizer for tests.
 
 Every tokenizer exposes the same small surface (`encode`, `encode_batch`, `decode`, `vocab_size`,
 `eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary: drafter and verifier
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import pathlib
 from typing import Protocol, Sequence
 
@@ -38,7 +40,8 @@ class HFTokenizer:
   """
 
   def __init__(self, tok: tokenizers.Tokenizer, *, name: str, eos_token: str,
-               stop_tokens: Sequence[str] = (), chat_template: str | None = None):
+               stop_tokens: Sequence[str] = (), chat_template: str | None = None,
+               bos_token: str | None = None):
     self._tok = tok
     self.name = name
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -46,6 +49,12 @@ class HFTokenizer:
     self.pad_id = self.eos_id  # padding is always masked; any valid id works
     self.stop_ids = tuple(sorted({self.eos_id, *(self._id(t) for t in stop_tokens)}))
     self.chat_template = chat_template
+    self.bos_token = bos_token  # written to exports only: encode() never prepends it
+
+  @property
+  def backend(self) -> tokenizers.Tokenizer:
+    """The underlying `tokenizers.Tokenizer`."""
+    return self._tok
 
   def _id(self, token: str) -> int:
     i = self._tok.token_to_id(token)
@@ -68,11 +77,41 @@ class HFTokenizer:
     return self._tok.decode(list(ids), skip_special_tokens=False)
 
   def chat_prompt(self, user: str, system: str | None = None) -> str:
-    """ChatML prompt (the template SmolLM2-Instruct ships), ending with the assistant header."""
+    """The prompt for one user turn, ending with the assistant header: the tokenizer's own chat
+    template when it has one (rendered like transformers' `apply_chat_template`), else ChatML
+    with SmolLM2-Instruct's default system prompt."""
+    if self.chat_template:
+      messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+          {"role": "user", "content": user}]
+      return render_chat_template(self.chat_template, messages, bos_token=self.bos_token or "",
+                                  eos_token=self._tok.id_to_token(self.eos_id))
     if system is None:
       system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
     return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
             "<|im_start|>assistant\n")
+
+  def save_hf(self, out_dir: str | pathlib.Path) -> list[str]:
+    """Write tokenizer.json and tokenizer_config.json (eos/pad/bos tokens, chat template) so that
+    `transformers.AutoTokenizer.from_pretrained(out_dir)` and `tokenizer_from_hf_dir` load it.
+    The stop ids go where HF keeps them, generation_config.json's eos_token_id, unless that file
+    exists (a model export writes its own). Returns the file names written."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    self._tok.save(str(out / "tokenizer.json"))
+    eos = self._tok.id_to_token(self.eos_id)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+              "pad_token": self._tok.id_to_token(self.pad_id), "bos_token": self.bos_token,
+              "add_bos_token": False, "add_eos_token": False,
+              "clean_up_tokenization_spaces": False, "model_max_length": 8192}
+    if self.chat_template:
+      config["chat_template"] = self.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    written = ["tokenizer.json", "tokenizer_config.json"]
+    if not (out / "generation_config.json").exists():
+      (out / "generation_config.json").write_text(json.dumps(
+          {"eos_token_id": list(self.stop_ids)}, indent=2))
+      written.append("generation_config.json")
+    return written
 
 
 def tokenizer_from_gguf(path: str | pathlib.Path) -> HFTokenizer:
@@ -122,6 +161,58 @@ def tokenizer_from_json(path: str | pathlib.Path, eos_token: str) -> HFTokenizer
   return HFTokenizer(tokenizers.Tokenizer.from_file(str(path)), name=str(path), eos_token=eos_token)
 
 
+def render_chat_template(template: str, messages: list[dict], **special_tokens) -> str:
+  """Render an HF chat template (Jinja) the way transformers does: sandboxed, trim_blocks,
+  lstrip_blocks, `raise_exception`, and add_generation_prompt=True."""
+  import jinja2.sandbox  # local: only chat prompts need it
+
+  def raise_exception(message):
+    raise ValueError(f"The chat template refused the messages: {message}")
+
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+  env.globals["raise_exception"] = raise_exception
+  return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                          **special_tokens)
+
+
+def _token_content(value) -> str | None:
+  """A special token in tokenizer_config.json: a string or a serialized AddedToken dict."""
+  return value.get("content") if isinstance(value, dict) else value
+
+
+def tokenizer_from_hf_dir(path: str | pathlib.Path) -> HFTokenizer:
+  """The tokenizer of an HF model directory: tokenizer.json, with eos/bos tokens and the chat
+  template from tokenizer_config.json (or chat_template.jinja), and stop ids from
+  generation_config.json's eos_token_id (an id or a list) plus the EOS token."""
+  p = pathlib.Path(path)
+  if not (p / "tokenizer.json").is_file():
+    raise FileNotFoundError(
+        f"{p} has no tokenizer.json (only fast tokenizers are read; a sentencepiece-only "
+        "tokenizer.model must first be converted: transformers.AutoTokenizer.from_pretrained(dir)"
+        ".save_pretrained(dir) writes tokenizer.json).")
+  tok = tokenizers.Tokenizer.from_file(str(p / "tokenizer.json"))
+  read = lambda name: json.loads((p / name).read_text()) if (p / name).is_file() else {}  # noqa
+  config, generation = read("tokenizer_config.json"), read("generation_config.json")
+  stop_ids = generation.get("eos_token_id", read("config.json").get("eos_token_id"))
+  stop_ids = [] if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else stop_ids
+  eos = _token_content(config.get("eos_token"))
+  if eos is None and stop_ids:
+    eos = tok.id_to_token(stop_ids[0])
+  if eos is None:
+    raise ValueError(f"{p}: no EOS token (tokenizer_config.json eos_token or "
+                     "generation_config.json eos_token_id); add one so generation can stop.")
+  template = config.get("chat_template")
+  if isinstance(template, list):  # several named templates: the default one
+    template = next((t["template"] for t in template if t.get("name") == "default"), None)
+  if template is None and (p / "chat_template.jinja").is_file():
+    template = (p / "chat_template.jinja").read_text()
+  stops = [tok.id_to_token(i) for i in stop_ids if tok.id_to_token(i) is not None]
+  return HFTokenizer(tok, name=p.name, eos_token=eos, stop_tokens=stops, chat_template=template,
+                     bos_token=_token_content(config.get("bos_token")))
+
+
 @functools.cache
 def smollm2_tokenizer() -> HFTokenizer:
   from spec_jax import assets
@@ -149,14 +240,17 @@ class ByteTokenizer:
 
 
 def get_tokenizer(name: str) -> Tokenizer:
-  """Tokenizer by config name: 'smollm2', 'bytes', or a path to a tokenizer.json / .gguf file."""
+  """Tokenizer by config name: 'smollm2', 'bytes', an HF model directory (with tokenizer.json;
+  'hf:' prefix optional), or a path to a tokenizer.json / .gguf file."""
   if name == "smollm2":
     return smollm2_tokenizer()
   if name == "bytes":
     return ByteTokenizer()
+  if name.startswith("hf:") or pathlib.Path(name).is_dir():
+    return tokenizer_from_hf_dir(name.removeprefix("hf:"))
   if name.endswith(".gguf"):
     return tokenizer_from_gguf(name)
   if name.endswith(".json"):
     return tokenizer_from_json(name, eos_token="<|endoftext|>")
-  raise ValueError(f"Unknown tokenizer {name!r}. Use 'smollm2', 'bytes', or a path to a "
-                   "tokenizer.json or .gguf file.")
+  raise ValueError(f"Unknown tokenizer {name!r}. Use 'smollm2', 'bytes', an HF model directory "
+                   "(with tokenizer.json), or a path to a tokenizer.json or .gguf file.")

@@ -182,7 +182,7 @@ class LMDrafter:
     return draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs), cache
 
 
-def _commit(state: SpecState, emitted, n_emit, stop_ids, max_new_tokens):
+def commit_tokens(state: SpecState, emitted, n_emit, stop_ids, max_new_tokens):
   """Write up to n_emit[b] tokens of emitted[B, γ+1] per live row, stopping exactly where
   autoregressive decoding would: after a stop token, or at max_new_tokens."""
   b, width = emitted.shape
@@ -206,6 +206,24 @@ def _commit(state: SpecState, emitted, n_emit, stop_ids, max_new_tokens):
   return tokens, state.lengths + n_emit, num_new, done
 
 
+def prefill_state(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, v_cfg, drafter,
+                  overhang: int, depth: int, max_new_tokens: int) -> SpecState:
+  """The loop's initial state: both caches prefilled with the whole prompt (more than the
+  invariant needs), P + N + `overhang` slots (drafts of the last round overhang the output),
+  per-depth counters of length `depth`."""
+  b, p = prompt_tokens.shape
+  size = p + max_new_tokens + overhang
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  _, _, v_cache = llama.make_apply(v_cfg)(v_params, prompt_tokens, positions,
+                                          llama.init_cache(v_cfg, b, size))
+  d_cache = drafter.init_state(d_params, prompt_tokens, size)
+  zeros = jnp.zeros((b,), jnp.int32)
+  stats = SpecStats(zeros, zeros, jnp.zeros((b, depth), jnp.int32),
+                    jnp.zeros((b, depth), jnp.int32), jnp.zeros((b,), jnp.float32))
+  return SpecState(jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), prompt_lengths, zeros,
+                   jnp.zeros((b,), bool), v_cache, d_cache, rng, jnp.int32(0), stats)
+
+
 @functools.partial(jax.jit, static_argnames=("v_cfg", "drafter", "spec", "sampling",
                                              "max_new_tokens", "stop_ids"))
 def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, v_cfg,
@@ -214,17 +232,10 @@ def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng
   gamma = spec.gamma
   rule = spec.rule_fn(sampling)
   v_apply = llama.make_apply(v_cfg)
-  b, p = prompt_tokens.shape
-  size = p + max_new_tokens + gamma
-  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  # Prefill both with the whole prompt (more than the invariant needs).
-  _, _, v_cache = v_apply(v_params, prompt_tokens, positions, llama.init_cache(v_cfg, b, size))
-  d_cache = drafter.init_state(d_params, prompt_tokens, size)
-  zeros = jnp.zeros((b,), jnp.int32)
-  stats = SpecStats(zeros, zeros, jnp.zeros((b, gamma), jnp.int32),
-                    jnp.zeros((b, gamma), jnp.int32), jnp.zeros((b,), jnp.float32))
-  state = SpecState(jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), prompt_lengths, zeros,
-                    jnp.zeros((b,), bool), v_cache, d_cache, rng, jnp.int32(0), stats)
+  b = prompt_tokens.shape[0]
+  state = prefill_state(v_params, d_params, prompt_tokens, prompt_lengths, rng, v_cfg=v_cfg,
+                        drafter=drafter, overhang=gamma, depth=gamma,
+                        max_new_tokens=max_new_tokens)
 
   def body(s: SpecState) -> SpecState:
     key = jax.random.fold_in(s.rng, s.round)
@@ -241,7 +252,7 @@ def _speculative_generate(v_params, d_params, prompt_tokens, prompt_lengths, rng
     n = verdict.num_accepted
     emitted = jnp.concatenate([draft, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(b), n].set(verdict.next_token)     # x_1..x_n, next
-    tokens, lengths, num_new, done = _commit(s, emitted, n + 1, stop_ids, max_new_tokens)
+    tokens, lengths, num_new, done = commit_tokens(s, emitted, n + 1, stop_ids, max_new_tokens)
     live = (~s.done).astype(jnp.int32)
     reached = (jnp.arange(gamma)[None] <= n[:, None]).astype(jnp.int32) * live[:, None]
     alpha = acceptance.acceptance_rate(p_law[:, :gamma], q)           # [B, γ]

@@ -51,11 +51,19 @@ GLOSSARY: dict[str, str] = {
     "speedup_vs_theory": "measured speedup / theoretical speedup",
     "verifier_tokens_per_call": "cost at fixed budget: tokens fed to the verifier per call "
                                 "(chain γ+1, tree node count)",
+    "drafter_calls_per_round": "drafter forward calls per verification round (chain γ, tree "
+                               "depth L: one call per level)",
+    "tree": "draft tree shape: rsd_c b=branching per depth, rsd_s W=beam width, specinfer/spectr "
+            "K=i.i.d. chains; L = depth",
     "identical_to_greedy": "exactness check: greedy speculative output equals the verifier's "
                            "greedy output token for token (none when sampling)",
     "lenience": "lossy lenience function (f_lin = p/ε, f_sq = p/ε², f_exp = p^ε); none is "
                 "lossless",
     "epsilon": "ε, the lenience parameter",
+    "verifier_loglik": "quality: mean log-likelihood per generated token under the raw verifier "
+                       "(temperature 1, no truncation), teacher-forced on the generated text",
+    "token_tv": "quality cost of lossy decoding: mean over generated positions of ½‖π - p‖₁, "
+                "π the one-step law of the lenient rule, p the verifier's (0 when lossless)",
     "dataset": "prompt set",
     "drafter": "draft model",
     "seed": "random seed of the sampling rng",
@@ -69,15 +77,18 @@ _SYMBOLS = {"gamma": "γ", "temperature": "T", "block_efficiency": "τ",
 
 DEFAULT_COLUMNS = ("method", "gamma", "temperature", "batch_size", "block_efficiency",
                    "acceptance_rate", "empirical_acceptance", "tokens_per_s", "speedup",
-                   "theoretical_speedup", "speedup_vs_theory", "per_position_acceptance")
+                   "theoretical_speedup", "speedup_vs_theory", "per_position_acceptance",
+                   "verifier_loglik", "token_tv")
 
 # Settings that get a table column (and split plot series) only when they vary across rows.
-_EXTRA_SETTINGS = ("dataset", "drafter", "lenience", "epsilon", "top_k", "top_p", "seed", "device")
+_EXTRA_SETTINGS = ("tree", "dataset", "drafter", "lenience", "epsilon", "top_k", "top_p", "seed",
+                   "device")
 
 # Settings and counts: printed with `g` (0.6, 4, 1000), not rounded like measured metrics.
 _EXACT_KEYS = frozenset({"gamma", "temperature", "top_k", "top_p", "batch_size", "num_prompts",
                          "new_tokens", "verifier_calls", "drafter_calls",
-                         "verifier_tokens_per_call", "seed", "epsilon"})
+                         "verifier_tokens_per_call", "drafter_calls_per_round", "seed",
+                         "epsilon"})
 
 _GROUP_KEYS = ("temperature", "batch_size")
 _TAU_THEORY_LABEL = r"theory $(1-\alpha^{\gamma+1})/(1-\alpha)$, α measured"

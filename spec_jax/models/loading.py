@@ -1,14 +1,17 @@
-"""Build a model from a config's `model` section: random init, the SmolLM2 GGUF, any GGUF file, or a
-train_lm checkpoint. Checks that the model and the tokenizer agree before anything runs."""
+"""Build a model from a config's `model` section: random init, the SmolLM2 GGUF, any GGUF file, an
+HF checkpoint directory, or a train_lm checkpoint. Checks that the model and the tokenizer agree
+before anything runs."""
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import jax
 import jax.numpy as jnp
 
-from spec_jax.models import gguf_import, llama
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.models import gguf_import, hf_import, llama
 
 
 def _with_dtype(cfg: llama.LlamaConfig, params, dtype: str):
@@ -26,12 +29,27 @@ def _check_vocab(cfg: llama.LlamaConfig, tokenizer, source: str, field: str) -> 
         "trained with (config.tokenizer) or a model trained with this tokenizer.")
 
 
+def _check_hf_tokenizer(path: str, tokenizer, source: str, field: str) -> None:
+  """An HF directory that ships a tokenizer must be run with that vocabulary (same fingerprint);
+  its config's vocab_size may exceed the tokenizer's (embeddings padded for speed, as in Qwen2)."""
+  if (pathlib.Path(path) / "tokenizer.json").is_file():
+    own = tokenizer_lib.tokenizer_from_hf_dir(path)
+    if own.fingerprint != tokenizer.fingerprint:
+      raise ValueError(
+          f"{field}={source!r} ships its own tokenizer (fingerprint {own.fingerprint}, "
+          f"{own.vocab_size} tokens) but config.tokenizer is {tokenizer.name!r} (fingerprint "
+          f"{tokenizer.fingerprint}, {tokenizer.vocab_size} tokens). Fix: "
+          f"--config.tokenizer={path}.")
+
+
 def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   """(LlamaConfig, params or None) for a `configs.common.model()` section; None means "initialise
   randomly" (training initialises by shape, with shardings, itself).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2' or a .gguf path → weights from the GGUF (dequantized);
+  an HF directory (config.json + model.safetensors or its shard index; or any path prefixed
+    'hf:') → Llama/Mistral/Qwen2 weights read by `hf_import.read_hf`;
   anything else → a train_lm workdir or checkpoint directory (its model config wins over size).
   The model's vocabulary must be the tokenizer's (and a checkpoint's tokenizer fingerprint too).
   """
@@ -45,6 +63,13 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
                    else gguf_import.read_gguf(ckpt))
     _check_vocab(cfg, tokenizer, ckpt, field)
     return _with_dtype(cfg, jax.device_put(params), dtype)
+  if ckpt.startswith("hf:") or hf_import.is_hf_checkpoint(ckpt):
+    path = ckpt.removeprefix("hf:")
+    cfg, params = hf_import.read_hf(path, dtype=dtype)
+    _check_hf_tokenizer(path, tokenizer, ckpt, field)
+    if cfg.vocab_size < tokenizer.vocab_size:
+      _check_vocab(cfg, tokenizer, ckpt, field)
+    return cfg, jax.device_put(params)
   from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
   cfg, params, meta = checkpoints.load_model(ckpt)
   checkpoints.check_tokenizer(meta, tokenizer, f"{field}={ckpt!r}")

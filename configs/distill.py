@@ -1,0 +1,69 @@
+"""DistillSpec: distill the SmolLM2 verifier into a drafter (program: distill).
+
+  python launch.py --config configs/distill.py --workdir runs/distill_fkl_onpolicy
+  python launch.py --config configs/distill.py:divergence=jsd,beta=0.5,source=mix \
+      --workdir runs/distill_jsd_mix --config.drafter.checkpoint=runs/quickstart/drafter
+  python launch.py --config configs/distill.py:smoke --workdir /tmp/distill   # tiny, for tests
+Arguments (`:key=value,...`): divergence (fkl, rkl, jsd, tvd, or xent = no teacher), beta
+(JSD[β], β weights the verifier), source (fixed, verifier, onpolicy, mix), lam (on-policy
+fraction of a mix), steps, batch, drafter (a train_lm/distill workdir, '' = from scratch), size,
+data (TFDS name), smoke. Any field can also be overridden: --config.distill.temperature=0.7.
+Re-running the same command resumes from the newest checkpoint in the workdir.
+Evaluate the result with
+  python launch.py --config configs/evaluate.py --workdir runs/eval_distilled \
+      --config.drafter.checkpoint=runs/distill_fkl_onpolicy
+
+Expected time on 2 CPU cores (measured, shared machine): one step of drafter-s with the SmolLM2
+verifier at batch 8 × (32 prompt + 48 response) tokens ≈ 3-4 s on idle cores (the verifier's
+forward ≈ 1.3 s, the 49k-way log-softmaxes and their gradient ≈ 1 s), up to 8 s when the cores
+are shared; verifier-generated data add ≈ 2 s per step once (cached in data.cache_dir); on-policy
+generation with drafter-s ≈ 0.3 s per step. 40 steps ≈ 3 min. One GPU: not measured.
+Reference numbers: experiments/distillspec/results.md.
+
+Smoke (CPU tests, seconds): test-tiny verifier and drafter, byte tokenizer, 6 steps of
+8 × (8 + 8) tokens, on-policy data refreshed every 2 steps.
+"""
+
+from configs import common
+
+
+def get_config(arg: str | None = None):
+  arg = common.parse_arg(arg, divergence="fkl", beta=0.5, source="onpolicy", lam=0.5, steps=40,
+                         batch=8, drafter="runs/quickstart/drafter", size="drafter-s",
+                         data="spec_jax_shakespeare", lr=1e-3, smoke=False)
+  config = common.base("distill")
+  config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
+  config.drafter = common.model(size=arg.size, checkpoint=arg.drafter)
+  config.data = common.data(name=arg.data)
+  del config.data["seq_len"]  # a distillation row is prompt_tokens + response_tokens
+  config.data.update(
+      source=arg.source,        # fixed | verifier | onpolicy | mix (spec_jax.data.distill_data)
+      prompt_tokens=32, response_tokens=48,
+      temperature=1.0,          # sampling temperature of generated responses (0 = greedy)
+      refresh_every=1,          # on-policy responses regenerated every N steps
+      mix_with="verifier",      # a mix's non-on-policy rows: fixed | verifier
+      mix_lambda=arg.lam,       # on-policy fraction of every batch in a mix (GKD's λ)
+      stop_at_eos=False,        # False: responses always have response_tokens tokens
+      cache_dir="")             # verifier responses; '' = <workdir>/data_cache
+  config.distill = dict(
+      divergence=arg.divergence, beta=arg.beta,
+      # Both laws get this transform (as at decoding time); temperature must be > 0.
+      temperature=1.0, top_k=0, top_p=1.0)
+  config.train = common.train(num_steps=arg.steps, batch_size=arg.batch)
+  config.train.update(lr=arg.lr, warmup_steps=max(min(10, arg.steps // 10), 1), log_every=5,
+                      eval_every=arg.steps, checkpoint_every=20, keep_checkpoints=1)
+  del config.train["eval_batches"]  # held-out batches are eval.batches here
+  config.eval = dict(
+      batches=4,                # held-out windows for eval/{fkl,...,alpha}
+      at_start=True,            # also evaluate the initial drafter (logged at step 0)
+      gamma=4, temperatures=(0.0, 1.0), num_prompts=8, new_tokens=48)
+  if arg.smoke:
+    config.tokenizer = "bytes"
+    config.verifier = common.model(size="test-tiny")
+    config.drafter = common.model(size="test-tiny")
+    config.drafter.checkpoint = ""
+    config.data.update(prompt_tokens=8, response_tokens=8, refresh_every=2)
+    config.train.update(num_steps=6, batch_size=8, warmup_steps=1, log_every=1, eval_every=3,
+                        checkpoint_every=2, lr=3e-3)
+    config.eval.update(batches=2, num_prompts=2, new_tokens=8)
+  return config

@@ -1,0 +1,60 @@
+"""DistillSpec experiment (Zhou et al. 2024 at small scale): which divergence and which data make
+the best drafter for the SmolLM2-135M verifier, and what lossy decoding buys on top.
+
+  python experiments/distillspec/run.py                   # writes experiments/distillspec/results*
+  python experiments/distillspec/run.py --config experiments/distillspec/config.py:smoke \
+      --workdir /tmp/distillspec --results_dir /tmp/distillspec   # tiny models, minutes
+
+Needs the quickstart drafter (runs/quickstart/drafter: drafter-s, 300 cross-entropy steps on
+Shakespeare; run the README's main command first). Every drafter starts from it and trains the
+same `steps` steps (batch 8 × (32 prompt + 48 response) tokens, lr 1e-3, the `distill` program):
+  * 16 distilled drafters: {FKL, RKL, JSD[0.5], TVD} × {fixed data, verifier-generated,
+    on-policy (drafter-generated, refreshed every step), 50/50 on-policy + verifier mix};
+  * the non-distilled baseline: the same steps of cross-entropy on the fixed data.
+Each is evaluated on held-out Shakespeare test prompts (τ and α of chain SD at γ = 4, greedy and
+temperature 1; speedup over autoregressive decoding measured in the same process and the
+theoretical τ/(γc+1)), then the best distilled drafter and the baseline run lenient decoding
+(f_lin, and f_exp for the best) over ε with its quality cost (evaluation/quality.py).
+Time on 2 CPU cores: ~45 min on idle cores; 2-3 h measured on a machine shared with other jobs
+(a distill step took 8-12 s instead of ~3.5 s). GPU: not measured.
+Reference numbers: experiments/distillspec/results.md.
+"""
+
+import ml_collections
+
+from configs import common
+from configs import distill as distill_config
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False, steps=40, data="spec_jax_shakespeare")
+  config = ml_collections.ConfigDict()
+  config.title = "DistillSpec: distilled drafters for SmolLM2-135M-Instruct"
+  # The distill program's config every run starts from; the sweep sets distill.divergence and
+  # data.source. τ is measured by the experiment (more prompts, speedups), not by the program.
+  base = distill_config.get_config(
+      "smoke" if args.smoke else f"steps={args.steps},batch=8,data={args.data}")
+  base.eval.update(temperatures=(), at_start=False)
+  base.train.update(eval_every=base.train.num_steps, checkpoint_every=base.train.num_steps)
+  config.base = base
+  config.divergences = ("fkl", "rkl", "jsd", "tvd")
+  config.sources = ("fixed", "verifier", "onpolicy", "mix")
+  config.beta = 0.5
+  # τ and α over all prompts at batch 8; wall-clock speedups of the start, baseline and best
+  # drafters at batch 1 too, where a γ+1-token verifier call costs about as much as a 1-token
+  # one (DESIGN.md §4): at batch 8 a CPU verifier call grows with the tokens it scores.
+  config.eval = dict(num_prompts=16, prompt_tokens=32, new_tokens=48, batch_size=8, gamma=4,
+                     temperatures=(0.0, 1.0), prompt_split="test", speedup_prompts=8,
+                     speedup_batch_size=1)
+  # Lossy decoding at T = 1: the best distilled drafter (f_lin and f_exp) and the baseline (f_lin).
+  config.lenience = dict(temperature=1.0, lin_epsilons=(1.0, 0.5, 0.3, 0.1, 0.03),
+                         exp_epsilons=(0.5, 0.3, 0.1))
+  if args.smoke:
+    config.divergences = ("fkl", "tvd")
+    config.sources = ("fixed", "mix")
+    base.data.refresh_every = 1
+    base.train.update(num_steps=4, checkpoint_every=4, eval_every=4)
+    config.eval.update(num_prompts=4, prompt_tokens=8, new_tokens=8, batch_size=2,
+                       speedup_prompts=2)
+    config.lenience.update(lin_epsilons=(1.0, 0.3), exp_epsilons=(0.3,))
+  return config

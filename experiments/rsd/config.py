@@ -1,0 +1,59 @@
+"""RSD experiment (Jeon et al. 2024 at small scale): draft trees vs chains on SmolLM2-135M.
+
+  python experiments/rsd/run.py                      # full run, writes experiments/rsd/results*
+  python experiments/rsd/run.py --config experiments/rsd/config.py:smoke --workdir /tmp/rsd
+
+Needs the quickstart drafter (runs/quickstart/drafter: run the README's main command first).
+Part (a), fixed draft length L ∈ {2, 3, 4}: SD (chain of L), SpecInfer and SpecTr (K = 3 i.i.d.
+chains), RSD-C (b = (3, 1, ..., 1): three first tokens without replacement, then chains) and
+RSD-S (beam width W = 3), temperature 1 and greedy (where SpecInfer/SpecTr reduce to SD and are
+skipped), on Shakespeare and Python-code prompts. All tree methods then spend the same 3L + 1
+verifier tokens per call. Part (b), fixed verifier budget B ∈ {6, 10, 14, 20, 30} tokens per call
+at temperature 1, Shakespeare prompts: for each method the best of its candidate shapes with at
+most B nodes (`budget_entries`: width 3 and 2, depth as deep as the budget allows; SD γ = B - 1).
+Time on 2 CPU cores: ~60 min (most of it compiling one decoding loop per tree shape); GPU not
+measured. Reference numbers: experiments/rsd/results.md.
+"""
+
+from configs import common
+from configs import evaluate as evaluate_config
+
+
+def budget_entries(budget: int, width: int) -> list[str]:
+  """eval.methods entries (NAME:SHAPE@L) of the candidate trees of one width with at most
+  `budget` nodes: the deepest tree of width K = W = `width` (RSD-C: b = (width, 1, ..., 1)),
+  and the chain of γ = budget - 1 (SD has no width, it joins the first width's run)."""
+  depth = (budget - 1) // width
+  entries = [f"{m}:{width}@{depth}" for m in ("specinfer", "spectr", "rsd_s", "rsd_c")
+             if depth >= 1]
+  return entries
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False)
+  config = evaluate_config.get_config("smoke" if args.smoke else None)
+  config.title = "RSD: draft trees vs chains"
+  config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
+  config.fixed_methods = ("sd", "specinfer", "spectr", "rsd_c", "rsd_s")
+  # At T = 0 SpecInfer and SpecTr draw K copies of the drafter's greedy chain: they are SD.
+  config.greedy_methods = ("sd", "rsd_c", "rsd_s")
+  config.fixed_depths = (2, 3, 4)
+  config.fixed_temperatures = (1.0, 0.0)
+  config.budgets = (6, 10, 14, 20, 30)
+  # One evaluate run per width; K = W = 3 first (its L = 3, 4 shapes are shared with part (a),
+  # so they compile once), then K = W = 2.
+  config.budget_widths = (3, 2)
+  config.budget_temperature = 1.0
+  config.budget_datasets = ("spec_jax_shakespeare",)
+  config.eval.update(tree_width=3, batch_sizes=(4,), num_prompts=4, new_tokens=32,
+                     max_prompt_tokens=64)
+  config.num_data_prompts = 4
+  config.data_prompt_tokens = 48
+  if args.smoke:
+    config.fixed_depths = (1, 2)
+    config.budgets = (4, 7)
+    config.budget_widths = (3,)
+    config.eval.update(num_prompts=2, new_tokens=6, batch_sizes=(2,), max_prompt_tokens=24)
+    config.num_data_prompts = 2
+    config.data_prompt_tokens = 12
+  return config

@@ -1,0 +1,263 @@
+"""Distillation data: prompts with a response from a fixed dataset, the verifier or the drafter.
+
+DistillSpec (Zhou et al. 2024, §4.2, Table 1) compares where the response tokens the divergence
+is averaged over come from:
+  fixed      the dataset's own continuation of the prompt;
+  verifier   sampled from the verifier (teacher-generated; generated once and cached);
+  onpolicy   sampled from the current drafter (student-generated, GKD's on-policy data),
+             regenerated from the live params every `refresh_every` steps;
+  mix        round(λ·B) rows of every batch on-policy, the other rows from `mix_with`
+             ("fixed" or "verifier"); λ = `mix_lambda` (GKD's λ, the student-data fraction).
+The mixture is a deterministic row split per batch rather than GKD's per-batch coin flip: every
+step then sees both kinds of data in the proportion asked for, shapes stay static, and the run
+stays a pure function of its seed (the expected composition is the same).
+
+Shapes: B batch, P prompt tokens, R response tokens. Prompts are the first P tokens of windows of
+P + R tokens cut from a TFDS split's packed token stream (`pipeline.lm_batches`, any split with
+a text feature), so every prompt has exactly P tokens (no padding, one compiled generation
+program) and the fixed data's response is the next R tokens. Batch s is
+  {"inputs": int32[B, P+R-1], "targets": int32[B, P+R-1], "weights": float32[B, P+R-1]}
+with weights 1 exactly on the targets that are response tokens (positions P-1 .. P-2+n_b, n_b ≤ R
+generated tokens: fewer when generation stopped at a stop token, which stays in the response).
+All sources see the same prompts at step s; only the responses differ.
+
+Reproducibility: the responses of batch s are drawn with fold_in(key(seed, source), s), so
+verifier data depend on (seed, s) alone and on-policy data on (seed, s, the drafter's params at
+the refresh that produced them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any, Callable
+
+from absl import logging
+import jax
+import numpy as np
+
+from spec_jax.data import pipeline
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.models import llama
+
+SOURCES = ("fixed", "verifier", "onpolicy", "mix")
+_SALTS = {"verifier": 1, "onpolicy": 2}
+_CACHE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """The data side of a distillation run (config.data plus the batch size)."""
+  source: str
+  prompt_tokens: int
+  response_tokens: int
+  batch_size: int
+  temperature: float = 1.0
+  refresh_every: int = 1
+  mix_with: str = "verifier"
+  mix_lambda: float = 0.5
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.source not in SOURCES:
+      raise ValueError(f"data.source={self.source!r} is not a data source; choose one of "
+                       f"{list(SOURCES)}.")
+    for f in ("prompt_tokens", "response_tokens", "refresh_every", "batch_size"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        field = "train.batch_size" if f == "batch_size" else f"data.{f}"
+        raise ValueError(f"{field} must be an integer >= 1, got {v!r}.")
+    if self.mix_with not in ("fixed", "verifier"):
+      raise ValueError(f"data.mix_with={self.mix_with!r}: the rows a mixture adds to the "
+                       "on-policy ones come from 'fixed' or 'verifier'.")
+    if not 0.0 <= self.mix_lambda <= 1.0:
+      raise ValueError(f"data.mix_lambda must be in [0, 1] (the on-policy fraction of each "
+                       f"batch), got {self.mix_lambda}.")
+    sampling_lib.Sampling(self.temperature)  # validates data.temperature (0 = greedy)
+
+  @classmethod
+  def from_config(cls, data_cfg, batch_size: int, seed: int) -> "Spec":
+    return cls(source=str(data_cfg.source), prompt_tokens=int(data_cfg.prompt_tokens),
+               response_tokens=int(data_cfg.response_tokens), batch_size=int(batch_size),
+               temperature=float(data_cfg.temperature),
+               refresh_every=int(data_cfg.refresh_every), mix_with=str(data_cfg.mix_with),
+               mix_lambda=float(data_cfg.mix_lambda), seed=int(seed))
+
+  @property
+  def sampling(self) -> sampling_lib.Sampling:
+    return sampling_lib.Sampling(self.temperature)
+
+  @property
+  def onpolicy_rows(self) -> int:
+    """Rows of each batch whose response the drafter generates."""
+    if self.source == "onpolicy":
+      return self.batch_size
+    if self.source == "mix":
+      # Rounded, not sampled: a fixed row count keeps the generation program's shape static.
+      return int(round(self.mix_lambda * self.batch_size))
+    return 0
+
+  @property
+  def needs_verifier_data(self) -> bool:
+    return self.source == "verifier" or (
+        self.source == "mix" and self.mix_with == "verifier"
+        and self.onpolicy_rows < self.batch_size)
+
+
+def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_tokens: int,
+            batch_size: int, seed: int, data_dir: str | None = None, text_key: str = "text",
+            num_epochs: int | None = None):
+  """Index-addressable batches of int32[B, P+R] token windows of a split (shuffled by seed)."""
+  # lm_batches cuts windows of seq_len + 1 tokens: exactly one prompt + response row each, with
+  # the same shuffling, resumability (batch s is a function of s) and data_dir handling.
+  ds = pipeline.lm_batches(name, split, tokenizer, seq_len=prompt_tokens + response_tokens - 1,
+                           batch_size=batch_size, seed=seed, data_dir=data_dir,
+                           text_key=text_key, num_epochs=num_epochs)
+  return ds.map(lambda b: np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1))
+
+
+def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens: int) -> dict[str, np.ndarray]:
+  """seqs int32[B, P+R] (prompt then response), num_new int32[B] → the training batch, with
+  weights on the first num_new[b] response targets."""
+  seqs = np.asarray(seqs, np.int32)
+  t = np.arange(seqs.shape[1] - 1)[None, :]
+  first = prompt_tokens - 1  # the target at input position P-1 is the first response token
+  weights = (t >= first) & (t < first + np.asarray(num_new)[:, None])
+  return {"inputs": seqs[:, :-1], "targets": seqs[:, 1:], "weights": weights.astype(np.float32)}
+
+
+def generate_responses(params, cfg: llama.LlamaConfig, prompts: np.ndarray, rng: jax.Array, *,
+                       sampling: sampling_lib.Sampling, response_tokens: int,
+                       stop_ids=()) -> tuple[np.ndarray, np.ndarray]:
+  """(seqs int32[B, P+R], num_new int32[B]) on the host: R tokens sampled after each prompt
+  int32[B, P] by the jitted batched `generate` (one compiled program per shape). Positions past
+  a row's stop are zero (and carry zero weight in `make_batch`)."""
+  prompts = np.asarray(prompts, np.int32)
+  b, p = prompts.shape
+  out = generate_lib.generate(
+      params, generate_lib.Prompts(jax.numpy.asarray(prompts), jax.numpy.full((b,), p, np.int32)),
+      rng, cfg=cfg, sampling=sampling, max_new_tokens=response_tokens, stop_ids=stop_ids)
+  # One host transfer per batch: the batch goes back to the host anyway (train_loop shards host
+  # batches), and blocking here means the params it read are free to be donated next step.
+  seqs, num_new, lengths = jax.device_get((out.tokens, out.num_new, out.lengths))
+  # Positions past a row's stop carry zero weight; pin them to 0 whatever the loop left there,
+  # so a batch is a function of (seed, s, params) alone.
+  seqs = np.where(np.arange(seqs.shape[1])[None] < lengths[:, None], seqs, 0).astype(np.int32)
+  return seqs, np.asarray(num_new, np.int32)
+
+
+def source_key(seed: int, source: str) -> jax.Array:
+  return jax.random.fold_in(jax.random.key(seed), _SALTS[source])
+
+
+class VerifierData:
+  """Verifier responses for batches 0..n-1, generated once and cached on disk.
+
+  Teacher-generated data do not depend on the drafter, so every run with the same verifier,
+  prompts, seed and sampling shares them: the cache file is keyed by those (`key`), and a cache
+  holding more batches than a run needs serves it too (batch s depends on s alone). Cost: one
+  verifier generation of B × R tokens per training step, paid once (on 2 CPU cores, SmolLM2 at
+  B=8: ~1.5-3 s per batch of 48 tokens). The key names the verifier by its config, not its
+  weights: clear `cache_dir` after changing a checkpoint in place.
+  """
+
+  def __init__(self, generate_fn: Callable[[np.ndarray, jax.Array], tuple], window_ds, *,
+               num_batches: int, spec: Spec, key: dict, cache_dir: str | None):
+    self.seqs, self.num_new = None, None
+    path = None
+    if cache_dir:
+      digest = hashlib.sha256(json.dumps({**key, "v": _CACHE_VERSION}, sort_keys=True,
+                                         default=str).encode()).hexdigest()[:16]
+      path = os.path.join(cache_dir, f"verifier_responses_{digest}.npz")
+      if os.path.exists(path):
+        with np.load(path) as f:
+          self.seqs, self.num_new = f["seqs"], f["num_new"]
+    # Batch s depends on (key, s) only, so a shorter cache is a valid prefix of a longer one.
+    have = 0 if self.seqs is None else len(self.seqs)
+    if have >= num_batches:
+      logging.info("Verifier responses for %d batches from %s.", num_batches, path)
+      return
+    t0 = time.perf_counter()
+    rng = source_key(spec.seed, "verifier")
+    new = [generate_fn(window_ds[s][:, :spec.prompt_tokens], jax.random.fold_in(rng, s))
+           for s in range(have, num_batches)]
+    seqs = np.stack([n[0] for n in new])
+    num_new = np.stack([n[1] for n in new])
+    self.seqs = seqs if self.seqs is None else np.concatenate([self.seqs, seqs])
+    self.num_new = num_new if self.num_new is None else np.concatenate([self.num_new, num_new])
+    logging.info("Generated verifier responses for batches %d..%d in %.1f s.", have,
+                 num_batches - 1, time.perf_counter() - t0)
+    if path:
+      os.makedirs(cache_dir, exist_ok=True)
+      tmp = f"{path}.{os.getpid()}.tmp.npz"  # atomic: a killed run leaves no truncated cache
+      np.savez(tmp, seqs=self.seqs, num_new=self.num_new, key=json.dumps(key, default=str))
+      os.replace(tmp, path)
+
+  def __getitem__(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+    return self.seqs[s], self.num_new[s]
+
+
+class DistillData:
+  """Batch s of a distillation run: `get(s, drafter_params)`.
+
+  On-policy rows are generated for batches [r·N, (r+1)·N) at once, from the params passed with
+  the first of them to arrive (N = refresh_every). A run resumed from a checkpoint at a multiple
+  of N therefore regenerates exactly what an uninterrupted run generated (the program requires
+  train.checkpoint_every to be a multiple of N).
+  """
+
+  def __init__(self, spec: Spec, window_ds, *, drafter_generate: Callable | None = None,
+               verifier_data: VerifierData | None = None):
+    self.spec = spec
+    self.window_ds = window_ds
+    self.drafter_generate = drafter_generate
+    self.verifier_data = verifier_data
+    self._onpolicy: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    self._block = None
+    if spec.onpolicy_rows and drafter_generate is None:
+      raise ValueError(f"data.source={spec.source!r} needs a drafter generation function.")
+    if spec.needs_verifier_data and verifier_data is None:
+      raise ValueError(f"data.source={spec.source!r} needs verifier responses.")
+
+  def _refresh(self, s: int, params: Any) -> None:
+    n = self.spec.refresh_every
+    block = s // n
+    if self._block == block:
+      return
+    k = self.spec.onpolicy_rows
+    rng = source_key(self.spec.seed, "onpolicy")
+    p = self.spec.prompt_tokens
+    # The whole block at once, from the params of its first step: an uninterrupted run and a
+    # run resumed at the block's start (a checkpoint step) then see the same data.
+    self._onpolicy = {t: self.drafter_generate(params, self.window_ds[t][:k, :p],
+                                               jax.random.fold_in(rng, t))
+                      for t in range(block * n, (block + 1) * n)}
+    self._block = block
+
+  def responses(self, s: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(seqs int32[B, P+R], num_new int32[B]) of batch s."""
+    spec = self.spec
+    b, r = spec.batch_size, spec.response_tokens
+    window = np.asarray(self.window_ds[s], np.int32)
+    if spec.source == "fixed" or (spec.source == "mix" and spec.mix_with == "fixed"):
+      seqs, num_new = window, np.full((b,), r, np.int32)
+    elif spec.needs_verifier_data:
+      seqs, num_new = self.verifier_data[s]
+    else:  # pure on-policy: every row is replaced below; the window only supplies prompts
+      seqs, num_new = window, np.full((b,), r, np.int32)
+    k = spec.onpolicy_rows
+    if k:
+      self._refresh(s, params)
+      on_seqs, on_new = self._onpolicy[s]
+      # On-policy rows first: the rows a mixture takes from the other source keep their index.
+      seqs = np.concatenate([on_seqs, seqs[k:]])
+      num_new = np.concatenate([on_new, num_new[k:]])
+    return seqs, num_new
+
+  def get(self, s: int, params: Any = None) -> dict[str, np.ndarray]:
+    seqs, num_new = self.responses(s, params)
+    return make_batch(seqs, num_new, self.spec.prompt_tokens)

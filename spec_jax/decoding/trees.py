@@ -1,0 +1,301 @@
+"""Draft trees in static-size padded arrays, and the samplers that grow them level by level.
+
+Shape legend: B batch rows, M tree nodes (node 0 is the root: the last committed token), W width
+of one level, V vocabulary, D depth (draft length L).
+
+Layout. Nodes are stored level by level: node 0, then the w_1 depth-1 nodes, then the w_2 depth-2
+nodes, ... Level widths are static (fixed by the `TreeSpec`), so every shape is known at trace
+time; a node that could not be drawn (a law with fewer non-zero tokens than requested children, a
+beam that kept no child) is padding with `valid = False`. Among the children of one parent the
+order is the order they were drawn in (decreasing perturbed log-probability for Gumbel-top-k and
+stochastic beam search, chain index for i.i.d. chains), which is the order recursive rejection
+sampling examines them in (`tree_acceptance`).
+
+Tree kinds (`TreeSpec.method`):
+  rsd_c      RSD with constant branching b = (b_1..b_L): every node at depth d-1 gets b_d children,
+             a Gumbel-top-b_d sample without replacement of its draft law (Jeon et al. 2024, §3.2).
+  rsd_s      RSD with stochastic beam search (Kool et al. 2019): beam width W, depth L; children are
+             scored with truncated Gumbels and the top W of the whole level survive; parents that
+             keep no child end early. At most W·L nodes (Jeon et al. 2024, §3.3).
+  specinfer  K i.i.d. draft chains of length L from the root (SpecInfer's multi-draft baseline,
+             verified with replacement).
+  spectr     the same K i.i.d. chains, verified with SpecTr's K-SEQ.
+At temperature 0 the samplers drop the noise: Gumbel-top-k becomes top-k, stochastic beam search
+becomes beam search, and i.i.d. chains become K copies of the drafter's greedy chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_jax.decoding import sampling as sampling_lib
+
+TREE_METHODS = ("rsd_c", "rsd_s", "specinfer", "spectr")
+# The acceptance rule each sampled tree needs (`tree_acceptance.verify_tree`); greedy decoding
+# uses "greedy" for every tree.
+TREE_RULES = {"rsd_c": "rrs_without", "rsd_s": "rrs_without", "specinfer": "rrs_with",
+              "spectr": "kseq"}
+
+NEG_INF = -jnp.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSpec:
+  """Static shape of a draft tree.
+
+  method: one of TREE_METHODS.
+  depth: L, draft tokens along a path (the tree's deepest level).
+  branching: rsd_c only, b_1..b_L (a shorter tuple is padded with 1s up to `depth`).
+  width: rsd_s beam width W, or the number of chains K for specinfer/spectr.
+  """
+  method: str
+  depth: int
+  branching: tuple[int, ...] = ()
+  width: int = 1
+
+  def __post_init__(self):
+    if self.method not in TREE_METHODS:
+      raise ValueError(f"tree method {self.method!r} is unknown; choose one of {TREE_METHODS}.")
+    if not isinstance(self.depth, int) or self.depth < 1:
+      raise ValueError(f"decode.gamma (tree depth L) must be an integer >= 1, got {self.depth!r}.")
+    if self.method == "rsd_c":
+      b = tuple(self.branching)
+      if not b:
+        raise ValueError("decode.branching is empty: RSD-C needs a branching vector b_1..b_L of "
+                         "integers >= 1, e.g. (3, 2, 1).")
+      if any(not isinstance(x, int) or x < 1 for x in b):
+        raise ValueError(f"decode.branching={b} must hold integers >= 1 (children per node at "
+                         "each depth).")
+      if len(b) > self.depth:
+        raise ValueError(f"decode.branching={b} has {len(b)} entries but the tree depth "
+                         f"(decode.gamma) is {self.depth}; give at most one entry per depth.")
+      object.__setattr__(self, "branching", b + (1,) * (self.depth - len(b)))
+    elif not isinstance(self.width, int) or self.width < 1:
+      field = "beam width W" if self.method == "rsd_s" else "number of drafts K"
+      raise ValueError(f"decode.width ({field}) must be an integer >= 1, got {self.width!r}.")
+
+  @property
+  def rule(self) -> str:
+    return TREE_RULES[self.method]
+
+  @property
+  def level_widths(self) -> tuple[int, ...]:
+    """w_1..w_L: nodes per level (root excluded)."""
+    if self.method == "rsd_c":
+      return tuple(math.prod(self.branching[:d + 1]) for d in range(self.depth))
+    return (self.width,) * self.depth
+
+  @property
+  def level_offsets(self) -> tuple[int, ...]:
+    """Index of the first node of each level 0..L (level 0 is the root, at 0)."""
+    out = [0, 1]
+    for w in self.level_widths[:-1]:
+      out.append(out[-1] + w)
+    return tuple(out)
+
+  @property
+  def num_nodes(self) -> int:
+    """M: nodes including the root = the verifier's token budget per call."""
+    return 1 + sum(self.level_widths)
+
+  @property
+  def max_candidates(self) -> int:
+    """Most children examined at one step of verification (one node's children, or for i.i.d.
+    chains the children of every still-matching chain)."""
+    if self.method == "rsd_c":
+      return max(self.branching)
+    return self.width
+
+  def depths(self) -> tuple[int, ...]:
+    """depth of every node (static)."""
+    out = [0]
+    for d, w in enumerate(self.level_widths):
+      out += [d + 1] * w
+    return tuple(out)
+
+  def describe(self) -> str:
+    if self.method == "rsd_c":
+      return f"{self.method} b={'x'.join(map(str, self.branching))}"
+    return f"{self.method} {'W' if self.method == 'rsd_s' else 'K'}={self.width} L={self.depth}"
+
+
+@flax.struct.dataclass
+class Tree:
+  """A batch of draft trees (layout in the module docstring). All int32/bool [B, M]."""
+  tokens: jax.Array   # token at each node; node 0 is the last committed token
+  parent: jax.Array   # parent node index; -1 at the root
+  depth: jax.Array    # 0 at the root
+  valid: jax.Array    # False for padding nodes
+
+
+def gumbel_top_k(rng: jax.Array, scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """An ordered sample of k items without replacement, P ∝ exp(scores) (Plackett–Luce), by the
+  Gumbel-top-k trick (Vieira 2014; Kool et al. 2019, Eq. 5): perturb every score with an
+  independent Gumbel(0) and keep the k largest, in decreasing order.
+
+  scores f32[..., V] (log-probabilities up to a constant; -inf = never drawn).
+  Returns (indices int32[..., k], perturbed values f32[..., k]); a value of -inf marks an item that
+  could not be drawn (fewer than k finite scores)."""
+  g = jax.random.gumbel(rng, scores.shape, jnp.float32)
+  perturbed = jnp.where(jnp.isfinite(scores), scores.astype(jnp.float32) + g, NEG_INF)
+  values, idx = jax.lax.top_k(perturbed, k)
+  return idx.astype(jnp.int32), values
+
+
+def _log1mexp(a: jax.Array) -> jax.Array:
+  """log(1 - exp(a)) for a <= 0, accurate on both sides of -log 2 (Mächler 2012)."""
+  a = jnp.minimum(a, 0.0)
+  return jnp.where(a > -0.6931472, jnp.log(-jnp.expm1(a)), jnp.log1p(-jnp.exp(a)))
+
+
+def truncated_gumbel(rng: jax.Array, logp: jax.Array, bound: jax.Array) -> jax.Array:
+  """Children's perturbed log-probabilities conditioned on their maximum being `bound` (the
+  parent's perturbed value), the numerically stable form of Kool et al. 2019, App. B, Eq. 23:
+    G̃_i = φ_i + Gumbel(0),  Z = max_i G̃_i,
+    v_i = T − G̃_i + log(1 − exp(G̃_i − Z)),
+    G_i = T − max(0, v_i) − log(1 + exp(−|v_i|))          [= −log(e^{−T} − e^{−Z} + e^{−G̃_i})]
+  logp f32[..., V] (φ: the children's path log-probabilities, -inf = impossible), bound f32[...].
+  Returns f32[..., V]; impossible children stay -inf, the arg-max child gets exactly T."""
+  g = jax.random.gumbel(rng, logp.shape, jnp.float32)
+  finite = jnp.isfinite(logp)
+  g_tilde = jnp.where(finite, logp + g, NEG_INF)
+  z = jnp.max(g_tilde, axis=-1, keepdims=True)
+  t = bound[..., None]
+  diff = jnp.where(finite, g_tilde - z, -1.0)     # ≤ 0; the -1 filler keeps log1mexp finite
+  v = t - jnp.where(finite, g_tilde, 0.0) + _log1mexp(diff)
+  out = t - jnp.maximum(v, 0.0) - jnp.log1p(jnp.exp(-jnp.abs(v)))
+  return jnp.where(finite & jnp.isfinite(t), out, NEG_INF)
+
+
+@flax.struct.dataclass
+class Level:
+  """The newest level of a tree under construction (W = its width).
+
+  parent: int32[B, W] node index of each node's parent;  tokens: int32[B, W];  valid: bool[B, W]
+  logp:   f32[B, W]  path log-probability under the draft laws (stochastic beam search's φ)
+  value:  f32[B, W]  perturbed path log-probability (SBS's G; the Gumbel value for RSD-C)
+  """
+  parent: jax.Array
+  tokens: jax.Array
+  valid: jax.Array
+  logp: jax.Array
+  value: jax.Array
+
+
+def _log_law(logits: jax.Array, q: jax.Array, sampling: sampling_lib.Sampling) -> jax.Array:
+  """Scores children are ranked by: log q when sampling; the drafter's log-softmax at T = 0,
+  where q is one-hot and ranking needs the logits themselves (top-k / beam search)."""
+  if sampling.greedy:
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.where(q > 0, jnp.log(jnp.maximum(q, 1e-38)), NEG_INF)
+
+
+def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax.Array,
+           prev: Level, prev_offset: int, sampling: sampling_lib.Sampling) -> Level:
+  """Grow level `level` (1-based) from the previous one.
+
+  logits, q f32[B, w_prev, V]: the drafter's logits and exact draft law at each node of the
+  previous level (level 0 is the root, w_prev = 1); prev: that level; prev_offset: the node index
+  of its first node. Returns the new level (its parents as absolute node indices)."""
+  b, w_prev, v = q.shape
+  logq = _log_law(logits, q, sampling)
+  noise = not sampling.greedy
+  if spec.method == "rsd_c":
+    k = spec.branching[level - 1]
+    if noise:
+      tokens, values = gumbel_top_k(rng, logq, k)                     # [B, w_prev, k]
+    else:
+      values, tokens = jax.lax.top_k(logq, k)
+    local = jnp.broadcast_to(jnp.arange(w_prev)[:, None], (b, w_prev, k))
+    flat = lambda x: x.reshape(b, w_prev * k)  # noqa: E731
+    tokens, values, local = flat(tokens), flat(values), flat(local)
+    step_logp = flat(jnp.take_along_axis(logq, tokens.reshape(b, w_prev, k), axis=-1))
+  elif spec.method == "rsd_s":
+    w = spec.width
+    cand_logp = prev.logp[..., None] + logq                              # φ of every child
+    if noise:
+      cand_value = truncated_gumbel(rng, cand_logp, prev.value)
+    else:
+      cand_value = cand_logp                                             # plain beam search
+    cand_value = jnp.where(prev.valid[..., None], cand_value, NEG_INF)
+    flat_value = cand_value.reshape(b, w_prev * v)
+    if w > w_prev * v:
+      raise ValueError(f"decode.width={w} exceeds the {w_prev * v} candidates of a level.")
+    values, idx = jax.lax.top_k(flat_value, w)                           # global top-W
+    local, tokens = idx // v, (idx % v).astype(jnp.int32)
+    step_logp = jnp.take_along_axis(logq.reshape(b, w_prev * v), idx, axis=1)
+  else:  # i.i.d. chains: K draws from the root, then one draw per chain and level
+    k = spec.width
+    if level == 1:
+      local = jnp.zeros((b, k), jnp.int32)
+    else:
+      local = jnp.broadcast_to(jnp.arange(k)[None], (b, k))
+    rows_logq = jnp.take_along_axis(logq, local[..., None], axis=1)     # [B, K, V]
+    if noise:
+      tokens = jax.random.categorical(rng, rows_logq, axis=-1).astype(jnp.int32)
+    else:
+      tokens = jnp.argmax(rows_logq, axis=-1).astype(jnp.int32)
+    step_logp = jnp.take_along_axis(rows_logq, tokens[..., None], axis=-1)[..., 0]
+    values = step_logp
+  local = local.astype(jnp.int32)
+  parent_valid = jnp.take_along_axis(prev.valid, local, axis=1)
+  valid = parent_valid & jnp.isfinite(values) & jnp.isfinite(step_logp)
+  logp = jnp.take_along_axis(prev.logp, local, axis=1) + step_logp
+  return Level(parent=local + prev_offset, tokens=tokens.astype(jnp.int32), valid=valid,
+               logp=jnp.where(valid, logp, NEG_INF), value=jnp.where(valid, values, NEG_INF))
+
+
+def root_level(root_tokens: jax.Array) -> Level:
+  """Level 0: the root (the last committed token) of each row; root_tokens int32[B]."""
+  b = root_tokens.shape[0]
+  return Level(parent=jnp.full((b, 1), -1, jnp.int32), tokens=root_tokens[:, None].astype(jnp.int32),
+               valid=jnp.ones((b, 1), bool), logp=jnp.zeros((b, 1), jnp.float32),
+               value=jnp.zeros((b, 1), jnp.float32))
+
+
+def assemble(spec: TreeSpec, levels: Sequence[Level]) -> Tree:
+  """Concatenate levels 0..L into a Tree."""
+  cat = lambda name: jnp.concatenate([getattr(l, name) for l in levels], axis=1)  # noqa: E731
+  b = levels[0].tokens.shape[0]
+  depth = jnp.broadcast_to(jnp.asarray(spec.depths(), jnp.int32)[None], (b, spec.num_nodes))
+  return Tree(tokens=cat("tokens"), parent=cat("parent"), depth=depth, valid=cat("valid"))
+
+
+def ancestor_rows(parent_rows: jax.Array, parents: jax.Array, own: jax.Array, m: int) -> jax.Array:
+  """Ancestor-or-self sets of new nodes from their parents' sets.
+
+  parent_rows bool[B, w_prev, M]: ancestor-or-self rows of the previous level;
+  parents int32[B, W] (index into the previous level, local), own int32[B, W] the new nodes'
+  absolute indices. Returns bool[B, W, M]."""
+  rows = jnp.take_along_axis(parent_rows, parents[..., None], axis=1)
+  return rows | jax.nn.one_hot(own, m, dtype=bool)
+
+
+def ancestor_matrix(tree: Tree, max_depth: int) -> jax.Array:
+  """bool[B, M, M]: anc[b, i, j] iff node j is node i or one of its ancestors."""
+  b, m = tree.parent.shape
+  ptr = jnp.broadcast_to(jnp.arange(m)[None], (b, m))
+  anc = jax.nn.one_hot(ptr, m, dtype=bool)
+  for _ in range(max_depth):
+    ptr = jnp.where(ptr >= 0, jnp.take_along_axis(tree.parent, jnp.maximum(ptr, 0), axis=1), -1)
+    anc = anc | jax.nn.one_hot(ptr, m, dtype=bool)  # one_hot(-1) is all False
+  return anc
+
+
+def tree_mask(anc_rows: jax.Array, base: jax.Array, size: int) -> jax.Array:
+  """Attention mask bool[B, T, S] for T tree nodes whose ancestor-or-self rows are
+  anc_rows bool[B, T, M], when node j sits at cache slot base[b] + j (the root at base = L - 1).
+  A node sees the committed prefix (slots < base) and its own ancestors (and itself)."""
+  m = anc_rows.shape[-1]
+  slots = jnp.arange(size)[None, :]
+  rel = slots - base[:, None]                                            # [B, S]
+  in_tree = (rel >= 0) & (rel < m)
+  tree_part = jnp.take_along_axis(anc_rows, jnp.clip(rel, 0, m - 1)[:, None, :].repeat(
+      anc_rows.shape[1], axis=1), axis=2)
+  return (slots < base[:, None])[:, None, :] | (in_tree[:, None, :] & tree_part)

@@ -1,0 +1,283 @@
+"""Program `distill`: DistillSpec (Zhou et al. 2024), train a drafter to match the verifier.
+
+`run(config, workdir)` reads config sections verifier/drafter/data/distill/train/eval/mesh
+(configs/distill.py). The verifier is loaded frozen and stays out of the TrainState and of every
+checkpoint; the drafter starts from scratch (`drafter.checkpoint=''`) or from a train_lm (or
+distill) checkpoint, and its checkpoints have train_lm's layout, so
+`checkpoints.load_model(workdir)`, `evaluate --config.drafter.checkpoint=WORKDIR` and another
+distill run can all load it. A run resumes from the newest checkpoint in `<workdir>/checkpoints`
+(a finished run returns at once); metrics go to TensorBoard events and `<workdir>/metrics.jsonl`:
+  train/loss, train/alpha (Σ min(p, q) on the batch's response tokens), grad/param norms, lr;
+  eval/{fkl,rkl,jsd,tvd,alpha,top1_agreement,xent} on held-out windows (`eval.batches` batches of
+  the eval split with their true continuations) and eval/tau_T{t}, eval/sd_alpha_T{t}: τ (tokens
+  per verifier call) and α of speculative decoding at γ = eval.gamma on `eval.num_prompts`
+  held-out prompts, for every temperature t in eval.temperatures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Callable
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_jax import parallel
+from spec_jax.data import distill_data
+from spec_jax.data.tokenizer import get_tokenizer
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import speculative
+from spec_jax.models import llama, loading
+from spec_jax.training import checkpoints, distill, metrics as metrics_lib, optim, train
+
+
+def check_vocab(verifier_cfg: llama.LlamaConfig, drafter_cfg: llama.LlamaConfig,
+                config=None) -> None:
+  """ValueError naming verifier.checkpoint and drafter.checkpoint when the vocabularies differ:
+  the divergence compares the two laws token id by token id (DESIGN.md §6)."""
+  if verifier_cfg.vocab_size == drafter_cfg.vocab_size:
+    return
+  names = ("", "")
+  if config is not None:
+    names = tuple(f" ({k}.checkpoint={config[k].checkpoint!r}, {k}.size={config[k].size!r})"
+                  for k in ("verifier", "drafter"))
+  raise ValueError(
+      f"Drafter vocab_size={drafter_cfg.vocab_size}{names[1]} differs from the verifier's "
+      f"vocab_size={verifier_cfg.vocab_size}{names[0]}. Distillation compares the two laws "
+      "token by token: set drafter.checkpoint to a model trained with the verifier's tokenizer "
+      "(config.tokenizer), or drafter.checkpoint='' to start from scratch with it.")
+
+
+def check_schedule(train_cfg, spec: distill_data.Spec) -> None:
+  """On-policy data are regenerated every data.refresh_every steps from the live params; a run
+  resumed at a checkpoint that is not a refresh step could not regenerate what it lost."""
+  if spec.onpolicy_rows and train_cfg.checkpoint_every % spec.refresh_every:
+    raise ValueError(
+        f"train.checkpoint_every={train_cfg.checkpoint_every} must be a multiple of "
+        f"data.refresh_every={spec.refresh_every} with on-policy data (data.source="
+        f"{spec.source!r}), so that a resumed run regenerates exactly the data it lost.")
+
+
+def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
+  """(model config, params or None): trained in float32 whatever the compute dtype (AdamW
+  updates of bfloat16 weights lose their low bits), as in train_lm."""
+  cfg, params = loading.resolve_model(config.drafter, tokenizer, field="drafter.checkpoint")
+  cfg = dataclasses.replace(cfg, dtype=config.drafter.dtype, param_dtype="float32")
+  if params is not None:
+    # On the host: a checkpoint loads onto one device, and the jitted init that places the
+    # state in the mesh's shardings refuses committed arrays on another device set.
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+  return cfg, params
+
+
+def _tau_eval(v_params, v_cfg, d_cfg, prompts: np.ndarray, eval_cfg, seed: int
+              ) -> Callable[[Any], dict[str, float]]:
+  """params → {tau_T{t}, sd_alpha_T{t}} from speculative decoding (γ = eval.gamma) of the
+  held-out prompts int32[n, P], one batched call per temperature."""
+  spec = speculative.SpecConfig(gamma=int(eval_cfg.gamma))
+  n, p = prompts.shape
+  batch = generate_lib.Prompts(jnp.asarray(prompts), jnp.full((n,), p, jnp.int32))
+
+  def fn(params):
+    out = {}
+    for t in eval_cfg.temperatures:
+      sd = speculative.speculative_generate(
+          v_params, params, batch, jax.random.key(seed), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
+          spec=spec, sampling=sampling_lib.Sampling(float(t)),
+          max_new_tokens=int(eval_cfg.new_tokens))
+      st = jax.device_get(sd.stats)
+      name = f"T{float(t):g}"
+      out[f"tau_{name}"] = float(np.sum(jax.device_get(sd.num_new)) /
+                                 max(int(np.sum(st.verifier_calls)), 1))
+      out[f"sd_alpha_{name}"] = float(np.sum(st.alpha_sum) / max(int(np.sum(st.reached)), 1))
+    return out
+
+  return fn
+
+
+def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
+  dc = config.data
+  return distill_data.windows(
+      dc.name, split, tokenizer, prompt_tokens=spec.prompt_tokens,
+      response_tokens=spec.response_tokens, data_dir=dc.data_dir or None, text_key=dc.text_key,
+      **{"seed": config.seed, "batch_size": spec.batch_size, **kwargs})
+
+
+def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
+                d_cfg) -> distill_data.DistillData:
+  """Batches of the train split from config.data.source (verifier responses generated now,
+  or read from the cache; on-policy ones later, from the live params)."""
+  dc = config.data
+  train_windows = _windows(config, spec, tokenizer, dc.train_split)
+  stop_ids = tokenizer.stop_ids if dc.stop_at_eos else ()
+  gen = functools.partial(distill_data.generate_responses, sampling=spec.sampling,
+                          response_tokens=spec.response_tokens, stop_ids=stop_ids)
+  verifier_data = None
+  if spec.needs_verifier_data:
+    # Everything the responses depend on. A random-init verifier (tests) is named by its seed.
+    key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
+                         dataclasses.asdict(v_cfg),
+                         None if config.verifier.checkpoint else config.seed),
+               tokenizer=tokenizer.fingerprint, data=(dc.name, dc.train_split, dc.text_key),
+               prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
+               batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
+               stop_ids=stop_ids)
+    verifier_data = distill_data.VerifierData(
+        lambda prompts, r: gen(v_params, v_cfg, prompts, r), train_windows,
+        num_batches=config.train.num_steps, spec=spec, key=key,
+        cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"))
+  return distill_data.DistillData(
+      spec, train_windows, verifier_data=verifier_data,
+      drafter_generate=lambda params, prompts, r: gen(params, d_cfg, prompts, r))
+
+
+def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Objective, *,
+             v_params, v_cfg, d_cfg, mesh, d_shardings, v_shardings
+             ) -> Callable[[Any], dict[str, float]]:
+  """state → held-out metrics: token means over `eval.batches` windows of the eval split with
+  their true continuations (the same text for every run, so runs compare), then τ and α of
+  speculative decoding on `eval.num_prompts` other eval windows' prompts."""
+  ec, r = config.eval, spec.response_tokens
+  eval_windows = _windows(config, spec, tokenizer, config.data.eval_split, num_epochs=1)
+  eval_batches = [
+      distill_data.make_batch(eval_windows[i], np.full((spec.batch_size,), r), spec.prompt_tokens)
+      for i in range(min(int(ec.batches), len(eval_windows)))]
+  jitted = distill.jit_eval_step(llama.make_apply(d_cfg), llama.make_apply(v_cfg), objective,
+                                 d_shardings, v_shardings, mesh)
+  tau_fn = None
+  if ec.temperatures and ec.num_prompts:
+    prompt_ds = _windows(config, spec, tokenizer, config.data.eval_split,
+                         batch_size=int(ec.num_prompts), seed=config.seed + 1)
+    tau_fn = _tau_eval(v_params, v_cfg, d_cfg, prompt_ds[0][:, :spec.prompt_tokens], ec,
+                       config.seed)
+  batch_sh = parallel.batch_sharding(mesh)
+
+  def eval_fn(state):
+    totals: dict[str, float] = {}
+    for batch in eval_batches:  # blocks per batch (DESIGN.md §5 CPU trap)
+      out = jax.device_get(jitted(state.params, v_params, parallel.shard_batch(batch, batch_sh)))
+      for k, v in out.items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    result = distill.summarize(totals) if totals else {}
+    if tau_fn is not None:
+      result.update(tau_fn(state.params))
+    return result
+
+  return eval_fn
+
+
+def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None) -> dict:
+  """Distill `config.train.num_steps` steps in `workdir`; returns {"step", "train_loss",
+  "train_alpha", "eval" (last eval metrics), "steps_per_sec", "num_params"}.
+
+  step_hook(completed_steps) runs after each dispatched step (tests inject interruptions).
+  """
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  tc, dc, ec = config.train, config.data, config.eval
+  # Config errors first: nothing heavy is loaded for a typo.
+  objective = distill.Objective.from_config(config.distill)
+  spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
+  check_schedule(tc, spec)
+  tokenizer = get_tokenizer(config.tokenizer)
+  v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
+                                       field="verifier.checkpoint")
+  d_cfg, d_params = _drafter(config, tokenizer)
+  check_vocab(v_cfg, d_cfg, config)
+  init_fn = functools.partial(llama.init_params, d_cfg)
+  d_apply, v_apply = llama.make_apply(d_cfg), llama.make_apply(v_cfg)
+  tx, schedule = optim.make_optimizer(tc)
+  mesh = parallel.make_mesh(config.mesh)
+  # The frozen verifier is sharded like any params (it is usually the larger model).
+  v_shardings = parallel.param_shardings(mesh, v_params)
+  v_params = jax.device_put(v_params, v_shardings)
+  logging.info("Distilling %s (%.2fM params) from %s (%.2fM) with %s on %s data.", d_cfg,
+               d_cfg.num_params / 1e6, config.verifier.checkpoint or config.verifier.size,
+               v_cfg.num_params / 1e6, objective, spec.source)
+
+  rng = jax.random.key(config.seed)
+  init_rng, train_rng = jax.random.split(rng)
+  abstract, shardings = train.abstract_state(init_fn, tx, init_rng, mesh)
+  manager = checkpoints.make_manager(workdir, max_to_keep=tc.keep_checkpoints)
+  writer = metrics_lib.MetricsWriter(workdir)
+  try:
+    restored = checkpoints.restore_latest(workdir, abstract, model_cfg=d_cfg, manager=manager)
+    if restored is not None:
+      state, meta = restored
+      checkpoints.check_tokenizer(meta, tokenizer, str(manager.directory))
+      start = int(jax.device_get(state.step))
+      if start >= tc.num_steps:
+        logging.info("%s already holds step %d >= num_steps=%d: nothing to do.", workdir, start,
+                     tc.num_steps)
+        return _finished_result(workdir, start, d_cfg)
+      logging.info("Resuming from step %d.", start)
+      writer.truncate_after(start)
+    else:
+      state = (train.init_state(init_fn, tx, init_rng, shardings) if d_params is None
+               else train.state_from_params(d_params, tx, abstract))
+      start = 0
+      writer.write_hparams(config)
+    meta = checkpoints.make_meta(d_cfg, tokenizer, config, distill=dict(
+        divergence=objective.divergence, beta=objective.beta, source=spec.source,
+        verifier=config.verifier.checkpoint or config.verifier.size))
+
+    models = dict(v_params=v_params, v_cfg=v_cfg, d_cfg=d_cfg)
+    data = _train_data(config, spec, tokenizer, workdir, **models)
+    eval_fn = None
+    if tc.eval_every:
+      eval_fn = _eval_fn(config, spec, tokenizer, objective, **models, mesh=mesh,
+                         d_shardings=shardings.params, v_shardings=v_shardings)
+
+    step = distill.jit_distill_step(d_apply, v_apply, tx, objective, shardings, v_shardings,
+                                    mesh)
+    live = {"state": state}
+
+    def step_fn(state, batch, rng):
+      # Remember the newest state: on-policy data for the next step are drawn from its params
+      # (the previous state's buffers are donated to this step and gone).
+      state, metrics = step(state, batch, rng, v_params)
+      live["state"] = state
+      return state, metrics
+
+    def get_batch(s):
+      return data.get(s, live["state"].params if spec.onpolicy_rows else None)
+
+    if start == 0 and eval_fn is not None and ec.at_start:
+      writer.write_scalars(0, {f"eval/{k}": v for k, v in eval_fn(state).items()})
+    t0 = time.perf_counter()
+    state, last, last_eval = train.train_loop(
+        state=state, step_fn=step_fn, get_batch=get_batch, num_steps=tc.num_steps,
+        rng=train_rng, batch_sharding=parallel.batch_sharding(mesh), log_every=tc.log_every,
+        eval_every=tc.eval_every, eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
+        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta), writer=writer,
+        lr_fn=lambda s: float(schedule(s)), step_hook=step_hook)
+    seconds = time.perf_counter() - t0
+    steps_run = max(tc.num_steps - start, 0)
+    return {"step": int(jax.device_get(state.step)), "train_loss": last.get("loss"),
+            "train_alpha": last.get("alpha"), "eval": dict(last_eval),
+            "steps_per_sec": steps_run / seconds if steps_run else None,
+            "num_params": d_cfg.num_params}
+  finally:
+    # An in-flight async save must complete even when training raised (NaN, interruption).
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
+
+
+def _finished_result(workdir: str, step: int, d_cfg: llama.LlamaConfig) -> dict:
+  """run()'s result for a finished run, read back from metrics.jsonl (nothing recomputed)."""
+  out = {"step": step, "train_loss": None, "train_alpha": None, "eval": {},
+         "steps_per_sec": None, "num_params": d_cfg.num_params}
+  path = os.path.join(workdir, metrics_lib.JSONL)
+  for row in metrics_lib.read_jsonl(path) if os.path.exists(path) else []:  # later rows win
+    if "train/loss" in row:
+      out["train_loss"], out["train_alpha"] = row["train/loss"], row.get("train/alpha")
+    if row.get("step") and any(k.startswith("eval/") for k in row):
+      out["eval"] = {k[len("eval/"):]: v for k, v in row.items() if k.startswith("eval/")}
+  return out

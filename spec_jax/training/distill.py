@@ -1,0 +1,180 @@
+"""Distillation step: train the drafter (student) to match the frozen verifier (teacher).
+
+Shapes: B batch, T tokens, V vocabulary (shared by both models). A batch is
+{"inputs": int32[B,T], "targets": int32[B,T], "weights": float32[B,T]} where the sequence is a
+prompt followed by a response and `weights` marks the response positions
+(`spec_jax.data.distill_data`): the loss, like DistillSpec's, is averaged over response tokens.
+
+Only the student is differentiated (`jax.value_and_grad` w.r.t. the student's params alone); the
+teacher's params are a separate, non-donated argument of the jitted step, never part of the
+TrainState, so they are never updated, never held twice and never saved with the student.
+
+Objectives (config.distill.divergence): the divergences of `divergences.DIVERGENCES` between the
+teacher's and the student's laws, or "xent", plain next-token cross-entropy on the batch's
+tokens: the non-distilled baseline, trained through the same loop on the same data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from spec_jax import parallel
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.training import divergences, losses, train
+
+XENT = "xent"
+OBJECTIVES = (*divergences.DIVERGENCES, XENT)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """What the student minimises. Static (hashable): it selects code, not values.
+
+  divergence: a name in OBJECTIVES. beta: JSD[β]'s weight on the teacher (DistillSpec
+  convention, see `divergences`). sampling: the temperature/top-k/top-p transform both laws get
+  (temperature > 0: the greedy law has no gradient).
+  """
+  divergence: str = "fkl"
+  beta: float = 0.5
+  sampling: sampling_lib.Sampling = sampling_lib.Sampling(temperature=1.0)
+
+  def __post_init__(self):
+    if self.divergence not in OBJECTIVES:
+      raise ValueError(f"distill.divergence={self.divergence!r} is not known; choose one of "
+                       f"{list(OBJECTIVES)} ('{XENT}' = cross-entropy on the data, no teacher).")
+    name = "tvd" if self.divergence == XENT else self.divergence  # xent still reports α
+    divergences.check(name, self.beta, self.sampling)
+
+  @classmethod
+  def from_config(cls, cfg) -> "Objective":
+    """From a config.distill section: divergence, beta, temperature, top_k, top_p."""
+    return cls(divergence=str(cfg.divergence), beta=float(cfg.beta),
+               sampling=sampling_lib.Sampling(float(cfg.temperature), int(cfg.top_k),
+                                              float(cfg.top_p)))
+
+  @property
+  def metric_names(self) -> tuple[str, ...]:
+    """Divergences that are finite for this sampling (KL is not, under truncation)."""
+    s = self.sampling
+    truncated = bool(s.top_k) or s.top_p < 1.0
+    return tuple(n for n in divergences.DIVERGENCES if not (truncated and n in ("fkl", "rkl")))
+
+
+def _positions(tokens_BxT: jax.Array) -> jax.Array:
+  # Distillation rows are one prompt + response each, starting at position 0.
+  return jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1], dtype=jnp.int32), tokens_BxT.shape)
+
+
+def _token_metrics(teacher_logits, student_logits, batch, objective: Objective) -> dict:
+  """Held-out means over the response tokens: every finite divergence, α = Σ min(p, q) (the
+  acceptance rate of speculative sampling at objective.sampling), top-1 agreement (argmax p =
+  argmax q: the acceptance test of greedy decoding) and the student's cross-entropy."""
+  w = batch["weights"]
+  all_d = divergences.all_per_token(teacher_logits, student_logits, sampling=objective.sampling,
+                                    beta=objective.beta)
+  out = {n: divergences.masked_mean(all_d[n], w) for n in objective.metric_names}
+  out["alpha"] = divergences.masked_mean(all_d["alpha"], w)
+  agree = jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)
+  out["top1_agreement"] = divergences.masked_mean(agree.astype(jnp.float32), w)
+  out["xent"] = losses.cross_entropy(student_logits, batch["targets"], w)[0]
+  return out
+
+
+def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, jax.Array], *,
+                 student_apply: Callable, objective: Objective) -> tuple[jax.Array, dict]:
+  """(loss f32[], {"loss", "alpha"}): the objective averaged over the response tokens.
+
+  teacher_log_p f32[B,T,V] is the teacher's log-law (`divergences.log_law`), computed once
+  outside the differentiated function. Only α rides along as a metric: on 2 CPU cores every
+  extra pass over the [B, T, 49k] logits costs ~0.1-0.3 s, as much as a drafter layer; the full
+  set of metrics is computed on held-out data (`eval_step`)."""
+  logits, _, _ = student_apply(student_params, batch["inputs"], _positions(batch["inputs"]))
+  w = batch["weights"]
+  log_q = divergences.log_law(logits, objective.sampling)
+  if objective.divergence == XENT:
+    loss = losses.cross_entropy(logits, batch["targets"], w)[0]
+  else:
+    loss = divergences.masked_mean(divergences.DIVERGENCES[objective.divergence](
+        teacher_log_p, log_q, objective.beta), w)
+  alpha = divergences.masked_mean(
+      divergences.acceptance_rate(teacher_log_p, jax.lax.stop_gradient(log_q)), w)
+  return loss, {"loss": loss, "alpha": alpha}
+
+
+def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: jax.Array,
+                 teacher_params, *, student_apply: Callable, teacher_apply: Callable,
+                 tx: optax.GradientTransformation, objective: Objective
+                 ) -> tuple[train.TrainState, dict[str, jax.Array]]:
+  """One optimizer update of the student. Pure: jit it once (`jit_distill_step`).
+
+  The teacher runs forward only, under stop_gradient (belt and braces: the gradient is taken
+  w.r.t. the student's params alone anyway). rng has the step folded in, like `train_step`;
+  the objective is deterministic today, so it is unused.
+  Metrics (f32[]): loss, alpha (Σ min(p, q) on the batch's response tokens), weight_sum,
+  grad_norm (before clipping), param_norm (after the update).
+  """
+  del rng
+  teacher_logits, _, _ = teacher_apply(teacher_params, batch["inputs"],
+                                       _positions(batch["inputs"]))
+  log_p = jax.lax.stop_gradient(divergences.log_law(teacher_logits, objective.sampling))
+  grad_fn = jax.value_and_grad(
+      functools.partial(distill_loss, student_apply=student_apply, objective=objective),
+      has_aux=True)
+  (_, metrics), grads = grad_fn(state.params, log_p, batch)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {**metrics, "weight_sum": jnp.sum(batch["weights"].astype(jnp.float32)),
+             "grad_norm": optax.tree.norm(grads), "param_norm": optax.tree.norm(params)}
+  return train.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(student_params, teacher_params, batch: Mapping[str, jax.Array], *,
+              student_apply: Callable, teacher_apply: Callable, objective: Objective
+              ) -> dict[str, jax.Array]:
+  """Weighted sums over one held-out batch ({name}_sum and weight_sum, f32[]), so batches with
+  different token counts combine exactly (`summarize`)."""
+  positions = _positions(batch["inputs"])
+  teacher_logits, _, _ = teacher_apply(teacher_params, batch["inputs"], positions)
+  student_logits, _, _ = student_apply(student_params, batch["inputs"], positions)
+  metrics = _token_metrics(teacher_logits, student_logits, batch, objective)
+  weight_sum = jnp.sum(batch["weights"].astype(jnp.float32))
+  out = {f"{k}_sum": v * weight_sum for k, v in metrics.items()}
+  out["weight_sum"] = weight_sum
+  return out
+
+
+def summarize(sums: Mapping[str, float]) -> dict[str, float]:
+  """Summed eval_step outputs → token means {name: value, "tokens": Σ weights}."""
+  w = max(float(sums["weight_sum"]), 1e-8)
+  out = {k[:-len("_sum")]: float(v) / w for k, v in sums.items() if k != "weight_sum"}
+  out["tokens"] = float(sums["weight_sum"])
+  return out
+
+
+def jit_distill_step(student_apply: Callable, teacher_apply: Callable, tx, objective: Objective,
+                     state_shardings: train.TrainState, teacher_shardings, mesh):
+  """distill_step jitted once: the student's state in/out in its shardings and donated (dead
+  after the update), the teacher's params in theirs and *not* donated (reused every step),
+  batch over (data, fsdp), rng and metrics replicated."""
+  rep = parallel.replicated(mesh)
+  return jax.jit(
+      functools.partial(distill_step, student_apply=student_apply, teacher_apply=teacher_apply,
+                        tx=tx, objective=objective),
+      in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep, teacher_shardings),
+      out_shardings=(state_shardings, rep),
+      donate_argnums=(0,))
+
+
+def jit_eval_step(student_apply: Callable, teacher_apply: Callable, objective: Objective,
+                  student_shardings, teacher_shardings, mesh):
+  return jax.jit(
+      functools.partial(eval_step, student_apply=student_apply, teacher_apply=teacher_apply,
+                        objective=objective),
+      in_shardings=(student_shardings, teacher_shardings, parallel.batch_sharding(mesh)),
+      out_shardings=parallel.replicated(mesh))

@@ -1,0 +1,338 @@
+"""DistillSpec: the distill step, data sources, the `distill` program (resume, errors) and the
+quality metrics of lossy decoding. Tiny models (test-tiny, byte vocabulary), CPU only."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from configs import distill as distill_config
+from spec_jax import parallel, testing
+from spec_jax.data import distill_data, pipeline
+from spec_jax.data.tokenizer import ByteTokenizer
+from spec_jax.decoding import acceptance
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import speculative
+from spec_jax.evaluation import quality
+from spec_jax.models import llama, loading
+from spec_jax.programs import distill as distill_program
+from spec_jax.training import checkpoints, distill, divergences, metrics as metrics_lib, optim
+from spec_jax.training import losses, train
+
+T1 = sampling_lib.Sampling(1.0)
+
+
+class Killed(BaseException):
+  """Stands in for SIGKILL inside the process: nothing in the program may catch it."""
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("tfds"))
+  pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(), data_dir=path)
+  return path
+
+
+def smoke_config(data_dir, **train_overrides):
+  config = distill_config.get_config("smoke")
+  # One device here; the quickstart smoke test (test_programs.py) runs distill on 8 fake ones.
+  config.mesh.data = 1
+  config.data.data_dir = data_dir
+  config.train.update(train_overrides)
+  return config
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def forward(cfg, params, tokens):
+  """Logits f32[B, T, V] of a full causal forward (one compiled program per config)."""
+  return llama.make_apply(cfg)(params, tokens, jnp.arange(tokens.shape[1])[None].repeat(
+      tokens.shape[0], 0))[0]
+
+
+def leaves_equal(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  return len(la) == len(lb) and all(np.array_equal(np.asarray(x), np.asarray(y))
+                                    for x, y in zip(la, lb))
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """A peaked teacher and a student that disagrees with it (both test-tiny, vocab 257)."""
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
+  d_cfg, d_params = testing.tiny_model(seed=1, sharpness=2.0)
+  return v_cfg, v_params, d_cfg, d_params
+
+
+# ---------------------------------------------------------------------------------------------
+# The distill step.
+
+
+@pytest.mark.parametrize("name", [*sorted(divergences.DIVERGENCES), "xent"])
+def test_one_distill_step_lowers_the_chosen_divergence(pair, name):
+  v_cfg, v_params, d_cfg, d_params = pair
+  objective = distill.Objective(name, beta=0.5, sampling=T1)
+  train_cfg = distill_config.get_config("smoke").train
+  train_cfg.update(lr=3e-3, warmup_steps=1, grad_clip=0.0, weight_decay=0.0)
+  tx, _ = optim.make_optimizer(train_cfg)
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  abstract, shardings = train.abstract_state(functools.partial(llama.init_params, d_cfg), tx,
+                                             jax.random.key(0), mesh)
+  state = train.state_from_params(d_params, tx, abstract)
+  v_sh = parallel.param_shardings(mesh, v_params)
+  step = distill.jit_distill_step(llama.make_apply(d_cfg), llama.make_apply(v_cfg), tx,
+                                  objective, shardings, v_sh, mesh)
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (4, 17), 0, 257), np.int32)
+  batch = distill_data.make_batch(seqs, np.full((4,), 8), prompt_tokens=9)
+  v_before = jax.tree.map(np.array, v_params)
+  # The loss a step reports is the loss of the params it starts from, so a second step on the
+  # same batch reads the objective after the first update (no second compiled program).
+  state, m1 = step(state, batch, jax.random.key(0), v_params)
+  _, m2 = step(state, batch, jax.random.key(0), v_params)
+  before, after = float(m1["loss"]), float(m2["loss"])
+  logits, t_logits = forward(d_cfg, d_params, batch["inputs"]), forward(v_cfg, v_params,
+                                                                         batch["inputs"])
+  if name == "xent":
+    want = float(losses.cross_entropy(logits, batch["targets"], batch["weights"])[0])
+  else:
+    want = float(divergences.divergence(name, t_logits, logits, batch["weights"], sampling=T1))
+  assert before == pytest.approx(want, rel=1e-4)  # the step optimises the divergence asked for
+  assert after < before - 1e-3 * abs(before), (name, before, after)
+  assert leaves_equal(v_params, v_before)  # the teacher is never updated
+  assert float(m1["weight_sum"]) == 32.0  # only the 4 × 8 response tokens count
+
+
+# ---------------------------------------------------------------------------------------------
+# Data sources.
+
+
+class _Windows:
+  """A stand-in for `distill_data.windows`: batch s is a fixed function of s."""
+
+  def __init__(self, b=4, p=6, r=5):
+    self.b, self.p, self.r = b, p, r
+
+  def __getitem__(self, s):
+    rng = np.random.default_rng(1000 + s)
+    return rng.integers(0, 256, (self.b, self.p + self.r)).astype(np.int32)
+
+
+def _onpolicy_data(params, cfg, seed, source="onpolicy", refresh_every=1):
+  spec = distill_data.Spec(source=source, prompt_tokens=6, response_tokens=5, batch_size=4,
+                           temperature=1.0, refresh_every=refresh_every, mix_with="fixed",
+                           mix_lambda=0.5, seed=seed)
+  gen = lambda params_, prompts, rng: distill_data.generate_responses(  # noqa: E731
+      params_, cfg, prompts, rng, sampling=T1, response_tokens=5)
+  return distill_data.DistillData(spec, _Windows(), drafter_generate=gen)
+
+
+def test_onpolicy_generation_is_reproducible_from_its_seed(pair):
+  _, _, d_cfg, d_params = pair
+  first = _onpolicy_data(d_params, d_cfg, seed=3).get(0, d_params)
+  again = _onpolicy_data(d_params, d_cfg, seed=3).get(0, d_params)
+  other_seed = _onpolicy_data(d_params, d_cfg, seed=4).get(0, d_params)
+  other_params = _onpolicy_data(d_params, d_cfg, seed=3).get(
+      0, testing.perturbed(d_params, 0.5))
+  for k in first:
+    np.testing.assert_array_equal(first[k], again[k])
+  assert not np.array_equal(first["targets"], other_seed["targets"])
+  assert not np.array_equal(first["targets"], other_params["targets"])
+  # Prompts are the windows' first P tokens; weights mark exactly the R = 5 response targets.
+  np.testing.assert_array_equal(first["inputs"][:, :6], _Windows()[0][:, :6])
+  np.testing.assert_array_equal(first["weights"].sum(1), 5)
+  np.testing.assert_array_equal(first["weights"][:, :5], 0)
+
+
+def test_onpolicy_refresh_and_mix(pair):
+  _, _, d_cfg, d_params = pair
+  other = testing.perturbed(d_params, 0.5)
+  data = _onpolicy_data(d_params, d_cfg, seed=3, refresh_every=2)
+  b0 = data.get(0, d_params)
+  b1 = data.get(1, other)  # same refresh block: generated with the params of step 0
+  fresh = _onpolicy_data(d_params, d_cfg, seed=3, refresh_every=2)
+  fresh.get(0, d_params)
+  np.testing.assert_array_equal(b1["targets"], fresh.get(1, d_params)["targets"])
+  assert not np.array_equal(b0["targets"], b1["targets"])
+  # 50/50 mix with fixed data: rows 0-1 generated, rows 2-3 the windows' own continuation.
+  mix = _onpolicy_data(d_params, d_cfg, seed=3, source="mix").get(0, d_params)
+  window = _Windows()[0]
+  np.testing.assert_array_equal(mix["targets"][2:], window[2:, 1:])
+  np.testing.assert_array_equal(mix["targets"][:2], b0["targets"][:2])
+
+
+def test_verifier_data_are_cached_and_extended(tmp_path, pair):
+  v_cfg, v_params, _, _ = pair
+  spec = distill_data.Spec(source="verifier", prompt_tokens=6, response_tokens=5, batch_size=4)
+  calls = []
+
+  def gen(prompts, rng):
+    calls.append(1)
+    return distill_data.generate_responses(v_params, v_cfg, prompts, rng, sampling=T1,
+                                           response_tokens=5)
+
+  make = functools.partial(distill_data.VerifierData, gen, _Windows(), spec=spec,
+                           key={"v": "tiny"}, cache_dir=str(tmp_path))
+  first = make(num_batches=2)
+  assert len(calls) == 2 and len(list(tmp_path.iterdir())) == 1
+  again = make(num_batches=2)  # from the cache: no generation
+  longer = make(num_batches=3)  # only batch 2 is new
+  assert len(calls) == 3
+  for s in range(2):
+    np.testing.assert_array_equal(first[s][0], again[s][0])
+    np.testing.assert_array_equal(first[s][0], longer[s][0])
+  np.testing.assert_array_equal(first[0][0][:, :6], _Windows()[0][:, :6])
+
+
+# ---------------------------------------------------------------------------------------------
+# The program.
+
+
+@pytest.fixture(scope="module")
+def smoke_run(data_dir, tmp_path_factory):
+  """One uninterrupted distill:smoke run (evaluated at steps 0 and 6), shared by the tests."""
+  config = smoke_config(data_dir, eval_every=6)
+  workdir = str(tmp_path_factory.mktemp("distill_smoke"))
+  return config, workdir, distill_program.run(config, workdir)
+
+
+def test_distill_smoke_end_to_end(smoke_run):
+  config, workdir, out = smoke_run
+  assert out["step"] == 6 and np.isfinite(out["train_loss"])
+  rows = metrics_lib.read_jsonl(workdir)
+  assert [r["step"] for r in rows] == list(range(7))  # step 0: the initial drafter's eval
+  for key in ("eval/fkl", "eval/rkl", "eval/jsd", "eval/tvd", "eval/alpha", "eval/tau_T0",
+              "eval/tau_T1", "eval/sd_alpha_T1", "eval/top1_agreement"):
+    assert key in rows[0] and key in rows[-1], key
+  assert rows[-1]["eval/fkl"] < rows[0]["eval/fkl"]  # it learned something
+  assert 1.0 <= rows[-1]["eval/tau_T1"] <= 5.0
+  assert {"train/loss", "train/alpha", "train/lr"} <= set(rows[-1])
+  # The checkpoint holds the drafter alone, loadable the way evaluate loads drafters.
+  cfg, params, meta = checkpoints.load_model(workdir)
+  assert cfg == llama.model_config("test-tiny", vocab_size=257)
+  assert jax.tree.structure(params) == jax.tree.structure(llama.param_shapes(cfg))
+  assert meta["distill"] == {"divergence": "fkl", "beta": 0.5, "source": "onpolicy",
+                             "verifier": "test-tiny"}
+  from configs import common
+  loaded_cfg, _ = loading.resolve_model(common.model(checkpoint=workdir), ByteTokenizer())
+  assert loaded_cfg.vocab_size == 257
+  # A finished run trains nothing and reports the saved metrics.
+  again = distill_program.run(config, workdir,
+                              step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
+  assert again["step"] == 6 and again["eval"]["fkl"] == pytest.approx(rows[-1]["eval/fkl"])
+
+
+def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
+  """On-policy data refreshed every 2 steps, checkpoints every 2: a run killed at step 3 and
+  resumed from its checkpoint at 2 ends bit-identical to one never interrupted (same params,
+  same metrics log), because the lost on-policy data are regenerated from the same params."""
+  config, full_dir, _ = smoke_run
+  cut_dir = str(tmp_path / "cut")
+
+  def kill_at_3(step):
+    if step == 3:
+      raise Killed()
+  with pytest.raises(Killed):
+    distill_program.run(config, cut_dir, step_hook=kill_at_3)
+  resumed = []
+  distill_program.run(config, cut_dir, step_hook=resumed.append)
+  assert resumed == [3, 4, 5, 6]  # from the checkpoint at 2, not from 0
+  assert leaves_equal(checkpoints.load_model(full_dir)[1], checkpoints.load_model(cut_dir)[1])
+  assert metrics_lib.read_jsonl(cut_dir) == metrics_lib.read_jsonl(full_dir)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"distill.divergence": "kl"}, r"distill.divergence='kl' is not known; choose one of"),
+    ({"distill.beta": 1.5}, r"distill.beta must be in \[0, 1\]"),
+    ({"distill.temperature": 0.0}, r"distill.temperature=0 \(greedy\) has no gradient"),
+    ({"data.source": "teacher"}, r"data.source='teacher' is not a data source"),
+    ({"data.mix_lambda": 2.0}, r"data.mix_lambda must be in \[0, 1\]"),
+    ({"train.checkpoint_every": 3},
+     r"train.checkpoint_every=3 must be a multiple of data.refresh_every=2"),
+])
+def test_bad_config_is_named_before_anything_loads(tmp_path, overrides, message):
+  config = distill_config.get_config("smoke")
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  with pytest.raises(ValueError, match=message):
+    distill_program.run(config, str(tmp_path))
+
+
+def test_vocab_mismatch_names_both_models():
+  config = distill_config.get_config("smoke")
+  v_cfg = llama.model_config("test-tiny", vocab_size=300)
+  with pytest.raises(ValueError, match=r"Drafter vocab_size=257 \(drafter.checkpoint=''.*"
+                     r"verifier's vocab_size=300 \(verifier.checkpoint=''"):
+    distill_program.check_vocab(v_cfg, llama.model_config("test-tiny"), config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Lenient decoding and its quality cost.
+
+
+def test_lenience_eps1_is_lossless_decoding_end_to_end(pair):
+  # One lenience end to end (f_exp: the one with a pow); acceptance-level tests cover all three.
+  lenience = "exp"
+  v_cfg, v_params, d_cfg, d_params = pair
+  prompts = generate_lib.pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8]], 8, 0)
+  common = dict(verifier_cfg=v_cfg, drafter_cfg=d_cfg, sampling=T1, max_new_tokens=12)
+  lossless = speculative.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(5),
+      spec=speculative.SpecConfig(gamma=3, rule="speculative"), **common)
+  lenient = speculative.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(5),
+      spec=speculative.SpecConfig(gamma=3, rule="lenient", lenience=lenience, epsilon=1.0),
+      **common)
+  assert leaves_equal(lossless, lenient)  # tokens, lengths and every counter
+
+
+def test_lenient_law_matches_the_rule_and_quality_columns(pair):
+  # π from quality.lenient_law must be the law the rule emits at a draft position: sample the
+  # rule (γ = 1) and test the emitted token against π (chi-square), and against p (rejected).
+  p = jnp.asarray([0.45, 0.3, 0.15, 0.1])
+  q = jnp.asarray([0.1, 0.2, 0.3, 0.4])
+  pi = np.asarray(quality.lenient_law(p, q, "lin", 0.5))
+  n = 20000
+  keys = jax.random.split(jax.random.key(9), n)
+
+  @jax.jit
+  @jax.vmap
+  def emit(key):
+    k_draft, k_rule = jax.random.split(key)
+    x = jax.random.categorical(k_draft, jnp.log(q))[None, None].astype(jnp.int32)
+    v = acceptance.lenient(jnp.stack([p, p])[None], q[None, None], x, k_rule, lenience="lin",
+                           epsilon=0.5)
+    return jnp.where(v.num_accepted[0] == 1, x[0, 0], v.next_token[0])
+  counts = np.bincount(np.asarray(emit(keys)), minlength=4)
+  assert stats.chisquare(counts, pi * n).pvalue > 1e-3
+  assert stats.chisquare(counts, np.asarray(p) * n).pvalue < 1e-6
+  np.testing.assert_allclose(quality.lenient_law(p, q, "exp", 1.0), p, atol=1e-7)
+
+  # Quality of real outputs: ε = 1 has TV ≈ 0; ε = 0.2 moves the law away from p.
+  v_cfg, v_params, d_cfg, d_params = pair
+  prompts = generate_lib.pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8]], 8, 0)
+  out = speculative.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(1), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
+      spec=speculative.SpecConfig(gamma=3, rule="speculative"), sampling=T1, max_new_tokens=12)
+  common = dict(verifier_cfg=v_cfg, drafter_cfg=d_cfg, sampling=T1)
+  lossless = quality.summarize([quality.quality_sums(v_params, d_params, out, **common)])
+  lossy = quality.summarize([quality.quality_sums(v_params, d_params, out, lenience="lin",
+                                                  epsilon=0.2, **common)])
+  assert abs(lossless["token_tv"]) < 1e-5 and lossy["token_tv"] > 0.05
+  assert lossless["verifier_loglik"] == lossy["verifier_loglik"] < 0
+  # The log-likelihood is the raw verifier's, by hand for row 0 (prompt 3 + 12 new tokens).
+  row = quality.quality_sums(v_params, d_params, out, **common)
+  toks = out.tokens[:1, :15]
+  logp = jax.nn.log_softmax(forward(v_cfg, v_params, toks)[0])
+  by_hand = sum(float(logp[t - 1, int(toks[0, t])]) for t in range(3, 15))
+  assert row["tokens"][0] == 12 and row["loglik_sum"][0] == pytest.approx(by_hand, rel=1e-5)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(1), cfg=v_cfg, sampling=T1,
+                             max_new_tokens=12)
+  ar_q = quality.summarize([quality.quality_sums(v_params, None, ar, verifier_cfg=v_cfg,
+                                                 drafter_cfg=None, sampling=T1)])
+  assert ar_q["token_tv"] == 0.0 and ar_q["verifier_loglik"] < 0
+  with pytest.raises(ValueError, match="decode.epsilon must be in"):
+    quality.quality_sums(v_params, d_params, out, lenience="lin", epsilon=0.0, **common)

@@ -1,0 +1,167 @@
+"""Draft-tree construction: Gumbel-top-k and stochastic beam search laws, masks, shapes, bad input."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import trees
+from spec_jax.decoding.sampling import Sampling
+
+
+def _plackett_luce(probs, k):
+  """Exact law of an ordered sample of k items without replacement from probs."""
+  law = {}
+  for seq in itertools.permutations(range(len(probs)), k):
+    pr, left = 1.0, 1.0
+    for i in seq:
+      pr *= probs[i] / left
+      left -= probs[i]
+    law[seq] = pr
+  return law
+
+
+def test_gumbel_top_k_is_an_ordered_sample_without_replacement():
+  probs = np.array([0.4, 0.3, 0.2, 0.1, 0.0])
+  idx, values = jax.jit(trees.gumbel_top_k, static_argnums=2)(
+      jax.random.key(0), jnp.log(jnp.asarray(probs))[None].repeat(40_000, 0), 2)
+  assert np.all(np.diff(np.asarray(values), axis=1) <= 0)            # decreasing order
+  samples = [tuple(r) for r in np.asarray(idx).tolist()]
+  assert testing.chi_square_pvalue(samples, _plackett_luce(probs, 2)) > 1e-3
+  # Fewer finite scores than k: the missing draws are marked -inf.
+  _, values = trees.gumbel_top_k(jax.random.key(1), jnp.log(jnp.asarray([[0.5, 0.5, 0.0]])), 3)
+  assert np.isfinite(values[0, :2]).all() and values[0, 2] == -np.inf
+  # And the test can fail: top-2 of the *unperturbed* ranks twice over is not that law.
+  wrong = [tuple(r) for r in np.argsort(-(np.log(probs + 1e-30) + np.random.default_rng(0)
+                                          .gumbel(size=(40_000, 5)) * 0.5))[:, :2].tolist()]
+  assert testing.chi_square_pvalue(wrong, _plackett_luce(probs, 2)) < 1e-6
+
+
+def _two_level_sbs(n, width, truncate=True, seed=0):
+  """Stochastic beam search of width `width` and depth 2 over a hand-made two-step law."""
+  q_root = jnp.asarray([0.5, 0.3, 0.2])
+  q_next = jnp.asarray([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]])
+  spec = trees.TreeSpec("rsd_s", depth=2, width=width)
+  s = Sampling(1.0)
+  root = trees.root_level(jnp.zeros((n,), jnp.int32))
+  key1, key2 = jax.random.split(jax.random.key(seed))
+  l1 = trees.expand(spec, 1, key1, jnp.log(q_root)[None, None].repeat(n, 0),
+                    q_root[None, None].repeat(n, 0), root, 0, s)
+  q1 = q_next[l1.tokens]                                                 # [n, W, V]
+  if not truncate:  # the bug DESIGN.md §6 warns about: children's Gumbels not conditioned
+    l1 = l1.replace(value=jnp.where(l1.valid, 0.0, -jnp.inf))
+  l2 = trees.expand(spec, 2, key2, jnp.log(q1), q1, l1, 1, s)
+  first = jnp.take_along_axis(l1.tokens, l2.parent - 1, axis=1)
+  return np.asarray(first), np.asarray(l2.tokens), np.asarray(l2.value), q_root, q_next
+
+
+def test_stochastic_beam_search_samples_sequences_without_replacement():
+  """Kool et al. 2019, Thm 1: at the last level, SBS of width W returns a Gumbel-top-W sample of
+  whole sequences from the joint law q(x1) q(x2 | x1), in decreasing perturbed order."""
+  n = 30_000
+  first, second, values, q_root, q_next = _two_level_sbs(n, 2)
+  assert np.all(np.diff(values, axis=1) <= 0)
+  joint = np.asarray(q_root)[:, None] * np.asarray(q_next)               # [x1, x2]
+  seqs = [(a, b) for a in range(3) for b in range(3)]
+  law = _plackett_luce(joint.reshape(-1), 2)
+  samples = [(3 * f[0] + s[0], 3 * f[1] + s[1]) for f, s in zip(first.tolist(), second.tolist())]
+  assert len(seqs) == 9 and testing.chi_square_pvalue(samples, law) > 1e-3
+  # Without the truncation the law is wrong, and the test sees it.
+  first, second, *_ = _two_level_sbs(n, 2, truncate=False)
+  samples = [(3 * f[0] + s[0], 3 * f[1] + s[1]) for f, s in zip(first.tolist(), second.tolist())]
+  assert testing.chi_square_pvalue(samples, law) < 1e-6
+
+
+def test_truncated_gumbel_max_equals_the_bound():
+  logp = jnp.log(jnp.asarray([[0.2, 0.5, 0.3, 0.0]] * 4))
+  bound = jnp.asarray([0.0, -3.0, 5.0, -jnp.inf])
+  g = trees.truncated_gumbel(jax.random.key(0), logp, bound)
+  np.testing.assert_allclose(jnp.max(g[:3], axis=-1), bound[:3], atol=1e-6)
+  assert np.all(np.isneginf(g[:, 3])) and np.all(np.isneginf(g[3]))
+  assert np.all(np.isfinite(g[:3, :3]))
+
+
+def test_hand_drawn_tree_mask_and_positions():
+  """RSD-C with b = (2, 2): root 0; children 1, 2; grandchildren 3, 4 (of 1) and 5, 6 (of 2)."""
+  spec = trees.TreeSpec("rsd_c", depth=2, branching=(2, 2))
+  assert spec.level_widths == (2, 4) and spec.num_nodes == 7 and spec.level_offsets == (0, 1, 3)
+  assert spec.depths() == (0, 1, 1, 2, 2, 2, 2)
+  tree = trees.Tree(tokens=jnp.zeros((1, 7), jnp.int32),
+                    parent=jnp.asarray([[-1, 0, 0, 1, 1, 2, 2]]),
+                    depth=jnp.asarray([spec.depths()]), valid=jnp.ones((1, 7), bool))
+  anc = np.asarray(trees.ancestor_matrix(tree, 2)[0]).astype(int)
+  want = np.array([[1, 0, 0, 0, 0, 0, 0],
+                   [1, 1, 0, 0, 0, 0, 0],
+                   [1, 0, 1, 0, 0, 0, 0],
+                   [1, 1, 0, 1, 0, 0, 0],
+                   [1, 1, 0, 0, 1, 0, 0],
+                   [1, 0, 1, 0, 0, 1, 0],
+                   [1, 0, 1, 0, 0, 0, 1]])
+  np.testing.assert_array_equal(anc, want)
+  # Prefix of 5 committed tokens: the root (the 5th) sits at slot base = 4, node j at 4 + j.
+  base = jnp.asarray([4])
+  mask = np.asarray(trees.tree_mask(jnp.asarray(anc, bool)[None], base, 14)[0]).astype(int)
+  prefix = np.ones((7, 4), int)
+  np.testing.assert_array_equal(mask, np.concatenate([prefix, want, np.zeros((7, 3), int)], 1))
+  positions = base[:, None] + tree.depth
+  np.testing.assert_array_equal(positions, [[4, 5, 5, 6, 6, 6, 6]])
+  # Incremental rows (what the drafter builds level by level) agree with the full matrix.
+  rows0 = jax.nn.one_hot(jnp.zeros((1, 1), jnp.int32), 7, dtype=bool)
+  rows1 = trees.ancestor_rows(rows0, jnp.zeros((1, 2), jnp.int32), jnp.asarray([[1, 2]]), 7)
+  rows2 = trees.ancestor_rows(rows1, jnp.asarray([[0, 0, 1, 1]]), jnp.asarray([[3, 4, 5, 6]]), 7)
+  np.testing.assert_array_equal(np.concatenate([rows0, rows1, rows2], 1)[0], want.astype(bool))
+
+
+@pytest.mark.parametrize("method,kw,widths,cands", [
+    ("rsd_c", dict(branching=(3, 2)), (3, 6, 6), 3),
+    ("rsd_s", dict(width=4), (4, 4, 4), 4),
+    ("specinfer", dict(width=2), (2, 2, 2), 2),
+    ("spectr", dict(width=3), (3, 3, 3), 3)])
+def test_tree_shapes(method, kw, widths, cands):
+  spec = trees.TreeSpec(method, depth=3, **kw)
+  assert spec.level_widths == widths
+  assert spec.num_nodes == 1 + sum(widths)
+  assert spec.max_candidates == cands
+
+
+def test_expand_levels():
+  """Level construction: RSD-C children are distinct tokens in decreasing Gumbel order; greedy
+  RSD-C is top-k; chains draw per chain; zero-probability tokens never appear."""
+  b, v = 64, 5
+  q = jnp.asarray([0.5, 0.25, 0.25, 0.0, 0.0])
+  logits = jnp.log(q)[None, None].repeat(b, 0)
+  root = trees.root_level(jnp.zeros((b,), jnp.int32))
+  spec = trees.TreeSpec("rsd_c", depth=1, branching=(4,))
+  lvl = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
+                     Sampling(1.0))
+  toks, valid = np.asarray(lvl.tokens), np.asarray(lvl.valid)
+  assert valid[:, :3].all() and not valid[:, 3].any()           # only 3 tokens have mass
+  assert all(len(set(r[:3])) == 3 for r in toks.tolist())
+  np.testing.assert_array_equal(lvl.parent, 0)
+  greedy = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
+                        Sampling(0.0))
+  np.testing.assert_array_equal(greedy.tokens[:, 0], 0)
+  chains = trees.TreeSpec("specinfer", depth=2, width=3)
+  lvl = trees.expand(chains, 1, jax.random.key(1), logits, q[None, None].repeat(b, 0), root, 0,
+                     Sampling(1.0))
+  assert np.isin(np.asarray(lvl.tokens), [0, 1, 2]).all()
+  lvl2 = trees.expand(chains, 2, jax.random.key(2), jnp.zeros((b, 3, v)).at[:, :, 3].set(9.0),
+                      jnp.zeros((b, 3, v)).at[:, :, 3].set(1.0), lvl, 1, Sampling(1.0))
+  np.testing.assert_array_equal(lvl2.parent, np.broadcast_to([1, 2, 3], (b, 3)))
+  np.testing.assert_array_equal(lvl2.tokens, 3)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(method="rsd_c", depth=2, branching=()), "branching is empty"),
+    (dict(method="rsd_c", depth=2, branching=(2, 0)), "integers >= 1"),
+    (dict(method="rsd_c", depth=1, branching=(2, 2)), "at most one entry per depth"),
+    (dict(method="rsd_s", depth=2, width=0), "beam width W"),
+    (dict(method="spectr", depth=2, width=0), "number of drafts K"),
+    (dict(method="rsd_s", depth=0, width=2), "tree depth L"),
+    (dict(method="medusa", depth=2), "unknown")])
+def test_bad_tree_shapes(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    trees.TreeSpec(**kwargs)
