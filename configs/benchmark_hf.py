@@ -12,13 +12,13 @@ spec_jax autoregressive and speculative decoding (batch 1, 8). Writes results.js
 (speedups), results.md, and hf/verifier, hf/drafter.
 Needs torch and transformers (requirements-test.txt). If other jobs share the cores, set
 OMP_WAIT_POLICY=PASSIVE, or torch's spinning threads collapse (1.3 tokens/s instead of 7.8 seen).
-Time on 2 CPU cores: 11 min, measured while two other long jobs shared them (load ≈ 6); not yet
-measured on an idle machine. GPU: not measured (transformers runs on CPU here).
-Reference (that loaded run, OMP_WAIT_POLICY=PASSIVE, tokens/s): transformers greedy 9.9 (B=1),
-26.2 (B=8); assisted 7.0 (default schedule, τ 1.34), 5.0 (γ=4, τ 1.39); spec_jax AR 8.4 (B=1),
-31.1 (B=8), SD γ=4 5.5 (B=1, τ 1.39, α 0.28), 17.3 (B=8). Every row identical to transformers'
-greedy output. Under that load the speed ratios varied widely between runs (spec_jax AR over
-transformers greedy 0.84x to 1.48x): rerun on an idle machine before comparing speeds.
+Time on 2 CPU cores: 4 min 32 s on idle cores (11 min with two other long jobs running).
+GPU: not measured (transformers runs on CPU here).
+Reference (idle cores, 2026-11-21, tokens/s): transformers greedy 17.2 (B=1), 78.1 (B=8);
+assisted 11.9 (default schedule, τ 1.34), 10.2 (γ=4, τ 1.39); spec_jax AR 28.6 (B=1), 94.8
+(B=8), SD γ=4 19.8 (B=1, τ 1.39), 43.5 (B=8). spec_jax SD / assisted: 1.66x (default schedule),
+1.94x (constant γ=4). Every row identical to transformers' greedy output. Under load the ratios
+are unreliable (1.10x / 0.78x in one loaded run).
 """
 
 from configs import common

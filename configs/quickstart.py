@@ -27,7 +27,7 @@ from configs import train_lm as train_lm_config
 
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, drafter_steps=300, distill_steps=30,
-                          distill_divergence="fkl", distill_source="onpolicy")
+                          distill_divergence="jsd", distill_source="fixed")
   config = common.base("quickstart")
   sub = "smoke" if args.smoke else None
   config.generate = generate_config.get_config(sub or "new_tokens=40")

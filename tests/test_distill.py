@@ -336,3 +336,17 @@ def test_lenient_law_matches_the_rule_and_quality_columns(pair):
   assert ar_q["token_tv"] == 0.0 and ar_q["verifier_loglik"] < 0
   with pytest.raises(ValueError, match="decode.epsilon must be in"):
     quality.quality_sums(v_params, d_params, out, lenience="lin", epsilon=0.0, **common)
+
+
+def test_experiment_configs_cover_the_grid_and_the_longer_budget():
+  from experiments.distillspec import config as exp_config
+  grid = exp_config.get_config()
+  assert (grid.divergences, grid.sources) == (("fkl", "rkl", "jsd", "tvd"),
+                                              ("fixed", "verifier", "onpolicy", "mix"))
+  assert grid.base.train.num_steps == 40 and grid.base.train.checkpoint_every == 20
+  long = exp_config.get_config("long")
+  assert long.base.train.num_steps == 200 and long.eval.speedup_prompts == 0
+  assert not long.lenience.lin_epsilons and long.divergences == ("jsd",)
+  assert exp_config.get_config("long,steps=80").base.train.num_steps == 80
+  smoke = exp_config.get_config("smoke")
+  assert smoke.base.verifier.size == "test-tiny" and smoke.base.train.num_steps == 4

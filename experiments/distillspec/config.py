@@ -2,6 +2,8 @@
 the best drafter for the SmolLM2-135M verifier, and what lossy decoding buys on top.
 
   python experiments/distillspec/run.py                   # writes experiments/distillspec/results*
+  python experiments/distillspec/run.py --config experiments/distillspec/config.py:long \
+      --workdir runs/distillspec_long --results_dir experiments/distillspec/long
   python experiments/distillspec/run.py --config experiments/distillspec/config.py:smoke \
       --workdir /tmp/distillspec --results_dir /tmp/distillspec   # tiny models, minutes
 
@@ -27,13 +29,15 @@ from configs import distill as distill_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, steps=40, data="spec_jax_shakespeare")
+  args = common.parse_arg(arg, smoke=False, long=False, steps=0, data="spec_jax_shakespeare")
+  steps = args.steps or (200 if args.long else 40)
   config = ml_collections.ConfigDict()
   config.title = "DistillSpec: distilled drafters for SmolLM2-135M-Instruct"
+  config.note = ""  # free text for results.md, e.g. the machine's load while the timings ran
   # The distill program's config every run starts from; the sweep sets distill.divergence and
   # data.source. τ is measured by the experiment (more prompts, speedups), not by the program.
   base = distill_config.get_config(
-      "smoke" if args.smoke else f"steps={args.steps},batch=8,data={args.data}")
+      "smoke" if args.smoke else f"steps={steps},batch=8,data={args.data}")
   base.eval.update(temperatures=(), at_start=False)
   # Held-out metrics once, at the end; a checkpoint halfway so a killed sweep loses little.
   base.train.update(eval_every=base.train.num_steps,
@@ -51,6 +55,12 @@ def get_config(arg=None):
   # Lossy decoding at T = 1: the best distilled drafter (f_lin and f_exp) and the baseline (f_lin).
   config.lenience = dict(temperature=1.0, lin_epsilons=(1.0, 0.5, 0.3, 0.1, 0.03),
                          exp_epsilons=(0.5, 0.3, 0.1))
+  if args.long:  # τ only: no lenience sweep, no batch-1 timing
+    config.title += f" (longer budget: {steps} steps)"
+    config.divergences = ("jsd",)
+    config.sources = ("fixed", "onpolicy")
+    config.eval.speedup_prompts = 0
+    config.lenience.update(lin_epsilons=(), exp_epsilons=())
   if args.smoke:
     config.divergences = ("fkl", "tvd")
     config.sources = ("fixed", "mix")

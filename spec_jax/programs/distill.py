@@ -207,22 +207,14 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
   manager = checkpoints.make_manager(workdir, max_to_keep=tc.keep_checkpoints)
   writer = metrics_lib.MetricsWriter(workdir)
   try:
-    restored = checkpoints.restore_latest(workdir, abstract, model_cfg=d_cfg, manager=manager)
-    if restored is not None:
-      state, meta = restored
-      checkpoints.check_tokenizer(meta, tokenizer, str(manager.directory))
-      start = int(jax.device_get(state.step))
-      if start >= tc.num_steps:
-        logging.info("%s already holds step %d >= num_steps=%d: nothing to do.", workdir, start,
-                     tc.num_steps)
-        return _finished_result(workdir, start, d_cfg)
-      logging.info("Resuming from step %d.", start)
-      writer.truncate_after(start)
-    else:
-      state = (train.init_state(init_fn, tx, init_rng, shardings) if d_params is None
-               else train.state_from_params(d_params, tx, abstract))
-      start = 0
-      writer.write_hparams(config)
+    state, start = checkpoints.resume_or_start(
+        manager, abstract,
+        lambda: (train.init_state(init_fn, tx, init_rng, shardings) if d_params is None
+                 else train.state_from_params(d_params, tx, abstract)),
+        num_steps=tc.num_steps, model_cfg=d_cfg, tokenizer=tokenizer, writer=writer,
+        config=config)
+    if start >= tc.num_steps:
+      return _finished_result(workdir, start, d_cfg)
     meta = checkpoints.make_meta(d_cfg, tokenizer, config, distill=dict(
         divergence=objective.divergence, beta=objective.beta, source=spec.source,
         verifier=config.verifier.checkpoint or config.verifier.size))
@@ -272,8 +264,14 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
 
 def _finished_result(workdir: str, step: int, d_cfg: llama.LlamaConfig) -> dict:
   """run()'s result for a finished run, read back from metrics.jsonl (nothing recomputed)."""
-  out = {"step": step, "train_loss": None, "train_alpha": None, "eval": {},
-         "steps_per_sec": None, "num_params": d_cfg.num_params}
+  return {"step": step, "steps_per_sec": None, "num_params": d_cfg.num_params,
+          **read_result(workdir)}
+
+
+def read_result(workdir: str) -> dict:
+  """{"train_loss", "train_alpha", "eval"} of the run in `workdir`, from its metrics.jsonl: the
+  last logged training loss and α and the last held-out evaluation (None / {} if not logged)."""
+  out = {"train_loss": None, "train_alpha": None, "eval": {}}
   path = os.path.join(workdir, metrics_lib.JSONL)
   for row in metrics_lib.read_jsonl(path) if os.path.exists(path) else []:  # later rows win
     if "train/loss" in row:

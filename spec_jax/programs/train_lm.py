@@ -61,24 +61,14 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
   manager = checkpoints.make_manager(workdir, max_to_keep=tc.keep_checkpoints)
   writer = metrics_lib.MetricsWriter(workdir)
   try:
-    restored = checkpoints.restore_latest(workdir, abstract, model_cfg=model_cfg, manager=manager)
-    if restored is not None:
-      state, meta = restored
-      checkpoints.check_tokenizer(meta, tokenizer, str(manager.directory))
-      start = int(jax.device_get(state.step))
-      if start >= tc.num_steps:
-        logging.info("%s already holds step %d >= num_steps=%d: nothing to do.", workdir, start,
-                     tc.num_steps)
-        return _finished_result(workdir, start, model_cfg)
-      logging.info("Resuming from step %d.", start)
-      writer.truncate_after(start)
-    else:
-      if loaded_params is None:
-        state = train.init_state(init_fn, tx, init_rng, shardings)
-      else:
-        state = train.state_from_params(loaded_params, tx, abstract)
-      start = 0
-      writer.write_hparams(config)
+    state, start = checkpoints.resume_or_start(
+        manager, abstract,
+        lambda: (train.init_state(init_fn, tx, init_rng, shardings) if loaded_params is None
+                 else train.state_from_params(loaded_params, tx, abstract)),
+        num_steps=tc.num_steps, model_cfg=model_cfg, tokenizer=tokenizer, writer=writer,
+        config=config)
+    if start >= tc.num_steps:
+      return _finished_result(workdir, start, model_cfg)
     meta = checkpoints.make_meta(model_cfg, tokenizer, config)
 
     data = config.data

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import jax
@@ -126,6 +126,30 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
   finally:
     if own:
       manager.close()
+
+
+def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Callable[[], Any], *,
+                    num_steps: int, model_cfg: llama.LlamaConfig, tokenizer, writer,
+                    config) -> tuple[Any, int]:
+  """Where a training run picks up: (state, step) of the newest checkpoint in `manager`'s
+  directory, its model and tokenizer checked and the metrics `writer` logged after it dropped;
+  or, with no checkpoint, (fresh(), 0) and the run's hyper-parameters written. A returned step
+  >= num_steps means the run is already finished (nothing is truncated then)."""
+  directory = str(manager.directory)
+  restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager)
+  if restored is None:
+    writer.write_hparams(config)
+    return fresh(), 0
+  state, meta = restored
+  check_tokenizer(meta, tokenizer, directory)
+  start = int(jax.device_get(state.step))
+  if start >= num_steps:
+    logging.info("%s already holds step %d >= num_steps=%d: nothing to do.", directory, start,
+                 num_steps)
+  else:
+    logging.info("Resuming from step %d.", start)
+    writer.truncate_after(start)
+  return state, start
 
 
 def _resolve(path: str) -> tuple[str, int]:
