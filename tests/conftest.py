@@ -19,3 +19,16 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "spec_jax_test_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+import pytest  # noqa: E402  (after the environment above)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  """A throwaway TFDS dir holding the Shakespeare corpus and its byte-tokenizer cache."""
+  from spec_jax.data import pipeline  # imports jax: only once the environment is set
+  from spec_jax.data.tokenizer import ByteTokenizer
+  path = str(tmp_path_factory.mktemp("tfds"))
+  pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(), data_dir=path)
+  return path

@@ -11,7 +11,7 @@ from scipy import stats
 
 from configs import distill as distill_config
 from spec_jax import parallel, testing
-from spec_jax.data import distill_data, pipeline
+from spec_jax.data import distill_data
 from spec_jax.data.tokenizer import ByteTokenizer
 from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
@@ -28,13 +28,6 @@ T1 = sampling_lib.Sampling(1.0)
 
 class Killed(BaseException):
   """Stands in for SIGKILL inside the process: nothing in the program may catch it."""
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tfds"))
-  pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(), data_dir=path)
-  return path
 
 
 def smoke_config(data_dir, **train_overrides):

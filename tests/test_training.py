@@ -33,13 +33,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tfds"))
-  pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(), data_dir=path)
-  return path
-
-
 def smoke_config(data_dir, **train_overrides):
   config = train_lm_config.get_config("smoke")
   config.mesh.data = 1  # one device: the sharded path has its own tests (test_parallel.py)

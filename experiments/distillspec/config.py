@@ -4,6 +4,8 @@ the best drafter for the SmolLM2-135M verifier, and what lossy decoding buys on 
   python experiments/distillspec/run.py                   # writes experiments/distillspec/results*
   python experiments/distillspec/run.py --config experiments/distillspec/config.py:long \
       --workdir runs/distillspec_long --results_dir experiments/distillspec/long
+  python experiments/distillspec/run.py --config experiments/distillspec/config.py:code \
+      --workdir runs/distillspec_code --results_dir experiments/distillspec/code
   python experiments/distillspec/run.py --config experiments/distillspec/config.py:smoke \
       --workdir /tmp/distillspec --results_dir /tmp/distillspec   # tiny models, minutes
 
@@ -29,7 +31,10 @@ from configs import distill as distill_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, long=False, steps=0, data="spec_jax_shakespeare")
+  args = common.parse_arg(arg, smoke=False, long=False, code=False, steps=0,
+                          data="spec_jax_shakespeare")
+  if args.code:
+    args.data = "spec_jax_pystdlib"
   steps = args.steps or (200 if args.long else 40)
   config = ml_collections.ConfigDict()
   config.title = "DistillSpec: distilled drafters for SmolLM2-135M-Instruct"
@@ -58,6 +63,11 @@ def get_config(arg=None):
   if args.long:  # τ only: no lenience sweep, no batch-1 timing
     config.title += f" (longer budget: {steps} steps)"
     config.divergences = ("jsd",)
+    config.sources = ("fixed", "onpolicy")
+    config.eval.speedup_prompts = 0
+    config.lenience.update(lin_epsilons=(), exp_epsilons=())
+  if args.code:  # the second task: Python code; no verifier generation, no timing
+    config.title += " on Python code (the standard library)"
     config.sources = ("fixed", "onpolicy")
     config.eval.speedup_prompts = 0
     config.lenience.update(lin_epsilons=(), exp_epsilons=())

@@ -324,8 +324,8 @@ def _report(cfg, trained, grid, lenience_rows, speedup_rows, plots) -> str:
            f"batch {cfg.base.train.batch_size} × ({cfg.base.data.prompt_tokens} prompt + "
            f"{cfg.base.data.response_tokens} response) tokens at lr {cfg.base.train.lr:g}; the "
            "baseline trains the same steps with cross-entropy on the fixed data. Evaluation: "
-           f"{cfg.eval.num_prompts} held-out prompts of the Shakespeare {cfg.eval.prompt_split} "
-           f"split ({cfg.eval.prompt_tokens} tokens), {cfg.eval.new_tokens} new tokens, chain "
+           f"{cfg.eval.num_prompts} held-out prompts of the {cfg.base.data.name} "
+           f"{cfg.eval.prompt_split} split ({cfg.eval.prompt_tokens} tokens), {cfg.eval.new_tokens} new tokens, chain "
            f"SD at γ = {cfg.eval.gamma}, batch {cfg.eval.batch_size}.", ""]
   device = next((r["device"] for r in grid.values() if r.get("device")), "?")
   lines += [f"Device: {device}." + (f" {cfg.note}" if cfg.note else "") + " τ (tokens per "
