@@ -4,14 +4,15 @@ then AR vs SD with both drafters.
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
-Time on 2 CPU cores (measured 2026-11-21: 8 min 4 s in all before the distillation stage): 16 s
-for generation, 6.5 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 75 s for
-the AR vs SD table. The distillation stage (DistillSpec, `distill_steps` steps of
-`distill_divergence` on `distill_source` data, batch 8 × (32 + 48) tokens) adds ≈ 2 min on idle
-cores plus a second 75 s AR vs SD table (see experiments/distillspec/results.md for what each
-divergence and data source buys). A second run reuses the trained drafters.
-Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 greedy τ 1.40, T=1 τ 1.42; greedy SD
-output identical to AR.
+Time on 2 CPU cores (measured 2026-11-21 on idle cores, fresh workdir): 12 min 19 s in all:
+generation, then 7 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 105 s for
+the AR vs SD table, 113 s of distillation (DistillSpec, `distill_steps` steps of
+`distill_divergence` on `distill_source` data, batch 8 × (32 + 48) tokens; see
+experiments/distillspec/results.md for what each divergence and data source buys) and 76 s for
+the distilled table. A second run reuses the trained drafters.
+Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 τ with the drafter / the distilled
+drafter (JSD[0.5], fixed data, 30 steps): greedy 1.40 / 1.40, T=1 1.42 / 1.66; greedy SD output
+identical to AR.
 Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ and
 runs/quickstart/distilled/ (checkpoints, metrics.jsonl, TensorBoard events),
 runs/quickstart/evaluate/ and runs/quickstart/evaluate_distilled/ (results.json, results.md,

@@ -19,9 +19,15 @@ Each is evaluated on held-out Shakespeare test prompts (τ and α of chain SD at
 temperature 1; speedup over autoregressive decoding measured in the same process and the
 theoretical τ/(γc+1)), then the best distilled drafter and the baseline run lenient decoding
 (f_lin, and f_exp for the best) over ε with its quality cost (evaluation/quality.py).
-Time on 2 CPU cores: ~45 min on idle cores; 2-3 h measured on a machine shared with other jobs
-(a distill step took 8-12 s instead of ~3.5 s). GPU: not measured.
-Reference numbers: experiments/distillspec/results.md.
+Variants (`:key,...`): `long` trains 200 steps (the CE baseline and JSD[0.5] on fixed and on-policy
+data; τ only), `code` runs the grid on Python code (spec_jax_pystdlib; fixed and on-policy data,
+τ only), `steps=N` sets the budget, `smoke` is tiny. A killed run resumes where it stopped; with
+`--render_only` the script reports what has finished and runs nothing. `--config.note="..."`
+adds a line about the machine (its load) to results.md.
+Time on 2 CPU cores (2026-11-21): the grid took ~2.5 h on cores shared with other jobs (a distill
+step 3-12 s; ~2.4 s on fixed data when idle), its lenience sweep and batch-1 table 8 min idle;
+`long` and `code` 67 min each, run side by side. GPU: not measured.
+Reference numbers: experiments/distillspec/results.md, long/results.md, code/results.md.
 """
 
 import ml_collections
