@@ -325,8 +325,9 @@ def _report(cfg, trained, grid, lenience_rows, speedup_rows, plots) -> str:
            f"{cfg.base.data.response_tokens} response) tokens at lr {cfg.base.train.lr:g}; the "
            "baseline trains the same steps with cross-entropy on the fixed data. Evaluation: "
            f"{cfg.eval.num_prompts} held-out prompts of the {cfg.base.data.name} "
-           f"{cfg.eval.prompt_split} split ({cfg.eval.prompt_tokens} tokens), {cfg.eval.new_tokens} new tokens, chain "
-           f"SD at γ = {cfg.eval.gamma}, batch {cfg.eval.batch_size}.", ""]
+           f"{cfg.eval.prompt_split} split ({cfg.eval.prompt_tokens} tokens), "
+           f"{cfg.eval.new_tokens} new tokens, chain SD at γ = {cfg.eval.gamma}, batch "
+           f"{cfg.eval.batch_size}.", ""]
   device = next((r["device"] for r in grid.values() if r.get("device")), "?")
   lines += [f"Device: {device}." + (f" {cfg.note}" if cfg.note else "") + " τ (tokens per "
             "verifier call) and α do not depend on timing; the theoretical speedup is "
