@@ -43,14 +43,20 @@ class Verdict:
   accept_prob: jax.Array
 
 
+def positive_int(value, field: str, meaning: str = "") -> int:
+  """`value` as a Python int; ValueError naming `field` unless it is an integer >= 1."""
+  try:
+    value = operator.index(value)
+  except TypeError:
+    raise ValueError(f"{field} must be an integer >= 1, got {value!r}.") from None
+  if value < 1:
+    raise ValueError(f"{field} must be >= 1{meaning}, got {value}.")
+  return value
+
+
 def validate_gamma(gamma, max_gamma: int | None = None, field: str = "decode.gamma") -> int:
   """γ as a Python int; ValueError naming `field` if γ < 1 or γ > max_gamma (e.g. cache room)."""
-  try:
-    gamma = operator.index(gamma)
-  except TypeError:
-    raise ValueError(f"{field} must be an integer >= 1, got {gamma!r}.") from None
-  if gamma < 1:
-    raise ValueError(f"{field} must be >= 1 (draft tokens per round), got {gamma}.")
+  gamma = positive_int(gamma, field, " (draft tokens per round)")
   if max_gamma is not None and gamma > max_gamma:
     raise ValueError(f"{field} = {gamma} exceeds the maximum {max_gamma} allowed here.")
   return gamma

@@ -30,14 +30,13 @@ a row's result depends only on its own inputs and position in the batch.
 
 from __future__ import annotations
 
-import operator
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_jax.decoding.acceptance import _MIN_RESIDUAL_MASS
+from spec_jax.decoding.acceptance import _MIN_RESIDUAL_MASS, positive_int
 from spec_jax.decoding.sampling import sample
 
 RULES = ("rrs_without", "rrs_with", "kseq", "greedy")
@@ -300,12 +299,7 @@ def _check_inputs(p, q, tokens, parent, depth, valid, rule, max_depth, max_candi
     raise ValueError(f"decode.rule={rule!r} is not a tree acceptance rule; choose one of "
                      f"{RULES}.")
   for name, value in (("max_depth", max_depth), ("max_candidates", max_candidates)):
-    try:
-      value = operator.index(value)
-    except TypeError:
-      raise ValueError(f"verify_tree: {name} must be an integer >= 1, got {value!r}.") from None
-    if value < 1:
-      raise ValueError(f"verify_tree: {name} must be >= 1, got {value}.")
+    positive_int(value, f"verify_tree: {name}")
   if p.ndim != 3:
     raise ValueError(f"verify_tree: p must be f32[B, M, V] (verifier law per node), got "
                      f"shape {p.shape}.")

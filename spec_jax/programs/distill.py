@@ -209,8 +209,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
   try:
     state, start = checkpoints.resume_or_start(
         manager, abstract,
-        lambda: (train.init_state(init_fn, tx, init_rng, shardings) if d_params is None
-                 else train.state_from_params(d_params, tx, abstract)),
+        functools.partial(train.fresh_state, init_fn, tx, init_rng, shardings, abstract,
+                          d_params),
         num_steps=tc.num_steps, model_cfg=d_cfg, tokenizer=tokenizer, writer=writer,
         config=config)
     if start >= tc.num_steps:

@@ -138,6 +138,14 @@ def state_from_params(params, tx, abstract: TrainState) -> TrainState:
   return jax.jit(init, out_shardings=shardings)(params)
 
 
+def fresh_state(init_params_fn: Callable[[jax.Array], Any], tx, rng: jax.Array,
+                shardings: TrainState, abstract: TrainState, params=None) -> TrainState:
+  """A run's step-0 state: around `params` (a loaded model) if given, else initialised."""
+  if params is None:
+    return init_state(init_params_fn, tx, rng, shardings)
+  return state_from_params(params, tx, abstract)
+
+
 def jit_train_step(apply_fn: Callable, tx, state_shardings: TrainState, mesh):
   """train_step jitted once: state in/out in its shardings and donated (the old params and
   moments are dead after the update, so XLA reuses their buffers instead of holding two copies),
