@@ -85,3 +85,152 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], law: dict[tuple[int, ...],
     return 1.0
   exp = np.asarray(exp) * (n / np.sum(exp))  # guard float drift in the law's total
   return float(stats.chisquare(obs, exp).pvalue)
+
+
+# ---------------------------------------------------------------------------------------------
+# Table-driven fakes (t5x-style): the loop and every rule, tested with no transformer at all.
+
+import dataclasses  # noqa: E402
+
+from spec_jax.decoding import protocols  # noqa: E402
+from spec_jax.decoding.drafters import trees  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovVerifier:
+  """An order-2 Markov chain as verifier: the logits after token x with predecessor w are
+  params["logits"][w, x] (f32[V + 1, V, V]; row w = V means "no predecessor", at position 0).
+
+  Its cache is the committed token sequence, int32[B, S] with slot = position, kept exactly as a
+  KV cache is: `score` writes node j at slot L − 1 + j, `commit` moves a tree's accepted path
+  into slots L .. L + n − 1. The root's predecessor is read back from the cache, so a loop that
+  commits the wrong path sees the wrong law next round. hidden[layer] = one_hot(token) f32[.., V]
+  for every layer asked for (D = V, one layer)."""
+  vocab_size: int
+  hidden_layers: tuple[int, ...] = ()
+  num_layers: int = 1
+
+  def init(self, params, prompt_tokens, size: int):
+    b, p = prompt_tokens.shape
+    cache = jnp.zeros((b, size), jnp.int32).at[:, :p].set(prompt_tokens)
+    one_hot = jax.nn.one_hot(prompt_tokens, self.vocab_size, dtype=jnp.float32)
+    return cache, {layer: one_hot for layer in self.hidden_layers}
+
+  def score(self, params, cache, proposal: protocols.Proposal, lengths):
+    b, m = proposal.tokens.shape
+    last = lengths - 1
+    rows = jnp.arange(b)[:, None]
+    cache = cache.at[rows, last[:, None] + jnp.arange(m)[None]].set(proposal.tokens, mode="drop")
+    root_prev = jnp.where(last >= 1, cache[jnp.arange(b), jnp.maximum(last - 1, 0)],
+                          self.vocab_size)
+    parent_tok = jnp.take_along_axis(proposal.tokens, jnp.maximum(proposal.parent, 0), axis=1)
+    prev = jnp.where(proposal.parent >= 0, parent_tok, root_prev[:, None])
+    logits = params["logits"][prev, proposal.tokens]                       # [B, M, V]
+    one_hot = jax.nn.one_hot(proposal.tokens, self.vocab_size, dtype=jnp.float32)
+    return logits, {layer: one_hot for layer in self.hidden_layers}, cache
+
+  def commit(self, cache, lengths, verdict: protocols.Verdict):
+    b, depth = verdict.path.shape
+    rows = jnp.arange(b)[:, None]
+    last = (lengths - 1)[:, None]
+    src = cache[rows, jnp.clip(last + verdict.path, 0, cache.shape[1] - 1)]
+    d = jnp.arange(depth)[None]
+    dst = jnp.where(d < verdict.num_accepted[:, None], last + 1 + d, cache.shape[1])
+    return cache.at[rows, dst].set(src, mode="drop")
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovDrafter:
+  """An order-1 Markov chain as drafter of `shape`: the law after token x is
+  transform(params["logits"][x]) (f32[V, V]). Chains draw x_i from the law after x_{i−1}; trees
+  grow with the real tree samplers (`drafters.trees.expand`). Stateless."""
+  vocab_size: int
+  shape: trees.TreeSpec
+  verifier_layers: tuple[int, ...] = ()
+
+  def init(self, params, prompt_tokens, prompt_lengths, size, v_hidden):
+    return jnp.zeros((), jnp.int32)
+
+  def propose(self, params, state, tokens, lengths, rng, sampling):
+    table = params["logits"]
+    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    spec = self.shape
+    if spec.is_chain:
+      x, drafts, qs = root, [], []
+      for i in range(spec.depth):
+        q = sampling_lib.probs_from_logits(table[x], sampling)
+        x = (jnp.argmax(table[x], -1).astype(jnp.int32) if sampling.greedy
+             else sampling_lib.sample(jax.random.fold_in(rng, i), q))
+        drafts.append(x)
+        qs.append(q)
+      return protocols.chain_proposal(root, jnp.stack(drafts, 1), jnp.stack(qs, 1)), state
+    levels, q_levels = [trees.root_level(root)], []
+    for d in range(1, spec.depth + 1):
+      logits = table[levels[-1].tokens]                                    # [B, W, V]
+      q = sampling_lib.probs_from_logits(logits, sampling)
+      q_levels.append(q)
+      levels.append(trees.expand(spec, d, jax.random.fold_in(rng, d), logits, q, levels[-1],
+                                 spec.level_offsets[d - 1], sampling))
+    b = root.shape[0]
+    q_levels.append(jnp.zeros((b, spec.level_widths[-1], self.vocab_size), jnp.float32))
+    tree = trees.assemble(spec, levels)
+    return protocols.Proposal(
+        tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
+        q=jnp.concatenate(q_levels, 1), chain=False, scheme=spec.scheme, max_depth=spec.depth,
+        max_candidates=spec.max_candidates), state
+
+  def commit(self, params, state, proposal, verdict, lengths, v_hidden):
+    return state
+
+
+def markov_tables(vocab_size: int, seed: int = 0, sharpness: float = 2.0,
+                  drafter_noise: float = 0.5):
+  """(verifier params, drafter params): random logit tables, the drafter's a noisy copy of the
+  verifier's average over predecessors, so they agree often but not always."""
+  kv, kd = jax.random.split(jax.random.key(seed))
+  v_logits = sharpness * jax.random.normal(kv, (vocab_size + 1, vocab_size, vocab_size))
+  d_logits = v_logits.mean(0) + drafter_noise * sharpness * jax.random.normal(
+      kd, (vocab_size, vocab_size))
+  return {"logits": v_logits}, {"logits": d_logits}
+
+
+def markov_law(v_params, prompt: list[int], n: int,
+               sampling: sampling_lib.Sampling) -> dict[tuple[int, ...], float]:
+  """Exact probability of every n-token continuation under a MarkovVerifier, by enumeration."""
+  table = np.asarray(v_params["logits"])
+  vocab = table.shape[1]
+  law = {}
+  for seq in itertools.product(range(vocab), repeat=n):
+    full = list(prompt) + list(seq)
+    prob = 1.0
+    for i, tok in enumerate(seq):
+      t = len(prompt) + i
+      prev = full[t - 2] if t >= 2 else vocab
+      probs = np.asarray(sampling_lib.probs_from_logits(jnp.asarray(table[prev, full[t - 1]]),
+                                                        sampling))
+      prob *= float(probs[tok])
+    law[seq] = prob
+  return law
+
+
+def markov_greedy(v_params, prompt: list[int], n: int) -> list[int]:
+  """The MarkovVerifier's greedy continuation (ties → lowest id, as jnp.argmax)."""
+  table = np.asarray(v_params["logits"])
+  vocab = table.shape[1]
+  seq = list(prompt)
+  for _ in range(n):
+    prev = seq[-2] if len(seq) >= 2 else vocab
+    seq.append(int(np.argmax(table[prev, seq[-1]])))
+  return seq[len(prompt):]
+
+
+def lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, rng, *, gamma: int = 3,
+                   shape=None, decode=None, **kwargs):
+  """Speculative decoding with a Llama verifier and an LM drafter (a γ chain unless `shape`):
+  the common pair of the tests, in one call."""
+  from spec_jax.decoding import loop, verifier  # noqa: PLC0415 (tests only)
+  from spec_jax.decoding.drafters import lm  # noqa: PLC0415
+  return loop.speculative_generate(
+      v_params, d_params, prompts, rng, verifier=verifier.lm_verifier(v_cfg),
+      drafter=lm.LMDrafter(d_cfg, shape or trees.chain(gamma)),
+      decode=decode or loop.DecodeConfig(), **kwargs)

@@ -18,6 +18,8 @@ import pytest
 from scipy import stats
 
 from spec_jax.decoding import acceptance
+from spec_jax.decoding.acceptance import chain
+from spec_jax.decoding.protocols import chain_proposal
 from spec_jax.decoding.sampling import sample
 from spec_jax.evaluation import theory
 
@@ -120,7 +122,7 @@ def _check_lossless(rule, gamma, seed):
 
 def _broken_residual_is_p(p, q, draft, rng):
   """Planted bug: on rejection draw from p_n instead of norm(max(0, p_n − q_n))."""
-  v = acceptance.speculative_sampling(p, q, draft, rng)
+  v = chain.speculative_sampling(p, q, draft, rng)
   p_n = jnp.take_along_axis(p, v.num_accepted[:, None, None], axis=1)[:, 0]
   wrong = sample(jax.random.fold_in(rng, 1), p_n)
   rejected = v.num_accepted < draft.shape[1]
@@ -130,12 +132,12 @@ def _broken_residual_is_p(p, q, draft, rng):
 def _one_hot_q(p, q, draft, rng):
   """Verifying with a one-hot q (accept with p(x)) and its matching residual: exact, but
   acceptance drops from Σ min(p, q) to Σ q·p (DESIGN §6; transformers#47932)."""
-  return acceptance.speculative_sampling(p, jax.nn.one_hot(draft, p.shape[-1]), draft, rng)
+  return chain.speculative_sampling(p, jax.nn.one_hot(draft, p.shape[-1]), draft, rng)
 
 
-_lenient_eps1 = functools.partial(acceptance.lenient, lenience="exp", epsilon=1.0)
+_lenient_eps1 = functools.partial(chain.lenient, lenience="exp", epsilon=1.0)
 # One compiled program per input shape; the hand-table tests all use [B, 2, 3].
-_speculative = jax.jit(acceptance.speculative_sampling)
+_speculative = jax.jit(chain.speculative_sampling)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def test_greedy_one_hot():
                      [1, 0, 3],    # first mismatch at 1: correction = argmax p_1
                      [4, 2, 3],    # mismatch at 0 even though later ones match
                      [0, 0, 0]], jnp.int32)
-  v = jax.jit(acceptance.greedy)(p, q, draft, jax.random.key(0))
+  v = jax.jit(chain.greedy)(p, q, draft, jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(v.num_accepted), [3, 1, 0, 3])
   np.testing.assert_array_equal(np.asarray(v.next_token), [4, 2, 1, 0])
   np.testing.assert_array_equal(np.asarray(v.accept_prob),
@@ -221,9 +223,9 @@ def test_greedy_one_hot():
 def test_greedy_ties_take_lowest_index():
   p = jnp.array([[[0.4, 0.4, 0.2], [0.1, 0.45, 0.45]]])
   q = jnp.full((1, 1, 3), 1 / 3)
-  v = acceptance.greedy(p, q, jnp.array([[1]]), jax.random.key(0))
+  v = chain.greedy(p, q, jnp.array([[1]]), jax.random.key(0))
   assert int(v.num_accepted[0]) == 0 and int(v.next_token[0]) == 0
-  v = acceptance.greedy(p, None, jnp.array([[0]]), jax.random.key(0))  # no q: greedy-only drafters
+  v = chain.greedy(p, None, jnp.array([[0]]), jax.random.key(0))  # no q: greedy-only drafters
   assert int(v.num_accepted[0]) == 1 and int(v.next_token[0]) == 1
 
 
@@ -237,7 +239,7 @@ def test_acceptance_rate_matches_numpy():
 # ---------------------------------------------------------------------------------------------
 # Losslessness of the rule alone.
 
-@pytest.mark.parametrize("rule", [acceptance.speculative_sampling, _lenient_eps1],
+@pytest.mark.parametrize("rule", [chain.speculative_sampling, _lenient_eps1],
                          ids=["speculative", "lenient_eps1"])
 @pytest.mark.parametrize("gamma", [1, 2, 3])
 def test_lossless(rule, gamma):
@@ -271,7 +273,7 @@ def test_block_efficiency_matches_theory():
   p0, q0, _, _ = _markov_tables(3, gamma)
   P = np.broadcast_to(p0, (gamma, V, V)).copy()
   Q = np.broadcast_to(q0, (gamma - 1, V, V)).copy()
-  _, v = _simulate(acceptance.speculative_sampling, p0, q0, P, Q, jax.random.key(3))
+  _, v = _simulate(chain.speculative_sampling, p0, q0, P, Q, jax.random.key(3))
   tokens = np.asarray(v.num_accepted) + 1.0
   alpha = float(np.minimum(p0, q0).sum())
   tau = float(theory.expected_block_efficiency(alpha, gamma))
@@ -288,9 +290,9 @@ def _f(lenience, eps, p):
 @pytest.mark.parametrize("lenience", acceptance.LENIENCES)
 def test_lenient_eps1_is_speculative_bit_for_bit(lenience):
   p0, q0, P, Q = _markov_tables(4, 3)
-  rule = functools.partial(acceptance.lenient, lenience=lenience, epsilon=1.0)
+  rule = functools.partial(chain.lenient, lenience=lenience, epsilon=1.0)
   for seed in range(3):
-    _, ref = _simulate(acceptance.speculative_sampling, p0, q0, P, Q, jax.random.key(seed))
+    _, ref = _simulate(chain.speculative_sampling, p0, q0, P, Q, jax.random.key(seed))
     _, got = _simulate(rule, p0, q0, P, Q, jax.random.key(seed))
     for field in ("num_accepted", "next_token", "accept_prob"):
       np.testing.assert_array_equal(np.asarray(getattr(got, field)),
@@ -302,9 +304,9 @@ def test_lenient_accepts_more_with_analytic_probability(lenience):
   eps, gamma = 0.5, 3
   # Seed 6: every lenience still rejects ~20-40% at position 0, so the residual shapes the law.
   p0, q0, P, Q = _markov_tables(6, gamma)
-  rule = functools.partial(acceptance.lenient, lenience=lenience, epsilon=eps)
+  rule = functools.partial(chain.lenient, lenience=lenience, epsilon=eps)
   draft, lossy = _simulate(rule, p0, q0, P, Q, jax.random.key(6))
-  _, exact = _simulate(acceptance.speculative_sampling, p0, q0, P, Q, jax.random.key(6))
+  _, exact = _simulate(chain.speculative_sampling, p0, q0, P, Q, jax.random.key(6))
   draft = np.asarray(draft)
   # accept_prob = min(1, f(p)/q) at the draft token, position by position.
   p_at = np.stack([p0[draft[:, 0]]] + [P[i - 1][draft[:, i - 1], draft[:, i]]
@@ -349,13 +351,13 @@ def test_lenient_accepts_more_with_analytic_probability(lenience):
 def test_bad_epsilon(eps):
   p, q, draft = _hand_inputs(0, batch=2)
   with pytest.raises(ValueError, match="decode.epsilon"):
-    acceptance.lenient(p, q, draft, jax.random.key(0), lenience="lin", epsilon=eps)
+    chain.lenient(p, q, draft, jax.random.key(0), lenience="lin", epsilon=eps)
 
 
 def test_bad_lenience():
   p, q, draft = _hand_inputs(0, batch=2)
   with pytest.raises(ValueError, match="decode.lenience"):
-    acceptance.lenient(p, q, draft, jax.random.key(0), lenience="cubic", epsilon=0.5)
+    chain.lenient(p, q, draft, jax.random.key(0), lenience="cubic", epsilon=0.5)
 
 
 def test_validate_gamma():
@@ -369,10 +371,10 @@ def test_validate_gamma():
 def test_bad_shapes():
   p, q, draft = _hand_inputs(0, batch=2)
   with pytest.raises(ValueError, match="vocabulary"):
-    acceptance.speculative_sampling(p, jnp.pad(q, ((0, 0), (0, 0), (0, 1))), draft,
+    chain.speculative_sampling(p, jnp.pad(q, ((0, 0), (0, 0), (0, 1))), draft,
                                     jax.random.key(0))
   with pytest.raises(ValueError, match="γ"):
-    acceptance.speculative_sampling(p[:, :1], q, draft, jax.random.key(0))
+    chain.speculative_sampling(p[:, :1], q, draft, jax.random.key(0))
 
 
 @pytest.mark.parametrize("name", sorted(acceptance.RULES))
@@ -385,7 +387,8 @@ def test_rules_jit_batch_and_row_independence(name):
   @jax.jit
   def run(p, q, draft, rng):
     traces.append(1)  # Python side effect: runs once per trace
-    return rule(p, q, draft, rng)
+    root = jnp.zeros((draft.shape[0],), jnp.int32)
+    return rule(p, chain_proposal(root, draft, q), rng)
 
   gamma, batch = 3, 5
   p0, q0, P, Q = _markov_tables(7, gamma)
@@ -397,13 +400,22 @@ def test_rules_jit_batch_and_row_independence(name):
   v = run(p, q, draft, key)
   assert v.num_accepted.shape == (batch,) and v.num_accepted.dtype == jnp.int32
   assert v.next_token.shape == (batch,) and v.next_token.dtype == jnp.int32
-  assert v.accept_prob.shape == (batch, gamma) and v.accept_prob.dtype == jnp.float32
-  assert np.all((np.asarray(v.num_accepted) >= 0) & (np.asarray(v.num_accepted) <= gamma))
+  fields = ["num_accepted", "next_token", "path", "reached", "alpha"]
+  if name in ("greedy", "speculative", "lenient"):  # the chain fast path
+    assert v.accept_prob.shape == (batch, gamma) and v.accept_prob.dtype == jnp.float32
+    fields.append("accept_prob")
+  assert v.path.shape == v.reached.shape == v.alpha.shape == (batch, gamma)
+  n = np.asarray(v.num_accepted)
+  assert np.all((n >= 0) & (n <= gamma))
+  # Every rule on a chain: the accepted path is nodes 1..n, depths 1..n+1 reached (if ≤ γ).
+  np.testing.assert_array_equal(np.asarray(v.path),
+                                np.where(np.arange(gamma) < n[:, None], np.arange(1, gamma + 1), 0))
+  np.testing.assert_array_equal(np.asarray(v.reached), np.arange(gamma) <= n[:, None])
   # New values, same shapes: no retrace. Changing other rows leaves row 0 alone.
   p2 = p.at[1:].set(jnp.roll(p[1:], 1, axis=-1))
   draft2 = draft.at[1:].set((draft[1:] + 1) % V)
   v2 = run(p2, q, draft2, key)
   assert len(traces) == 1
-  for field in ("num_accepted", "next_token", "accept_prob"):
+  for field in fields:
     np.testing.assert_array_equal(np.asarray(getattr(v2, field))[0],
                                   np.asarray(getattr(v, field))[0])

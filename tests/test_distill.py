@@ -10,15 +10,15 @@ import pytest
 from scipy import stats
 
 from configs import distill as distill_config
-from spec_jax import parallel, testing
+from spec_jax import loading, parallel, testing
 from spec_jax.data import distill_data
 from spec_jax.data.tokenizer import ByteTokenizer
-from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import speculative
+from spec_jax.decoding import loop
+from spec_jax.decoding.acceptance import chain as chain_rules
 from spec_jax.evaluation import quality
-from spec_jax.models import llama, loading
+from spec_jax.models import llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.training import checkpoints, distill, divergences, metrics as metrics_lib, optim
 from spec_jax.training import losses, train
@@ -271,14 +271,12 @@ def test_lenience_eps1_is_lossless_decoding_end_to_end(pair):
   lenience = "exp"
   v_cfg, v_params, d_cfg, d_params = pair
   prompts = generate_lib.pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8]], 8, 0)
-  common = dict(verifier_cfg=v_cfg, drafter_cfg=d_cfg, sampling=T1, max_new_tokens=12)
-  lossless = speculative.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(5),
-      spec=speculative.SpecConfig(gamma=3, rule="speculative"), **common)
-  lenient = speculative.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(5),
-      spec=speculative.SpecConfig(gamma=3, rule="lenient", lenience=lenience, epsilon=1.0),
-      **common)
+  common = dict(sampling=T1, max_new_tokens=12, gamma=3)
+  lossless = testing.lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, jax.random.key(5),
+                                    decode=loop.DecodeConfig("speculative"), **common)
+  lenient = testing.lm_speculative(
+      v_cfg, v_params, d_cfg, d_params, prompts, jax.random.key(5),
+      decode=loop.DecodeConfig("lenient", lenience=lenience, epsilon=1.0), **common)
   assert leaves_equal(lossless, lenient)  # tokens, lengths and every counter
 
 
@@ -296,7 +294,7 @@ def test_lenient_law_matches_the_rule_and_quality_columns(pair):
   def emit(key):
     k_draft, k_rule = jax.random.split(key)
     x = jax.random.categorical(k_draft, jnp.log(q))[None, None].astype(jnp.int32)
-    v = acceptance.lenient(jnp.stack([p, p])[None], q[None, None], x, k_rule, lenience="lin",
+    v = chain_rules.lenient(jnp.stack([p, p])[None], q[None, None], x, k_rule, lenience="lin",
                            epsilon=0.5)
     return jnp.where(v.num_accepted[0] == 1, x[0, 0], v.next_token[0])
   counts = np.bincount(np.asarray(emit(keys)), minlength=4)
@@ -307,9 +305,8 @@ def test_lenient_law_matches_the_rule_and_quality_columns(pair):
   # Quality of real outputs: ε = 1 has TV ≈ 0; ε = 0.2 moves the law away from p.
   v_cfg, v_params, d_cfg, d_params = pair
   prompts = generate_lib.pad_prompts([[1, 2, 3], [4, 5, 6, 7, 8]], 8, 0)
-  out = speculative.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(1), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
-      spec=speculative.SpecConfig(gamma=3, rule="speculative"), sampling=T1, max_new_tokens=12)
+  out = testing.lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, jax.random.key(1),
+                               sampling=T1, max_new_tokens=12)
   common = dict(verifier_cfg=v_cfg, drafter_cfg=d_cfg, sampling=T1)
   lossless = quality.summarize([quality.quality_sums(v_params, d_params, out, **common)])
   lossy = quality.summarize([quality.quality_sums(v_params, d_params, out, lenience="lin",
@@ -329,17 +326,3 @@ def test_lenient_law_matches_the_rule_and_quality_columns(pair):
   assert ar_q["token_tv"] == 0.0 and ar_q["verifier_loglik"] < 0
   with pytest.raises(ValueError, match="decode.epsilon must be in"):
     quality.quality_sums(v_params, d_params, out, lenience="lin", epsilon=0.0, **common)
-
-
-def test_experiment_configs_cover_the_grid_and_the_longer_budget():
-  from experiments.distillspec import config as exp_config
-  grid = exp_config.get_config()
-  assert (grid.divergences, grid.sources) == (("fkl", "rkl", "jsd", "tvd"),
-                                              ("fixed", "verifier", "onpolicy", "mix"))
-  assert grid.base.train.num_steps == 40 and grid.base.train.checkpoint_every == 20
-  long = exp_config.get_config("long")
-  assert long.base.train.num_steps == 200 and long.eval.speedup_prompts == 0
-  assert not long.lenience.lin_epsilons and long.divergences == ("jsd",)
-  assert exp_config.get_config("long,steps=80").base.train.num_steps == 80
-  smoke = exp_config.get_config("smoke")
-  assert smoke.base.verifier.size == "test-tiny" and smoke.base.train.num_steps == 4

@@ -19,11 +19,11 @@ transformers = pytest.importorskip("transformers")
 from configs import benchmark_hf as benchmark_hf_config  # noqa: E402
 from configs import common  # noqa: E402
 from configs import export_hf as export_hf_config  # noqa: E402
-from spec_jax import testing  # noqa: E402
+from spec_jax import loading, testing  # noqa: E402
 from spec_jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from spec_jax.decoding import generate as generate_lib  # noqa: E402
 from spec_jax.decoding import sampling as sampling_lib  # noqa: E402
-from spec_jax.models import hf_export, hf_import, llama, loading  # noqa: E402
+from spec_jax.models import hf_export, hf_import, llama  # noqa: E402
 from spec_jax.programs import benchmark_hf, export_hf  # noqa: E402
 from spec_jax.training import checkpoints  # noqa: E402
 

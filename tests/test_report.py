@@ -1,34 +1,35 @@
-"""Reports: markdown tables, glossary, plots; hand-made rows, no model."""
+"""Reports: glossary, markdown tables, plots and result files; hand-made rows, no model."""
 
 import json
 import os
 
 import pytest
 
-from spec_jax.evaluation import benchmark
-from spec_jax.evaluation import report
+from spec_jax.evaluation import glossary, plots, report, tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _row(method, gamma, temperature=0.0, batch_size=1, alpha=0.6, **extra):
-  """A plausible row: τ from the i.i.d. chain formula, speedup from τ/(γc+1) with c = 0.1."""
+  """A plausible row: τ from the i.i.d. chain formula, speedup from τ/(r(M)+γc) with c = 0.1
+  and r(M) = 1 + 0.1γ."""
   if gamma:
     tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    theory = tau / (0.1 * gamma + 1)
+    r_m = 1 + 0.1 * gamma
+    theory = tau / (r_m + 0.1 * gamma)
     row = dict(method=method, gamma=gamma, temperature=temperature, batch_size=batch_size,
                block_efficiency=tau, mean_accepted_tokens=tau - 1, acceptance_rate=alpha,
                empirical_acceptance=alpha - 0.01,
                per_position_acceptance=[alpha + 0.1 - 0.05 * i for i in range(gamma)],
                tokens_per_s=40.0 * theory * 0.9, speedup=theory * 0.9, cost_ratio_c=0.1,
-               theoretical_speedup=theory, speedup_vs_theory=0.9,
+               verifier_cost_ratio_r=r_m, theoretical_speedup=theory, speedup_vs_theory=0.9,
                verifier_tokens_per_call=gamma + 1)
   else:
     row = dict(method=method, gamma=None, temperature=temperature, batch_size=batch_size,
                block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
                empirical_acceptance=None, per_position_acceptance=None, tokens_per_s=40.0,
-               speedup=1.0, cost_ratio_c=None, theoretical_speedup=None, speedup_vs_theory=None,
-               verifier_tokens_per_call=1)
+               speedup=1.0, cost_ratio_c=None, verifier_cost_ratio_r=1.0,
+               theoretical_speedup=None, speedup_vs_theory=None, verifier_tokens_per_call=1)
   row.update(top_k=0, top_p=1.0, num_prompts=8, seed=0)
   row.update(extra)
   return row
@@ -51,16 +52,31 @@ def _table_lines(table):
   return [line for line in table.splitlines() if line.startswith("|")]
 
 
+def test_glossary_theory_and_new_entries():
+  # The theory is the measured-r(M) one of DESIGN §3, not the constant-cost τ/(γc+1).
+  assert "τ/(r(M) + d·c)" in glossary.GLOSSARY["theoretical_speedup"]
+  assert "γc+1" not in glossary.GLOSSARY["theoretical_speedup"]
+  assert "measured" in glossary.GLOSSARY["verifier_cost_ratio_r"]
+  assert "candidates_per_call" in glossary.GLOSSARY
+  assert glossary.column_label("verifier_cost_ratio_r") == "verifier_cost_ratio_r (r(M))"
+  assert glossary.column_label("block_efficiency") == "block_efficiency (τ)"
+  assert glossary.column_label("new_tokens") == "new_tokens"
+  # Printed in glossary order, whatever order the keys come in; unknown keys skipped.
+  assert glossary.markdown_lines(["speedup", "gamma", "not_a_metric"]) == [
+      f"- **gamma**: {glossary.GLOSSARY['gamma']}",
+      f"- **speedup**: {glossary.GLOSSARY['speedup']}"]
+
+
 def test_format_value():
-  assert report.format_value(None) == "–"
-  assert report.format_value([0.712, 0.618, 0.5549]) == "0.71/0.62/0.55"
-  assert report.format_value(2.3456) == "2.35"
-  assert report.format_value(12.345) == "12.3"
-  assert report.format_value(1234.56) == "1235"
-  assert report.format_value(0.0042) == "0.0042"  # a small cost ratio must not print as 0.00
-  assert report.format_value(0.6, "temperature") == "0.6"
-  assert report.format_value(4) == "4"
-  assert report.format_value("a|b") == "a\\|b"
+  assert tables.format_value(None) == "–"
+  assert tables.format_value([0.712, 0.618, 0.5549]) == "0.71/0.62/0.55"
+  assert tables.format_value(2.3456) == "2.35"
+  assert tables.format_value(12.345) == "12.3"
+  assert tables.format_value(1234.56) == "1235"
+  assert tables.format_value(0.0042) == "0.0042"  # a small cost ratio must not print as 0.00
+  assert tables.format_value(0.6, "temperature") == "0.6"
+  assert tables.format_value(4) == "4"
+  assert tables.format_value("a|b") == "a\\|b"
 
 
 def test_markdown_table_header_values_and_order():
@@ -72,7 +88,7 @@ def test_markdown_table_header_values_and_order():
       dict(method="sd", gamma=2, temperature=0.0, batch_size=1, block_efficiency=1.8,
            acceptance_rate=0.6, per_position_acceptance=[0.7, 0.5]),
   ]
-  lines = _table_lines(report.markdown_table(rows, method_order=["autoregressive", "sd"]))
+  lines = _table_lines(tables.markdown_table(rows, method_order=["autoregressive", "sd"]))
   # Only the default columns present in the rows, in the default order, with their symbols.
   assert lines[0] == ("| method | gamma (γ) | temperature (T) | batch_size "
                       "| block_efficiency (τ) | acceptance_rate (α) | per_position_acceptance |")
@@ -85,23 +101,23 @@ def test_markdown_table_header_values_and_order():
 def test_markdown_table_sort_and_explicit_columns():
   rows = [_row("sd", 4, 1.0, 1), _row("sd", 2, 1.0, 4), _row("autoregressive", None, 1.0, 1),
           _row("sd", 2, 0.0, 4)]
-  table = report.markdown_table(rows, ["method", "gamma", "temperature", "batch_size"])
+  table = tables.markdown_table(rows, ["method", "gamma", "temperature", "batch_size"])
   # Method first-appearance order, then temperature, batch size, γ.
   assert _table_lines(table)[2:] == ["| sd | 2 | 0 | 4 |", "| sd | 4 | 1 | 1 |",
                                      "| sd | 2 | 1 | 4 |", "| autoregressive | – | 1 | 1 |"]
-  assert report.markdown_table([]) == "_No rows._"
+  assert tables.markdown_table([]) == "_No rows._"
 
 
 def test_varying_extra_setting_gets_a_column():
   rows = [_row("sd", 4, lenience="f_lin", epsilon=0.5), _row("sd", 4, lenience="f_sq",
                                                                epsilon=0.5)]
-  header = _table_lines(report.markdown_table(rows))[0]
+  header = _table_lines(tables.markdown_table(rows))[0]
   assert header.startswith("| method | lenience | gamma (γ) |")
   assert "epsilon" not in header and "seed" not in header  # constant across rows
 
 
 def test_group_rows_by_temperature_and_batch_size():
-  groups = report.group_rows(_grid())
+  groups = tables.group_rows(_grid())
   assert [tuple(values.values()) for values, _ in groups] == [(0.0, 1), (0.0, 4), (1.0, 1),
                                                               (1.0, 4)]
   for values, rows in groups:
@@ -132,11 +148,13 @@ def test_write_report_markdown(tmp_path):
   assert len(headers) == 4 and all("temperature" not in h and "batch_size" not in h
                                    for h in headers)
   # The glossary lists every column shown, with the DESIGN §3 definitions, and nothing unused.
-  glossary = text.split("## Glossary")[1].split("## Config")[0]
-  for column in report.default_columns(rows):
-    assert f"- **{column}**: {report.GLOSSARY[column]}" in glossary
-  assert "**block_efficiency**: τ, block efficiency: tokens emitted per verifier call" in glossary
-  assert "**drafter_calls**" not in glossary
+  printed = text.split("## Glossary")[1].split("## Config")[0]
+  columns = tables.default_columns(rows)
+  assert "verifier_cost_ratio_r" in columns  # r(M) stands beside the theory it enters
+  for column in columns:
+    assert f"- **{column}**: {glossary.GLOSSARY[column]}" in printed
+  assert "**block_efficiency**: τ, block efficiency: tokens emitted per verifier call" in printed
+  assert "**drafter_calls**" not in printed
   assert "![tau_vs_gamma](tau_vs_gamma.png)" in text
   assert "![speedup_vs_gamma](speedup_vs_gamma.png)" in text
 
@@ -151,7 +169,7 @@ def test_write_report_plots_are_pngs(tmp_path):
 
 
 def test_tau_plot_lines_and_subplots():
-  fig = report.plot_tau_vs_gamma(_grid(devices="NVIDIA H100 x1"))
+  fig = plots.plot_tau_vs_gamma(_grid(devices="NVIDIA H100 x1"))
   # One subplot per batch size; per subplot one solid line and one dashed theory line for each
   # (method, temperature) with γ > 0: sd at T=0 and T=1. Autoregressive is not a τ-vs-γ series.
   assert [ax.get_title() for ax in fig.axes] == ["batch_size = 1", "batch_size = 4"]
@@ -175,13 +193,13 @@ def test_tau_plot_lines_and_subplots():
 
 
 def test_tau_theory():
-  assert report.tau_theory(dict(gamma=4, acceptance_rate=0.5)) == pytest.approx(1.9375)
-  assert report.tau_theory(dict(gamma=4, acceptance_rate=1.0)) == 5.0
-  assert report.tau_theory(dict(gamma=4, acceptance_rate=None)) is None
+  assert plots.tau_theory(dict(gamma=4, acceptance_rate=0.5)) == pytest.approx(1.9375)
+  assert plots.tau_theory(dict(gamma=4, acceptance_rate=1.0)) == 5.0
+  assert plots.tau_theory(dict(gamma=4, acceptance_rate=None)) is None
 
 
 def test_speedup_plot_has_baseline_and_theory():
-  fig = report.plot_speedup_vs_gamma([r for r in _grid() if r["batch_size"] == 4])
+  fig = plots.plot_speedup_vs_gamma([r for r in _grid() if r["batch_size"] == 4])
   ax, = fig.axes
   baseline = [l for l in ax.get_lines() if l.get_label() == "autoregressive"]
   assert len(baseline) == 1 and list(baseline[0].get_ydata()) == [1.0, 1.0]
@@ -196,7 +214,7 @@ def test_rows_without_gamma_skip_plots(tmp_path):
   # Autoregressive rows carry gamma None or 0; neither is a point on a γ axis.
   rows = [_row("autoregressive", None, 0.0, 1),
           dict(_row("autoregressive", None, 1.0, 1), gamma=0)]
-  assert report.plot_tau_vs_gamma(rows) is None
+  assert plots.plot_tau_vs_gamma(rows) is None
   paths = report.write_report(str(tmp_path), rows, title="AR only")
   assert set(paths) == {"markdown"}
   assert not os.path.exists(tmp_path / "tau_vs_gamma.png")
@@ -210,7 +228,7 @@ def test_rows_without_gamma_skip_plots(tmp_path):
 
 def test_load_rows_round_trip(tmp_path, capsys):
   rows = _grid()
-  benchmark.write_results(str(tmp_path), rows)
+  report.write_results(str(tmp_path), rows)
   capsys.readouterr()
   assert report.load_rows(str(tmp_path)) == rows
   assert report.load_rows(str(tmp_path / "results.json")) == rows

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spec_jax import testing
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import speculative
 from spec_jax.models import gguf_import, llama
 
 REF = np.load(pathlib.Path(__file__).parent / "fixtures" / "smollm2_reference.npz")
@@ -70,9 +70,8 @@ def test_speculative_greedy_matches_hf(smollm2):
   d_params = {**params, "layers": jax.tree.map(lambda x: x[:20], params["layers"])}
   ids = [REF[f"prompt_ids_{i}"].tolist() for i in range(N_PROMPTS)]
   prompts = generate_lib.pad_prompts(ids, 40, pad_id=0)
-  out = speculative.speculative_generate(
-      params, d_params, prompts, jax.random.key(0), verifier_cfg=cfg, drafter_cfg=d_cfg,
-      spec=speculative.SpecConfig(gamma=3), sampling=sampling_lib.Sampling(), max_new_tokens=32)
+  out = testing.lm_speculative(cfg, params, d_cfg, d_params, prompts, jax.random.key(0), gamma=3,
+                               sampling=sampling_lib.Sampling(), max_new_tokens=32)
   for i, new in enumerate(out.new_tokens()):
     assert new == REF[f"greedy_{i}"].tolist(), i
   accepted, calls = np.asarray(out.stats.accepted), np.asarray(out.stats.verifier_calls)

@@ -1,5 +1,8 @@
-"""The speculative loop: greedy equality, losslessness (chi-square), static shapes, bad input."""
+"""Chain speculative decoding with transformer drafters through the one loop: greedy equality,
+losslessness (chi-square), static shapes, bad input. (tests/test_loop.py tests the loop with
+table-driven fakes and the verifier-fed drafter.)"""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +11,10 @@ import pytest
 from spec_jax import testing
 from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import speculative
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
@@ -22,11 +28,12 @@ def _pair(vocab_size=257, sharpness=4.0, drafter_seed=11):
 
 
 def _sd(v_cfg, v_params, d_cfg, d_params, prompts, *, gamma, sampling=Sampling(), n=10,
-        stop_ids=(), rule="auto", seed=0, **spec_kwargs):
-  spec = speculative.SpecConfig(gamma=gamma, rule=rule, **spec_kwargs)
-  return speculative.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(seed), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
-      spec=spec, sampling=sampling, max_new_tokens=n, stop_ids=stop_ids)
+        stop_ids=(), rule="auto", seed=0, max_cache_len=None, **decode_kwargs):
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed), verifier=verifier_lib.lm_verifier(v_cfg),
+      drafter=lm.LMDrafter(d_cfg, trees.chain(gamma)),
+      decode=loop.DecodeConfig(rule=rule, **decode_kwargs), sampling=sampling, max_new_tokens=n,
+      stop_ids=stop_ids, max_cache_len=max_cache_len)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
@@ -117,28 +124,33 @@ def test_sampling_is_lossless(gamma, sampling):
 def test_broken_rule_fails_the_law_check(monkeypatch):
   """The check above can fail: on rejection, resampling from p instead of the residual biases
   the emitted law towards tokens the drafter already proposes."""
-  def broken(p, q, draft, rng):
-    verdict = acceptance.speculative_sampling(p, q, draft, rng)
+  def broken(p, proposal, rng):
+    verdict = acceptance.RULES["speculative"](p, proposal, rng)
     n = verdict.num_accepted
-    gamma = draft.shape[1]
+    gamma = proposal.drafts.shape[1]
     p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
     resample = jax.random.categorical(jax.random.fold_in(rng, 99), jnp.log(p_n + 1e-30))
     return verdict.replace(next_token=jnp.where(n < gamma, resample, verdict.next_token)
                            .astype(jnp.int32))
   monkeypatch.setitem(acceptance.RULES, "broken_residual", broken)
+  monkeypatch.setitem(acceptance.FITS, "broken_residual", ("chain",))
   pvalue, *_ = _first_tokens_law_check("broken_residual", Sampling(1.0), 1)
   assert pvalue < 1e-3
 
 
-def test_no_recompile_across_calls():
+def test_no_recompile_across_calls(monkeypatch):
+  """Same shapes and static config, new prompts, lengths and seeds: the loop is traced once."""
+  chex.clear_trace_counter()
+  monkeypatch.setattr(loop, "_generate_jit", jax.jit(chex.assert_max_traces(loop._generate, n=1),
+                                                     static_argnames=loop.STATIC))
   v_cfg, v_params, d_cfg, d_params = _pair()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=3, sampling=Sampling(1.0), n=6)
-  before = speculative.TRACE_COUNT["speculative"]
   other = generate_lib.pad_prompts([[1], [2, 3], [4, 5, 6], [9]], 8, pad_id=0)
   for seed in range(3):
     _sd(v_cfg, v_params, d_cfg, d_params, other, gamma=3, sampling=Sampling(1.0), n=6, seed=seed)
-  assert speculative.TRACE_COUNT["speculative"] == before
+  with pytest.raises(AssertionError, match="traced > 1 times"):  # and the check can fail
+    _sd(v_cfg, v_params, d_cfg, d_params, other, gamma=2, sampling=Sampling(1.0), n=6)
 
 
 def test_bad_input_is_a_clear_error():
@@ -148,15 +160,14 @@ def test_bad_input_is_a_clear_error():
   with pytest.raises(ValueError, match="Drafter vocab_size=300 differs from the verifier's 257"):
     _sd(v_cfg, v_params, d_cfg, d_params, prompts, gamma=2)
   with pytest.raises(ValueError, match="gamma"):
-    speculative.SpecConfig(gamma=0)
+    trees.chain(0)
   with pytest.raises(ValueError, match="decode.rule='bogus'"):
-    speculative.SpecConfig(rule="bogus")
+    loop.DecodeConfig(rule="bogus")
   with pytest.raises(ValueError, match="needs greedy sampling"):
     _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=2, sampling=Sampling(1.0), rule="greedy")
   with pytest.raises(ValueError, match="temperature=0 means greedy"):
     _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=2, rule="speculative")
   with pytest.raises(ValueError, match="decode.gamma = 5 exceeds the maximum 2"):
-    speculative.speculative_generate(
-        v_params, v_params, prompts, jax.random.key(0), verifier_cfg=v_cfg, drafter_cfg=v_cfg,
-        spec=speculative.SpecConfig(gamma=5), sampling=Sampling(), max_new_tokens=10,
-        max_cache_len=20)
+    _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=5, max_cache_len=20)
+  with pytest.raises(ValueError, match="decode.epsilon"):
+    loop.DecodeConfig(rule="lenient", epsilon=1.5)

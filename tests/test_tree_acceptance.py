@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.decoding import tree_acceptance as ta
+from spec_jax.decoding.acceptance import kseq, residuals
+from spec_jax.decoding.acceptance import tree as ta
 
 B = 20_000
 V = 5
@@ -157,22 +158,22 @@ Q_HAND = np.array([0.6, 0.3, 0.1], np.float32)
 
 
 def test_hand_table_one_rejection_update():
-  r = np.asarray(ta.residual_update(jnp.asarray(P_HAND), jnp.asarray(Q_HAND)))
-  s = np.asarray(ta.remove_token(jnp.asarray(Q_HAND), jnp.int32(0)))
+  r = np.asarray(residuals.residual_update(jnp.asarray(P_HAND), jnp.asarray(Q_HAND)))
+  s = np.asarray(residuals.remove_token(jnp.asarray(Q_HAND), jnp.int32(0)))
   np.testing.assert_allclose(r, [0, 1 / 3, 2 / 3], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(s, [0, 3 / 4, 1 / 4], rtol=1e-6)
   np.testing.assert_allclose(min(1.0, r[1] / s[1]), 4 / 9, rtol=1e-6)
   # Rejecting token 1 next leaves max(0, r − s) = [0, 0, 5/12]: token 2 for sure.
-  np.testing.assert_allclose(np.asarray(ta.residual_update(jnp.asarray(r), jnp.asarray(s))),
+  np.testing.assert_allclose(np.asarray(residuals.residual_update(jnp.asarray(r), jnp.asarray(s))),
                              [0, 0, 1], atol=1e-6)
   # With replacement the draft law stays q: r ← norm(max(0, r − q)) = norm([0, 1/30, 17/30]).
-  np.testing.assert_allclose(np.asarray(ta.residual_update(jnp.asarray(r), jnp.asarray(Q_HAND))),
+  np.testing.assert_allclose(np.asarray(residuals.residual_update(jnp.asarray(r), jnp.asarray(Q_HAND))),
                              [0, 1 / 18, 17 / 18], rtol=1e-5)
   # Degenerate residual (r ≈ s): falls back to r instead of dividing zeros.
-  np.testing.assert_allclose(np.asarray(ta.residual_update(jnp.asarray(Q_HAND),
+  np.testing.assert_allclose(np.asarray(residuals.residual_update(jnp.asarray(Q_HAND),
                                                            jnp.asarray(Q_HAND))), Q_HAND)
   # Exhausted s: all zeros, so later candidates are skipped.
-  assert np.all(np.asarray(ta.remove_token(jnp.array([0.0, 1.0, 0.0]), jnp.int32(1))) == 0)
+  assert np.all(np.asarray(residuals.remove_token(jnp.array([0.0, 1.0, 0.0]), jnp.int32(1))) == 0)
 
 
 def test_hand_table_end_to_end():
@@ -200,23 +201,23 @@ def test_hand_table_end_to_end():
 def test_kseq_rho_and_residual_hand_table():
   # k = 2: ρ* = 1.4 (β = 0.6 and 1 − 0.4² = 0.84 = 1.4 · 0.6); k = 1 is plain SD (ρ = 1).
   p, q = jnp.asarray(P_HAND), jnp.asarray(Q_HAND)
-  np.testing.assert_allclose(float(ta.kseq_rho(p, q, 1)), 1.0)
-  np.testing.assert_allclose(float(ta.kseq_rho(p, q, 2)), 1.4, rtol=1e-5)
+  np.testing.assert_allclose(float(kseq.kseq_rho(p, q, 1)), 1.0)
+  np.testing.assert_allclose(float(kseq.kseq_rho(p, q, 2)), 1.4, rtol=1e-5)
   for k in (2, 3, 4):
-    np.testing.assert_allclose(float(ta.kseq_rho(p, q, k)), _np_kseq_rho(P_HAND, Q_HAND, k),
+    np.testing.assert_allclose(float(kseq.kseq_rho(p, q, k)), _np_kseq_rho(P_HAND, Q_HAND, k),
                                rtol=1e-5)
   # Exactness of the step: accepted mass min(q, p/ρ)·(1 − (1−β)^k)/β plus (1−β)^k · residual
   # gives p back.
   for k in (1, 2, 3, 4):
-    rho = float(ta.kseq_rho(p, q, k))
+    rho = float(kseq.kseq_rho(p, q, k))
     m = np.minimum(Q_HAND, P_HAND / rho)
     beta = m.sum()
     law = m * (1 - (1 - beta) ** k) / beta + (1 - beta) ** k * np.asarray(
-        ta.kseq_residual(p, q, rho, k))
+        kseq.kseq_residual(p, q, rho, k))
     np.testing.assert_allclose(law, P_HAND, atol=2e-6)
-  np.testing.assert_allclose(np.asarray(ta.kseq_residual(p, q, 1.0, 0)), P_HAND)  # k = 0: p
+  np.testing.assert_allclose(np.asarray(kseq.kseq_residual(p, q, 1.0, 0)), P_HAND)  # k = 0: p
   # Disjoint supports: nothing is ever accepted, the residual is p.
-  np.testing.assert_allclose(float(ta.kseq_rho(jnp.array([1.0, 0]), jnp.array([0, 1.0]), 3)), 1)
+  np.testing.assert_allclose(float(kseq.kseq_rho(jnp.array([1.0, 0]), jnp.array([0, 1.0]), 3)), 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,14 +1,17 @@
 """Tree speculative decoding end to end: greedy equality, losslessness of every sampled tree
 (chi-square against the verifier's exact law), a mismatched rule that must fail, static shapes."""
 
+import chex
 import jax
 import numpy as np
 import pytest
 
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import tree_speculative
-from spec_jax.decoding import trees
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
@@ -24,11 +27,12 @@ def _pair(vocab_size=257, sharpness=4.0, drafter_seed=11):
 
 
 def _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, *, sampling=Sampling(), n=10,
-         rule="auto", seed=0, stop_ids=()):
-  return tree_speculative.tree_generate(
-      v_params, d_params, prompts, jax.random.key(seed), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
-      decode=tree_speculative.TreeDecode(spec, rule), sampling=sampling, max_new_tokens=n,
-      stop_ids=stop_ids)
+         rule="auto", seed=0, stop_ids=(), max_cache_len=None, allow_inexact=False):
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed), verifier=verifier_lib.lm_verifier(v_cfg),
+      drafter=lm.LMDrafter(d_cfg, spec),
+      decode=loop.DecodeConfig(rule, allow_inexact=allow_inexact), sampling=sampling,
+      max_new_tokens=n, stop_ids=stop_ids, max_cache_len=max_cache_len)
 
 
 @pytest.mark.parametrize("method", sorted(SHAPES))
@@ -69,7 +73,8 @@ def test_greedy_tree_beats_chain_and_stops_like_autoregressive():
   assert out.new_tokens() == ar.new_tokens()
 
 
-def _law_check(method, sampling, rule="auto", n_samples=3000, seed=0, drafter=(5, 3.0)):
+def _law_check(method, sampling, rule="auto", n_samples=3000, seed=0, drafter=(5, 3.0),
+               allow_inexact=False):
   """(p-value of the first two emitted tokens vs the exact verifier law, the output) over many
   rows of one prompt, with a depth-2 tree. drafter = (seed, sharpness) of the tiny drafter."""
   v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=6, sharpness=3.0)
@@ -79,7 +84,7 @@ def _law_check(method, sampling, rule="auto", n_samples=3000, seed=0, drafter=(5
   prompts = generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0)
   spec = trees.TreeSpec(method, depth=2, **SHAPES[method])
   out = _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, sampling=sampling, n=2, rule=rule,
-             seed=seed)
+             seed=seed, allow_inexact=allow_inexact)
   samples = [tuple(r) for r in out.new_tokens()]
   return testing.chi_square_pvalue(samples, law), out
 
@@ -103,18 +108,20 @@ def test_without_replacement_siblings_need_their_rule():
   # token, computed exactly off-line); with the matched drafter above it is only ≈ 0.01.
   drafter = (4, 6.0)
   assert _law_check("rsd_c", Sampling(1.0), drafter=drafter)[0] > 1e-3
-  assert _law_check("rsd_c", Sampling(1.0), rule="rrs_with", drafter=drafter)[0] < 1e-6
+  assert _law_check("rsd_c", Sampling(1.0), rule="rrs_with", drafter=drafter,
+                    allow_inexact=True)[0] < 1e-6
 
 
-def test_no_recompile_across_calls():
+def test_no_recompile_across_calls(monkeypatch):
+  chex.clear_trace_counter()
+  monkeypatch.setattr(loop, "_generate_jit", jax.jit(chex.assert_max_traces(loop._generate, n=1),
+                                                     static_argnames=loop.STATIC))
   v_cfg, v_params, d_cfg, d_params = _pair()
   spec = trees.TreeSpec("rsd_s", depth=2, width=2)
   first = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   second = generate_lib.pad_prompts([[9, 9, 9], [1, 2], [3], [4, 5, 6, 7]], 8, pad_id=0)
   _run(v_cfg, v_params, d_cfg, d_params, first, spec, sampling=Sampling(1.0), n=6)
-  count = tree_speculative.TRACE_COUNT["tree"]
   _run(v_cfg, v_params, d_cfg, d_params, second, spec, sampling=Sampling(1.0), n=6, seed=3)
-  assert tree_speculative.TRACE_COUNT["tree"] == count
 
 
 def test_bad_input():
@@ -122,14 +129,20 @@ def test_bad_input():
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   spec = trees.TreeSpec("rsd_c", depth=4, branching=(4, 4, 2))
   with pytest.raises(ValueError, match="only 12 cache slots"):
-    tree_speculative.tree_generate(
-        v_params, d_params, prompts, jax.random.key(0), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
-        decode=tree_speculative.TreeDecode(spec), sampling=Sampling(), max_new_tokens=10,
-        max_cache_len=30)
+    _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, max_cache_len=30)
   with pytest.raises(ValueError, match="temperature"):
     _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, rule="rrs_without")
-  with pytest.raises(ValueError, match="not a tree rule"):
+  with pytest.raises(ValueError, match="decode.rule='medusa' is not a rule"):
     _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, rule="medusa")
+  # Rules that do not fit the proposal, refused before anything is traced.
+  with pytest.raises(ValueError, match="decode.rule='speculative' verifies chains"):
+    _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, rule="speculative",
+         sampling=Sampling(1.0))
+  with pytest.raises(ValueError, match="decode.rule='rrs_with' is not exact for rsd_c"):
+    _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, rule="rrs_with", sampling=Sampling(1.0))
+  with pytest.raises(ValueError, match="decode.rule='kseq' is not exact for rsd_s"):
+    _run(v_cfg, v_params, d_cfg, d_params, prompts, trees.TreeSpec("rsd_s", 2, width=2),
+         rule="kseq", sampling=Sampling(1.0))
   other_cfg, other_params = testing.tiny_model(seed=1, vocab_size=100)
   with pytest.raises(ValueError, match="vocab_size=100"):
     _run(v_cfg, v_params, other_cfg, other_params, prompts, spec)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.decoding import trees
+from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
 
 
@@ -38,6 +38,34 @@ def test_gumbel_top_k_is_an_ordered_sample_without_replacement():
   wrong = [tuple(r) for r in np.argsort(-(np.log(probs + 1e-30) + np.random.default_rng(0)
                                           .gumbel(size=(40_000, 5)) * 0.5))[:, :2].tolist()]
   assert testing.chi_square_pvalue(wrong, _plackett_luce(probs, 2)) < 1e-6
+
+
+def test_gumbel_top_k_law_is_shift_invariant():
+  """Scores are log-probabilities up to a constant: adding a constant must not change the law.
+  Scores on a 0.5 grid stay exact at 4e6 (float32's spacing there is 0.5), but Gumbel noise added
+  at that magnitude is rounded to the grid, which biases the draw; normalising first keeps it
+  exact (this test fails without the normalisation)."""
+  logp = np.array([0.0, -0.5, -1.0, -1.5])
+  probs = np.exp(logp) / np.exp(logp).sum()
+  law = _plackett_luce(probs, 2)
+  draw = jax.jit(trees.gumbel_top_k, static_argnums=2)
+  for shift in (0.0, 4e6):
+    scores = jnp.asarray(logp + shift, jnp.float32)[None].repeat(40_000, 0)
+    idx, values = draw(jax.random.key(5), scores, 2)
+    assert testing.chi_square_pvalue([tuple(r) for r in np.asarray(idx).tolist()], law) > 1e-3
+    assert np.all(np.asarray(values) < 50)  # perturbed *normalised* scores
+  # The same draw without normalising loses the law.
+  g = np.asarray(jax.random.gumbel(jax.random.key(5), (40_000, 4), jnp.float32))
+  raw = np.argsort(-(np.float32(logp + 4e6) + g), axis=1, kind="stable")[:, :2]
+  assert testing.chi_square_pvalue([tuple(r) for r in raw.tolist()], law) < 1e-6
+
+
+def test_chain_shape():
+  spec = trees.chain(4)
+  assert spec.is_chain and spec.level_widths == (1, 1, 1, 1) and spec.num_nodes == 5
+  assert spec.max_candidates == 1 and spec.rule == "speculative" and spec.scheme == "chain"
+  with pytest.raises(ValueError, match="decode.gamma"):
+    trees.chain(0)
 
 
 def _two_level_sbs(n, width, truncate=True, seed=0):
@@ -92,7 +120,7 @@ def test_hand_drawn_tree_mask_and_positions():
   tree = trees.Tree(tokens=jnp.zeros((1, 7), jnp.int32),
                     parent=jnp.asarray([[-1, 0, 0, 1, 1, 2, 2]]),
                     depth=jnp.asarray([spec.depths()]), valid=jnp.ones((1, 7), bool))
-  anc = np.asarray(trees.ancestor_matrix(tree, 2)[0]).astype(int)
+  anc = np.asarray(trees.ancestor_matrix(tree.parent, 2)[0]).astype(int)
   want = np.array([[1, 0, 0, 0, 0, 0, 0],
                    [1, 1, 0, 0, 0, 0, 0],
                    [1, 0, 1, 0, 0, 0, 0],
@@ -160,7 +188,7 @@ def test_expand_levels():
     (dict(method="rsd_c", depth=1, branching=(2, 2)), "at most one entry per depth"),
     (dict(method="rsd_s", depth=2, width=0), "beam width W"),
     (dict(method="spectr", depth=2, width=0), "number of drafts K"),
-    (dict(method="rsd_s", depth=0, width=2), "tree depth L"),
+    (dict(method="rsd_s", depth=0, width=2), "decode.gamma .*depth L"),
     (dict(method="medusa", depth=2), "unknown")])
 def test_bad_tree_shapes(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -12,12 +12,13 @@ The mixture is a deterministic row split per batch rather than GKD's per-batch c
 step then sees both kinds of data in the proportion asked for, shapes stay static, and the run
 stays a pure function of its seed (the expected composition is the same).
 
-Shapes: B batch, P prompt tokens, R response tokens. Prompts are the first P tokens of windows of
-P + R tokens cut from a TFDS split's packed token stream (`pipeline.lm_batches`, any split with
-a text feature), so every prompt has exactly P tokens (no padding, one compiled generation
-program) and the fixed data's response is the next R tokens. Batch s is
-  {"inputs": int32[B, P+R-1], "targets": int32[B, P+R-1], "weights": float32[B, P+R-1]}
-with weights 1 exactly on the targets that are response tokens (positions P-1 .. P-2+n_b, n_b ≤ R
+Shapes: B batch, P prompt tokens, O response tokens (the generation's max new tokens). Prompts
+are the first P tokens of windows of P + O tokens cut from a TFDS split's packed token stream
+(`pipeline.lm_batches`, any split with a text feature), so every prompt has exactly P tokens (no
+padding, one compiled generation program) and the fixed data's response is the next O tokens.
+Batch s is
+  {"inputs": int32[B, P+O-1], "targets": int32[B, P+O-1], "weights": float32[B, P+O-1]}
+with weights 1 exactly on the targets that are response tokens (positions P-1 .. P-2+n_b, n_b ≤ O
 generated tokens: fewer when generation stopped at a stop token, which stays in the response).
 All sources see the same prompts at step s; only the responses differ.
 
@@ -111,7 +112,7 @@ class Spec:
 def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_tokens: int,
             batch_size: int, seed: int, data_dir: str | None = None, text_key: str = "text",
             num_epochs: int | None = None):
-  """Index-addressable batches of int32[B, P+R] token windows of a split (shuffled by seed)."""
+  """Index-addressable batches of int32[B, P+O] token windows of a split (shuffled by seed)."""
   # lm_batches cuts windows of seq_len + 1 tokens: exactly one prompt + response row each, with
   # the same shuffling, resumability (batch s is a function of s) and data_dir handling.
   ds = pipeline.lm_batches(name, split, tokenizer, seq_len=prompt_tokens + response_tokens - 1,
@@ -121,7 +122,7 @@ def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_to
 
 
 def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens: int) -> dict[str, np.ndarray]:
-  """seqs int32[B, P+R] (prompt then response), num_new int32[B] → the training batch, with
+  """seqs int32[B, P+O] (prompt then response), num_new int32[B] → the training batch, with
   weights on the first num_new[b] response targets."""
   seqs = np.asarray(seqs, np.int32)
   t = np.arange(seqs.shape[1] - 1)[None, :]
@@ -133,7 +134,7 @@ def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens: int) -> dic
 def generate_responses(params, cfg: llama.LlamaConfig, prompts: np.ndarray, rng: jax.Array, *,
                        sampling: sampling_lib.Sampling, response_tokens: int,
                        stop_ids=()) -> tuple[np.ndarray, np.ndarray]:
-  """(seqs int32[B, P+R], num_new int32[B]) on the host: R tokens sampled after each prompt
+  """(seqs int32[B, P+O], num_new int32[B]) on the host: O tokens sampled after each prompt
   int32[B, P] by the jitted batched `generate` (one compiled program per shape). Positions past
   a row's stop are zero (and carry zero weight in `make_batch`)."""
   prompts = np.asarray(prompts, np.int32)
@@ -160,7 +161,7 @@ class VerifierData:
   Teacher-generated data do not depend on the drafter, so every run with the same verifier,
   prompts, seed and sampling shares them: the cache file is keyed by those (`key`), and a cache
   holding more batches than a run needs serves it too (batch s depends on s alone). Cost: one
-  verifier generation of B × R tokens per training step, paid once (on 2 CPU cores, SmolLM2 at
+  verifier generation of B × O tokens per training step, paid once (on 2 CPU cores, SmolLM2 at
   B=8: ~1.5-3 s per batch of 48 tokens). The key names the verifier by its config, not its
   weights: clear `cache_dir` after changing a checkpoint in place.
   """
@@ -204,10 +205,10 @@ class VerifierData:
 class DistillData:
   """Batch s of a distillation run: `get(s, drafter_params)`.
 
-  On-policy rows are generated for batches [r·N, (r+1)·N) at once, from the params passed with
-  the first of them to arrive (N = refresh_every). A run resumed from a checkpoint at a multiple
-  of N therefore regenerates exactly what an uninterrupted run generated (the program requires
-  train.checkpoint_every to be a multiple of N).
+  On-policy rows are generated for batches [r·n, (r+1)·n) at once, from the params passed with
+  the first of them to arrive (n = refresh_every). A run resumed from a checkpoint at a multiple
+  of n therefore regenerates exactly what an uninterrupted run generated (the program requires
+  train.checkpoint_every to be a multiple of n).
   """
 
   def __init__(self, spec: Spec, window_ds, *, drafter_generate: Callable | None = None,
@@ -239,7 +240,7 @@ class DistillData:
     self._block = block
 
   def responses(self, s: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """(seqs int32[B, P+R], num_new int32[B]) of batch s."""
+    """(seqs int32[B, P+O], num_new int32[B]) of batch s."""
     spec = self.spec
     b, r = spec.batch_size, spec.response_tokens
     window = np.asarray(self.window_ds[s], np.int32)

@@ -9,7 +9,8 @@ Batches are a `grain.MapDataset`: batch s is a pure function of (corpus, tokeniz
 batch_size, seed, s), so a training run resumed at step s reads `ds[s]` and sees exactly what an
 uninterrupted run would have seen; no iterator state needs checkpointing.
 
-Shapes: B = batch_size, T = seq_len, N = tokens in a split.
+Shapes: B = batch_size, T = seq_len; a split's token stream is int32[n_tokens] (not N, which
+is query heads in the package legend).
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ def _token_cache_path(src: TextSource, root: str, split: str, text_key: str,
 
 
 def _tokenize_to_file(src: TextSource, tokenizer, path: str) -> None:
-  """Tokenize every document of `src`, append EOS to each, write int32[N] to `path` atomically.
+  """Tokenize every document of `src`, append EOS to each, write int32[n_tokens] to `path`
+  atomically.
 
   Chunks go to a raw file first so that memory stays bounded for large corpora (lm1b is ~1B
   tokens); the .npy is written by copying it, then renamed into place so that a crashed or
@@ -229,7 +231,7 @@ def _tokenize_to_file(src: TextSource, tokenizer, path: str) -> None:
 
 def token_stream(name: str, split: str, tokenizer, *, data_dir: str | None = None,
                  text_key: str = "text") -> np.ndarray:
-  """int32[N]: every document of the split tokenized and followed by `tokenizer.eos_id`.
+  """int32[n_tokens]: every document of the split tokenized and followed by `tokenizer.eos_id`.
 
   Documents come in `text_source` order. The array is cached on disk under
   `<data_dir>/spec_jax_token_cache/` keyed by (dataset name/config/version, split, text_key,

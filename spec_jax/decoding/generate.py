@@ -1,7 +1,7 @@
 """Autoregressive generation: one jitted `lax.while_loop`, batch > 1 with ragged prompts.
 
 Cache layout (DESIGN.md §2): slot = absolute position. Prompts are right-padded to a fixed
-`P = max_prompt_tokens`, so one compiled program serves every batch of the same (B, P, N). The
+`P = max_prompt_tokens`, so one compiled program serves every batch of the same (B, P, O). The
 padding's K/V land in slots >= length[b]; the causal mask hides them and the next real token in
 that row overwrites them before any query can see them.
 
@@ -11,7 +11,6 @@ emits a stop token (kept in the output) or after `max_new_tokens` new tokens.
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import flax.struct
@@ -22,8 +21,6 @@ import numpy as np
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import llama
 
-# Incremented each time `_generate` is traced; tests assert it stays put across calls.
-TRACE_COUNT = {"generate": 0}
 
 
 @flax.struct.dataclass
@@ -58,7 +55,7 @@ def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: in
 
 @flax.struct.dataclass
 class GenerateState:
-  tokens: jax.Array      # int32[B, S]: prompt then generated tokens, S = P + N
+  tokens: jax.Array      # int32[B, S]: prompt then generated tokens, S = P + O (O = max new tokens)
   lengths: jax.Array     # int32[B]: committed tokens per row (prompt + generated)
   num_new: jax.Array     # int32[B]: generated tokens per row
   done: jax.Array        # bool[B]
@@ -93,10 +90,11 @@ def commit(tokens, lengths, num_new, done, new, stop_ids, max_new_tokens):
   return tokens, lengths, num_new, done
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "max_new_tokens", "stop_ids"))
+STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids")
+
+
 def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
               stop_ids):
-  TRACE_COUNT["generate"] += 1
   apply = llama.make_apply(cfg)
   b, p = prompt_tokens.shape
   size = p + max_new_tokens
@@ -125,6 +123,10 @@ def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_
   return GenerateOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.step)
 
 
+# Tests wrap `_generate` in chex.assert_max_traces and swap this in to check for retraces.
+_generate_jit = jax.jit(_generate, static_argnames=STATIC)
+
+
 def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
              sampling: sampling_lib.Sampling, max_new_tokens: int,
              stop_ids: Sequence[int] = ()) -> GenerateOutput:
@@ -134,5 +136,6 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-  return _generate(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
-                   max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids))
+  return _generate_jit(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
+                       max_new_tokens=int(max_new_tokens),
+                       stop_ids=tuple(int(i) for i in stop_ids))

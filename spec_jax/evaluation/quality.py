@@ -4,7 +4,7 @@ DistillSpec (Zhou et al. 2024, §5.3) trades quality for speed with a lenience f
 accept a draft x ~ q with probability min(1, f(p(x))/q(x)). Lossless decoding emits exactly the
 verifier's law p; lenient decoding emits, at a draft position,
 
-  π = min(q, f(p)) + (1 - Σ min(q, f(p))) · norm(max(0, p - q))      (`acceptance.lenient`)
+  π = min(q, f(p)) + (1 - Σ min(q, f(p))) · norm(max(0, p - q))      (`acceptance.chain.lenient`)
 
 We teacher-force the verifier (and the drafter) over prompt + generated tokens and report, per
 generated token,
@@ -38,14 +38,10 @@ from spec_jax.decoding import acceptance
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import llama
 
-# Same floor as acceptance._MIN_RESIDUAL_MASS: below it the rule falls back to drawing from p.
-_MIN_RESIDUAL_MASS = 1e-6
-
-
-# f(p, ε) of each lenience, with ε traced so that an ε sweep compiles once (the decoding rule
-# takes ε static; `acceptance._lenience_fn` validates it and the tests check the two agree).
-_LENIENCE_FNS = {"lin": lambda p, e: p / e, "sq": lambda p, e: p / (e * e),
-                 "exp": lambda p, e: jnp.power(p, e)}
+# The rule's own lenience functions and residual floor (defined once, in acceptance.chain and
+# acceptance.residuals); here ε is traced so that an ε sweep compiles once.
+_LENIENCE_FNS = acceptance.chain.LENIENCE_FNS
+_MIN_RESIDUAL_MASS = acceptance.residuals.MIN_RESIDUAL_MASS
 
 
 def lenient_law(p: jax.Array, q: jax.Array, lenience: str = "lin", epsilon=1.0) -> jax.Array:
@@ -88,7 +84,7 @@ def quality_sums(verifier_params, drafter_params, output, *, verifier_cfg: llama
   """Per-row sums for one generate/speculative output (anything with tokens[B,S],
   prompt_lengths[B], lengths[B]): {"loglik_sum", "tv_sum", "tokens"}, each f32[B] on the host.
   drafter_cfg None (autoregressive output): the verifier is its own drafter and tv is 0."""
-  acceptance._lenience_fn(lenience, epsilon)  # validate outside jit, naming the field
+  acceptance.chain.lenience_fn(lenience, epsilon)  # validate outside jit, naming the field
   autoregressive = drafter_cfg is None
   if autoregressive:
     drafter_params, drafter_cfg = verifier_params, verifier_cfg

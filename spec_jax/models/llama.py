@@ -1,9 +1,9 @@
 """Llama-family decoder with an explicit KV cache (DESIGN.md §2).
 
-Shape legend (capital-letter einsums):
+Shape legend (capital-letter einsums; the package legend in `spec_jax/__init__.py`):
   B batch, T new tokens in this call, S cache slots, D model width, L layers,
   N query heads, K key/value heads, G = N // K query heads per kv head, H head dim,
-  F feed-forward width, V vocabulary.
+  F feed-forward width, V vocabulary; J is the same T new tokens on the key side of an einsum.
 
 One forward serves every use: training (no cache, causal mask over the T tokens), prefill,
 one-token decode, chain verification and tree verification. The caller chooses

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import jax
 
+from spec_jax import loading
 from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.evaluation import benchmark as bench
-from spec_jax.models import loading
+from spec_jax.evaluation import report, timing
 
 
 def run(config, workdir: str) -> list[dict]:
@@ -28,7 +28,7 @@ def run(config, workdir: str) -> list[dict]:
                                 prompt_tokens=b.prompt_tokens, seed=config.seed,
                                 data_dir=d.data_dir or None, text_key=d.text_key)
   sampling = sampling_lib.Sampling.from_config(config.sampling)
-  device = bench.device_description()
+  device = timing.device_description()
   rows = []
   for batch_size in b.batch_sizes:
     prompts = generate_lib.encode_prompts(tokenizer, texts[:batch_size], b.prompt_tokens,
@@ -38,7 +38,7 @@ def run(config, workdir: str) -> list[dict]:
       return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
                                    sampling=sampling, max_new_tokens=b.new_tokens).tokens
 
-    t = bench.time_call(call, b.repeats)
+    t = timing.time_call(call, b.repeats)
     tokens_per_s = batch_size * b.new_tokens / t["median_s"]
     rows.append(dict(
         method="autoregressive", sampling="greedy" if sampling.greedy else str(sampling),
@@ -50,5 +50,5 @@ def run(config, workdir: str) -> list[dict]:
   base = rows[0]["tokens_per_s"]
   for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
     row["throughput_vs_first_batch_size"] = round(row["tokens_per_s"] / base, 3)
-  bench.write_results(workdir, rows)
+  report.write_results(workdir, rows)
   return rows

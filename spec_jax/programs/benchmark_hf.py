@@ -11,7 +11,7 @@
                    supports no more), with its default schedule (up to 20 drafts, drafting stops
                    when the drafter's top probability < 0.4) and with a constant γ like ours;
      spec_jax      autoregressive (`generate.generate`) and speculative decoding
-                   (`speculative.speculative_generate`), every batch size in `batch_sizes`.
+                   (`loop.speculative_generate`), every batch size in `batch_sizes`.
 3. Rows in `workdir/results.json`: system, method, batch_size, gamma, tokens_per_s, ms_per_token,
    identical_to_greedy (every prompt's tokens equal transformers' greedy batch-1 output: the
    common reference), identical_to_own_greedy (equal to the same system's greedy batch-1
@@ -28,22 +28,26 @@ over its batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
-import time
 from typing import Callable
 
 import jax
 
+from spec_jax import loading
+from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import speculative
-from spec_jax.evaluation import benchmark as bench
-from spec_jax.models import hf_import, loading
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
+from spec_jax.evaluation import metrics, report, timing
+from spec_jax.models import hf_import
 from spec_jax.programs import export_hf
-from spec_jax.programs import generate as generate_program
 
 QUICKSTART_HINT = ("run the quickstart first (python launch.py --config configs/quickstart.py "
                    "--workdir runs/quickstart), or point --config.drafter.checkpoint to a trained "
@@ -73,7 +77,7 @@ def prompt_ids(config, tokenizer) -> list[list[int]]:
   batches need no padding on either side."""
   b = config.benchmark
   ids = [tokenizer.encode(t)[:b.prompt_tokens]
-         for t in generate_program.read_prompts(config, tokenizer)][:b.num_prompts]
+         for t in prompts_lib.read_prompts(config, tokenizer)][:b.num_prompts]
   short = [i for i, x in enumerate(ids) if len(x) < b.prompt_tokens]
   if len(ids) < b.num_prompts or short:
     raise ValueError(f"benchmark.prompt_tokens={b.prompt_tokens} and num_prompts={b.num_prompts} "
@@ -108,22 +112,19 @@ class Method:
 
 
 def measure(methods: list[Method]) -> None:
-  """Warm every method up, then time one batch at a time, round-robin over the methods: on a
-  machine shared with other jobs a slow spell then hits every method alike instead of whichever
-  ran during it. A method with fewer batches (larger batch size) runs at evenly spread turns."""
-  for m in methods:
-    m.warmup(m.batches[0])
-  turns = max(len(m.batches) for m in methods)
-  for turn in range(turns):
-    print(f"[benchmark_hf] turn {turn + 1}/{turns}", flush=True)
-    for m in methods:
-      for j, batch in enumerate(m.batches):
-        if int((j + 0.5) * turns / len(m.batches)) == turn:
-          t0 = time.perf_counter()
-          new, extra = m.fn(batch)
-          m.seconds += time.perf_counter() - t0
-          m.rows += new
-          m.extras.append(extra)
+  """Warm every method up, then time one batch at a time, round-robin over the methods
+  (`timing.interleave`): on a machine shared with other jobs a slow spell then hits every method
+  alike instead of whichever ran during it. A method with fewer batches (larger batch size) runs
+  at evenly spread turns. Fills each method's rows, extras and seconds (summed over batches)."""
+  results = timing.interleave(
+      [[functools.partial(m.fn, batch) for batch in m.batches] for m in methods],
+      warmups=[functools.partial(m.warmup, m.batches[0]) for m in methods],
+      on_turn=lambda turn, turns: print(f"[benchmark_hf] turn {turn + 1}/{turns}", flush=True))
+  for m, runs in zip(methods, results):
+    for (new, extra), seconds in runs:
+      m.seconds += seconds
+      m.rows += new
+      m.extras.append(extra)
 
 
 def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Method]:
@@ -179,13 +180,14 @@ def _argmax_loop(torch, model_dir, transformers, prompt, n) -> list[int]:
 
 def _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma) -> list[Method]:
   """spec_jax autoregressive and speculative decoding, params read from the HF directories;
-  extra: verifier calls (AR), or (SpecStats, verifier calls) (SD)."""
+  extra: verifier calls (AR), or (the loop's output, verifier calls) (SD)."""
   v_cfg, v_params = loading.load_model(
       _model_section(config.verifier, dirs["verifier"]), tokenizer, field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(
       _model_section(config.drafter, dirs["drafter"]), tokenizer, field="drafter.checkpoint")
   greedy = sampling_lib.Sampling()
-  spec = speculative.SpecConfig(gamma=gamma)
+  verifier = verifier_lib.lm_verifier(v_cfg)
+  drafter = lm.LMDrafter(d_cfg, trees.chain(gamma))
   rng = jax.random.key(config.seed)
 
   def ar(batch):
@@ -196,10 +198,10 @@ def _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma) -> list[Method]:
 
   def sd(batch):
     prompts = generate_lib.pad_prompts(batch, b.prompt_tokens, tokenizer.pad_id)
-    out = speculative.speculative_generate(
-        v_params, d_params, prompts, rng, verifier_cfg=v_cfg, drafter_cfg=d_cfg, spec=spec,
-        sampling=greedy, max_new_tokens=b.new_tokens)
-    return out.new_tokens(), (jax.device_get(out.stats), int(out.rounds) + 1)
+    out = loop.speculative_generate(
+        v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, sampling=greedy,
+        max_new_tokens=b.new_tokens)
+    return out.new_tokens(), (jax.device_get(out), int(out.rounds) + 1)
 
   methods = []
   for size in b.batch_sizes:  # warm-up = compilation, so it runs the full shapes
@@ -236,8 +238,9 @@ def run(config, workdir: str) -> dict:
           f"{dirs[role]}", flush=True)
     exports[role] = export_hf.export_model(config[role], tokenizer, dirs[role], seed=seed,
                                            field=f"{role}.checkpoint")
-  speculative.check_pair(hf_import.config_from_hf(hf_import.read_config(dirs["verifier"])),
-                         hf_import.config_from_hf(hf_import.read_config(dirs["drafter"])))
+  loop.check_pair(
+      verifier_lib.lm_verifier(hf_import.config_from_hf(hf_import.read_config(dirs["verifier"]))),
+      lm.LMDrafter(hf_import.config_from_hf(hf_import.read_config(dirs["drafter"]))))
   methods = (_transformers_methods(torch, transformers, dirs, ids, b, gamma)
              + _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma))
   print(f"[benchmark_hf] timing {len(methods)} methods, {len(ids)} prompts, round-robin",
@@ -254,30 +257,27 @@ def _report(config, workdir, methods: list[Method], ids, argmax, exports) -> dic
   own = {m.system: m.rows for m in methods
          if m.method in ("greedy", "autoregressive") and m.batch_size == 1}
   versions = {p: importlib.metadata.version(p) for p in ("torch", "transformers", "jax")}
-  device = bench.device_description()
+  device = timing.device_description()
   out = []
   for m in methods:
     n = sum(len(r) for r in m.rows)
     if n != len(ids) * b.new_tokens:
       raise RuntimeError(f"{m.system} {m.method} emitted {n} tokens, expected "
                          f"{len(ids) * b.new_tokens}: EOS stopping was not disabled.")
-    if m.method == "speculative":  # τ and α over rows, as the evaluate program (DESIGN.md §3)
-      stats = [s for s, _ in m.extras]
-      rounds = sum(int(s.verifier_calls.sum()) for s in stats)
-      reached = sum(int(s.reached.sum()) for s in stats)
-      alpha = round(sum(float(s.alpha_sum.sum()) for s in stats) / max(reached, 1), 4)
+    if m.method == "speculative":  # τ and α as every program computes them (DESIGN.md §3)
+      sd_metrics = metrics.summarize([o for o, _ in m.extras])
+      tau, alpha = sd_metrics["block_efficiency"], round(sd_metrics["acceptance_rate"], 4)
       calls = sum(c for _, c in m.extras)
     else:  # transformers' first assisted call both prefills and verifies: every call verifies
-      calls = rounds = sum(m.extras)
-      alpha = None
+      calls = sum(m.extras)
+      tau, alpha = n / max(calls, 1), None
     tps = n / m.seconds
     out.append(dict(
         system=m.system, method=m.method, batch_size=m.batch_size, gamma=m.gamma,
         schedule=m.schedule, tokens_per_s=round(tps, 2), ms_per_token=round(1000 / tps, 2),
         identical_to_greedy=m.rows == reference, identical_to_own_greedy=m.rows == own[m.system],
         prompts_differing_from_greedy=sum(x != y for x, y in zip(m.rows, reference)),
-        block_efficiency=round(n / max(rounds, 1), 3)
-        if m.method in ("assisted", "speculative") else 1.0,
+        block_efficiency=round(tau, 3) if m.method in ("assisted", "speculative") else 1.0,
         acceptance_rate=alpha, verifier_calls=calls, new_tokens=n, num_prompts=len(ids),
         prompt_tokens=b.prompt_tokens, seconds=round(m.seconds, 3), device=device,
         versions=versions))
@@ -299,7 +299,7 @@ def _report(config, workdir, methods: list[Method], ids, argmax, exports) -> dic
   # transformers' own out-of-the-box schedule.
   summary["goal_met"] = {k: bool(v >= 1.5 and summary["all_identical_to_greedy"])
                          for k, v in summary["speedup_sd_vs_assisted"].items()}
-  bench.write_results(workdir, out)
+  report.write_results(workdir, out)
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:

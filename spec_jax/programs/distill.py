@@ -27,13 +27,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_jax import parallel
+from spec_jax import loading, parallel
 from spec_jax.data import distill_data
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import speculative
-from spec_jax.models import llama, loading
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
+from spec_jax.evaluation import metrics as eval_metrics
+from spec_jax.models import llama
 from spec_jax.training import checkpoints, distill, metrics as metrics_lib, optim, train
 
 
@@ -79,24 +83,28 @@ def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
 def _tau_eval(v_params, v_cfg, d_cfg, prompts: np.ndarray, eval_cfg, seed: int
               ) -> Callable[[Any], dict[str, float]]:
   """params → {tau_T{t}, sd_alpha_T{t}} from speculative decoding (γ = eval.gamma) of the
-  held-out prompts int32[n, P], one batched call per temperature."""
-  spec = speculative.SpecConfig(gamma=int(eval_cfg.gamma))
+  held-out prompts int32[n, P], one batched call per temperature: τ (block_efficiency) and α
+  (acceptance_rate) as spec_jax.evaluation.metrics defines them for every program."""
+  verifier = verifier_lib.lm_verifier(v_cfg)
+  drafter = lm.LMDrafter(d_cfg, trees.chain(int(eval_cfg.gamma)))
   n, p = prompts.shape
   batch = generate_lib.Prompts(jnp.asarray(prompts), jnp.full((n,), p, jnp.int32))
+
+  def decode(params, temperature: float):
+    # The one place distill calls the speculative loop.
+    return loop.speculative_generate(
+        v_params, params, batch, jax.random.key(seed), verifier=verifier, drafter=drafter,
+        sampling=sampling_lib.Sampling(temperature), max_new_tokens=int(eval_cfg.new_tokens))
 
   def fn(params):
     out = {}
     for t in eval_cfg.temperatures:
-      sd = speculative.speculative_generate(
-          v_params, params, batch, jax.random.key(seed), verifier_cfg=v_cfg, drafter_cfg=d_cfg,
-          spec=spec, sampling=sampling_lib.Sampling(float(t)),
-          max_new_tokens=int(eval_cfg.new_tokens))
-      st = jax.device_get(sd.stats)
+      summary = eval_metrics.summarize([decode(params, float(t))])
       name = f"T{float(t):g}"
-      out[f"tau_{name}"] = float(np.sum(jax.device_get(sd.num_new)) /
-                                 max(int(np.sum(st.verifier_calls)), 1))
-      out[f"sd_alpha_{name}"] = float(np.sum(st.alpha_sum) / max(int(np.sum(st.reached)), 1))
-    return out
+      out[f"tau_{name}"] = summary["block_efficiency"]
+      out[f"sd_alpha_{name}"] = summary["acceptance_rate"]
+    # A metric with nothing to average over (no round ran) is left out, not logged as 0.
+    return {k: v for k, v in out.items() if v is not None}
 
   return fn
 

@@ -6,32 +6,33 @@ For every (temperature, batch_size) it measures, in one process on the same prom
   * speculative decoding for every γ in `eval.gammas`,
 and writes one row per setting to `results.json` (metric names from DESIGN.md §3), a markdown
 table `results.md` and PNG plots (τ vs γ, speedup vs γ). Timings exclude compilation: each
-setting runs once on the first batch to compile before the timed pass.
+setting runs once on the first batch to compile before the timed pass. Each speculative row also
+carries r(M), the verifier's measured cost for the M tokens of one call over one token at the same
+batch size (`verifier_cost_ratio_r`), and the theoretical speedup τ / (r(M) + d·c) it implies.
+Metrics come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import jax
-import numpy as np
-import tqdm
 
+from spec_jax import loading
+from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import speculative
-from spec_jax.decoding import tree_speculative
-from spec_jax.decoding import trees
-from spec_jax.evaluation import benchmark as bench
-from spec_jax.evaluation import quality, report, theory
-from spec_jax.models import loading
-from spec_jax.programs import generate as generate_program
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
+from spec_jax.evaluation import metrics, quality, report, tables, timing
+from spec_jax.models import llama
 
 
-# Speculative methods by name; each row of results.json names one. "sd" is the chain loop
-# (speculative.py); the tree methods run in tree_speculative.py.
+# Speculative methods by name; each row of results.json names one. "sd" is chain speculative
+# decoding; every method runs in the one loop (decoding/loop.py) with an LM drafter of its shape.
 METHODS = ("sd", *trees.TREE_METHODS)
 
 
@@ -92,33 +93,27 @@ def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   return out
 
 
-def _timed_pass(fn, batches, desc):
-  """Compile on the first batch, then run every batch once, timed. Returns (outputs, seconds)."""
-  jax.block_until_ready(fn(batches[0][0], 0))
-  outputs, seconds = [], 0.0
-  for i, (prompts, _) in enumerate(tqdm.tqdm(batches, desc=desc, leave=False)):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(prompts, i))
-    seconds += time.perf_counter() - t0
-    outputs.append(out)
-  return outputs, seconds
+def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, shape, decode, ev, common):
+  """(prompts, batch index) -> the decoding loop's output for one run: the one place evaluate
+  calls the speculative loop (an LM drafter of `shape`, a chain or a tree)."""
+  verifier, drafter = verifier_lib.lm_verifier(v_cfg), lm.LMDrafter(d_cfg, shape)
+  return lambda prompts, i: loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
+      drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common)
 
 
-def _new_tokens(outputs, batches):
-  rows = []
-  for out, (_, real) in zip(outputs, batches):
-    rows += out.new_tokens()[:real]
-  return rows
+def _verifier_cost_ratio(v_params, v_cfg, prompts, new_tokens: int, m: int) -> float:
+  """r(M) of the verifier at this batch's size, with the loop's cache size (prompt + new tokens
+  + the last round's overhang of M) and the M tokens halfway through the new tokens."""
+  b, p = prompts.tokens.shape
+  size = p + new_tokens + m
+  return timing.verifier_cost_ratio(llama.make_apply(v_cfg), v_params,
+                                    lambda: llama.init_cache(v_cfg, b, size), batch_size=b, m=m,
+                                    position=p + new_tokens // 2)
 
 
-def _sum_stat(outputs, batches, name):
-  return np.concatenate([np.asarray(getattr(o.stats, name))[:real]
-                         for o, (_, real) in zip(outputs, batches)])
-
-
-def _ar_step_seconds(outputs, seconds):
-  """Wall time per forward call of an autoregressive pass (prefill counted as one call)."""
-  return seconds / max(sum(int(o.steps) for o in outputs), 1)
+def _round(value, digits=4):
+  return None if value is None else round(float(value), digits)
 
 
 def _quality(v_params, d_params, outputs, batches, **kwargs) -> dict:
@@ -143,15 +138,17 @@ def run(config, workdir: str) -> list[dict]:
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
-  speculative.check_pair(v_cfg, d_cfg)
-  texts = generate_program.read_prompts(config, tokenizer)[:ev.num_prompts]
+  loop.check_pair(verifier_lib.lm_verifier(v_cfg), lm.LMDrafter(d_cfg))
+  texts = prompts_lib.read_prompts(config, tokenizer)[:ev.num_prompts]
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
-  device = bench.device_description()
+  device = timing.device_description()
   rows = []
+  cost_ratios = {}  # r(M) per (batch size, M): measured once, shared by every temperature
   for temperature in ev.temperatures:
     sampling = sampling_lib.Sampling(float(temperature), int(ev.top_k), float(ev.top_p))
     for batch_size in ev.batch_sizes:
       batches = _batches(tokenizer, texts, batch_size, ev.max_prompt_tokens)
+      prompts, reals = [p for p, _ in batches], [r for _, r in batches]
       rng = jax.random.key(config.seed)
       common = dict(sampling=sampling, max_new_tokens=ev.new_tokens, stop_ids=stop_ids)
       label = f"T={temperature:g} B={batch_size}"
@@ -160,14 +157,15 @@ def run(config, workdir: str) -> list[dict]:
         return lambda prompts, i: generate_lib.generate(
             params, prompts, jax.random.fold_in(rng, i), cfg=cfg, **common)
 
-      ar_out, ar_s = _timed_pass(ar(v_params, v_cfg), batches, f"{label} autoregressive")
-      ar_tokens = _new_tokens(ar_out, batches)
-      n_ar = sum(len(t) for t in ar_tokens)
+      ar_out, ar_s = timing.timed_pass(ar(v_params, v_cfg), prompts,
+                                       desc=f"{label} autoregressive")
+      ar_tokens = metrics.token_lists(ar_out, reals)
+      n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
-      d_out, d_s = _timed_pass(ar(d_params, d_cfg), batches, f"{label} drafter-only")
+      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), prompts, desc=f"{label} drafter-only")
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
                             drafter_cfg=None, sampling=sampling)
-      c = _ar_step_seconds(d_out, d_s) / _ar_step_seconds(ar_out, ar_s)
+      c = timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s)
       base = dict(temperature=float(temperature), top_k=int(ev.top_k), top_p=float(ev.top_p),
                   batch_size=batch_size, num_prompts=len(texts), device=device,
                   seed=config.seed, dataset=config.data.name, cost_ratio_c=round(c, 4),
@@ -177,72 +175,66 @@ def run(config, workdir: str) -> list[dict]:
                        block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
                        empirical_acceptance=None, per_position_acceptance=None,
                        verifier_calls=sum(int(o.steps) for o in ar_out), drafter_calls=0,
-                       tokens_per_s=round(ar_tps, 2), speedup=1.0, theoretical_speedup=1.0,
+                       tokens_per_s=round(ar_tps, 2), speedup=1.0, verifier_cost_ratio_r=1.0,
+                       theoretical_speedup=1.0,
                        speedup_vs_theory=None, verifier_tokens_per_call=1,
                        identical_to_greedy=True if sampling.greedy else None,
                        verifier_loglik=round(ar_quality["verifier_loglik"], 4), token_tv=None))
       for (label_m, method, gamma, tree), epsilon in [(r, e) for r in runs
                                                       for e in _epsilons(ev, r[3])]:
-        spec = speculative.SpecConfig(gamma=int(gamma), rule=ev.rule, lenience=ev.lenience,
-                                      epsilon=float(epsilon))
-        if tree is None:
-          fn = lambda prompts, i: speculative.speculative_generate(  # noqa: E731
-              v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier_cfg=v_cfg,
-              drafter_cfg=d_cfg, spec=spec, max_cache_len=ev.max_cache_len, **common)
-        else:
-          decode = tree_speculative.TreeDecode(tree, ev.tree_rule)
-          fn = lambda prompts, i: tree_speculative.tree_generate(  # noqa: E731
-              v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier_cfg=v_cfg,
-              drafter_cfg=d_cfg, decode=decode, max_cache_len=ev.max_cache_len, **common)
-        sd_out, sd_s = _timed_pass(fn, batches, f"{label} {label_m} γ={gamma}")
-        sd_tokens = _new_tokens(sd_out, batches)
-        n_sd = sum(len(t) for t in sd_tokens)
-        calls = int(_sum_stat(sd_out, batches, "verifier_calls").sum())
-        reached = _sum_stat(sd_out, batches, "reached").sum(0)
-        accepted_at = _sum_stat(sd_out, batches, "accepted_at").sum(0)
-        tau = n_sd / max(calls, 1)
-        alpha = float(_sum_stat(sd_out, batches, "alpha_sum").sum() / max(reached.sum(), 1))
-        tps = n_sd / sd_s
-        if tree is not None:  # no closed form for trees: τ measured, L drafter calls per round
-          theoretical = tau / (gamma * c + 1)
-        elif alpha < 1:
-          theoretical = theory.expected_speedup(alpha, int(gamma), c)
-        else:
-          theoretical = (gamma + 1) / (gamma * c + 1)
+        shape = trees.chain(int(gamma)) if tree is None else tree
+        decode = loop.DecodeConfig(rule=ev.rule if tree is None else ev.tree_rule,
+                                   lenience=ev.lenience, epsilon=float(epsilon))
+        rule_name, _ = decode.resolve(shape, sampling)
+        fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, shape=shape,
+                             decode=decode, ev=ev, common=common)
+        sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
+        sd_tokens = metrics.token_lists(sd_out, reals)
+        summary = metrics.summarize(sd_out, reals)
+        calls, tau = summary["verifier_calls"], summary["block_efficiency"]
+        tokens_per_call = int(gamma) + 1 if tree is None else tree.num_nodes
+        if (batch_size, tokens_per_call) not in cost_ratios:
+          cost_ratios[batch_size, tokens_per_call] = _verifier_cost_ratio(
+              v_params, v_cfg, prompts[0], ev.new_tokens, tokens_per_call)
+        r_m = cost_ratios[batch_size, tokens_per_call]
+        # Measured τ for chains and trees alike; one drafter call per draft depth (chain γ, tree
+        # L levels). plots.tau_theory shows the i.i.d.-α prediction of τ beside it.
+        theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=int(gamma))
+        tps = summary["new_tokens"] / sd_s
         measured = tps / ar_tps
-        lenient = tree is None and spec.rule == "lenient"
+        lenient = rule_name == "lenient"
         # Quality cost of lossy decoding: the one-step law of the chain rule vs p (trees: their
         # rules are lossless, so only the log-likelihood is reported).
         sd_quality = _quality(v_params, d_params, sd_out, batches, verifier_cfg=v_cfg,
                               drafter_cfg=d_cfg, sampling=sampling,
-                              **(dict(lenience=spec.lenience, epsilon=spec.epsilon) if lenient
-                                 else {}))
+                              **(dict(lenience=decode.lenience, epsilon=decode.epsilon)
+                                 if lenient else {}))
         rows.append(dict(
             base, method=method, gamma=int(gamma),
-            rule=spec.rule if tree is None else decode.rule_name(sampling),
-            tree=None if tree is None else tree.describe(),
-            lenience=spec.lenience if lenient else None,
-            epsilon=spec.epsilon if lenient else None, new_tokens=n_sd,
-            block_efficiency=round(tau, 4), mean_accepted_tokens=round(tau - 1, 4),
-            acceptance_rate=round(alpha, 4),
-            empirical_acceptance=round(float(accepted_at.sum() / max(reached.sum(), 1)), 4),
-            per_position_acceptance=[round(float(a / max(r, 1)), 4)
-                                     for a, r in zip(accepted_at, reached)],
+            rule=rule_name, tree=None if tree is None else tree.describe(),
+            lenience=decode.lenience if lenient else None,
+            epsilon=decode.epsilon if lenient else None, new_tokens=summary["new_tokens"],
+            block_efficiency=_round(tau),
+            mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
+            acceptance_rate=_round(summary["acceptance_rate"]),
+            empirical_acceptance=_round(summary["empirical_acceptance"]),
+            per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],
+            candidates_per_call=_round(summary["candidates_per_call"]),
             verifier_calls=calls, drafter_calls=calls * int(gamma),
             drafter_calls_per_round=int(gamma),
             tokens_per_s=round(tps, 2), speedup=round(measured, 4),
-            theoretical_speedup=round(float(theoretical), 4),
-            speedup_vs_theory=round(measured / float(theoretical), 4),
-            verifier_tokens_per_call=int(gamma) + 1 if tree is None else tree.num_nodes,
+            verifier_cost_ratio_r=round(r_m, 4), theoretical_speedup=_round(theoretical),
+            speedup_vs_theory=_round(measured / theoretical if theoretical else None),
+            verifier_tokens_per_call=tokens_per_call,
             identical_to_greedy=(sd_tokens == ar_tokens) if sampling.greedy else None,
             verifier_loglik=round(sd_quality["verifier_loglik"], 4),
             token_tv=round(sd_quality["token_tv"], 5) if tree is None else None))
-      print(report.markdown_table([r for r in rows if r["temperature"] == float(temperature)
+      print(tables.markdown_table([r for r in rows if r["temperature"] == float(temperature)
                                    and r["batch_size"] == batch_size]), flush=True)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=2))
-  bench.write_results(workdir, rows)
+  report.write_results(workdir, rows)
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))
   return rows

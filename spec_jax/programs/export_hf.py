@@ -19,8 +19,9 @@ import time
 import jax
 import numpy as np
 
+from spec_jax import loading
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import hf_export, hf_import, loading
+from spec_jax.models import hf_export, hf_import
 
 
 def export_model(model_cfg, tokenizer, out_dir: str, *, seed: int = 0, dtype: str = "",

@@ -1,7 +1,8 @@
 """Program `generate`: sample continuations for prompts and print them.
 
 Prompts come from `config.prompts` (a tuple of strings), `config.prompts_file` (one prompt per
-line, `\\n` escapes allowed), or `config.num_data_prompts` prompts from `config.data.prompt_split`.
+line, `\\n` escapes allowed), or `config.num_data_prompts` prompts from `config.data.prompt_split`
+(`spec_jax.data.prompts.read_prompts`, which evaluate and benchmark_hf share).
 Writes `workdir/generations.jsonl`.
 """
 
@@ -13,33 +14,11 @@ import time
 
 import jax
 
-from spec_jax.data import pipeline
+from spec_jax import loading
+from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.models import loading
-
-
-def read_prompts(config, tokenizer) -> list[str]:
-  """The prompt texts a config asks for, in order: inline, then file, then data split."""
-  prompts = list(config.get("prompts", ()))
-  path = config.get("prompts_file", "")
-  if path:
-    if not os.path.isfile(path):
-      raise FileNotFoundError(f"prompts_file={path!r} does not exist.")
-    with open(path, encoding="utf-8") as f:
-      prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-  n = config.get("num_data_prompts", 0)
-  if n:
-    d = config.data
-    prompts += pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=n,
-                                     prompt_tokens=config.get("data_prompt_tokens", 64),
-                                     seed=config.seed, data_dir=d.data_dir or None,
-                                     text_key=d.text_key)
-  if not prompts:
-    raise ValueError("No prompts: set config.prompts, config.prompts_file or "
-                     "config.num_data_prompts.")
-  return prompts
 
 
 def run(config, workdir: str) -> list[dict]:
@@ -48,7 +27,7 @@ def run(config, workdir: str) -> list[dict]:
   gen = config.generation
   sampling = sampling_lib.Sampling.from_config(gen.sampling)
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
-  texts = read_prompts(config, tokenizer)
+  texts = prompts_lib.read_prompts(config, tokenizer)
   if config.get("chat", False):
     if not hasattr(tokenizer, "chat_prompt"):
       raise ValueError(f"chat=True but tokenizer {tokenizer.name!r} has no chat template; set "

@@ -18,10 +18,10 @@ from absl import logging
 import jax
 import numpy as np
 
-from spec_jax import parallel
+from spec_jax import loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.models import llama, loading
+from spec_jax.models import llama
 from spec_jax.training import checkpoints, metrics as metrics_lib, optim, train
 
 

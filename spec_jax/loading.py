@@ -1,6 +1,9 @@
 """Build a model from a config's `model` section: random init, the SmolLM2 GGUF, any GGUF file, an
 HF checkpoint directory, or a train_lm checkpoint. Checks that the model and the tokenizer agree
-before anything runs."""
+before anything runs.
+
+It lives at the top of the package, not in models/: it reads tokenizers (data/) and train_lm
+checkpoints (training/), and models/ imports neither, so a model family stays importable alone."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Draft trees in static-size padded arrays, and the samplers that grow them level by level.
 
-Shape legend: B batch rows, M tree nodes (node 0 is the root: the last committed token), W width
-of one level, V vocabulary, D depth (draft length L).
+Shape letters (repo legend): B batch rows, M tree nodes (node 0 is the root: the last committed
+token), W width of one level, V vocabulary, A depth (draft length L; a chain's γ), S cache slots.
 
 Layout. Nodes are stored level by level: node 0, then the w_1 depth-1 nodes, then the w_2 depth-2
 nodes, ... Level widths are static (fixed by the `TreeSpec`), so every shape is known at trace
@@ -11,7 +11,9 @@ order is the order they were drawn in (decreasing perturbed log-probability for 
 stochastic beam search, chain index for i.i.d. chains), which is the order recursive rejection
 sampling examines them in (`tree_acceptance`).
 
-Tree kinds (`TreeSpec.method`):
+Shapes (`TreeSpec.method`):
+  chain      γ = depth draft tokens, one per level: chain speculative decoding (Leviathan et al.
+             2023), verified on the chain rules' fast path.
   rsd_c      RSD with constant branching b = (b_1..b_L): every node at depth d-1 gets b_d children,
              a Gumbel-top-b_d sample without replacement of its draft law (Jeon et al. 2024, §3.2).
   rsd_s      RSD with stochastic beam search (Kool et al. 2019): beam width W, depth L; children are
@@ -37,20 +39,24 @@ import jax.numpy as jnp
 from spec_jax.decoding import sampling as sampling_lib
 
 TREE_METHODS = ("rsd_c", "rsd_s", "specinfer", "spectr")
-# The acceptance rule each sampled tree needs (`tree_acceptance.verify_tree`); greedy decoding
-# uses "greedy" for every tree.
-TREE_RULES = {"rsd_c": "rrs_without", "rsd_s": "rrs_without", "specinfer": "rrs_with",
-              "spectr": "kseq"}
+METHODS = ("chain", *TREE_METHODS)
+# The lossless rule each sampled shape needs (`acceptance.RULES`); greedy decoding uses "greedy"
+# for every shape.
+TREE_RULES = {"chain": "speculative", "rsd_c": "rrs_without", "rsd_s": "rrs_without",
+              "specinfer": "rrs_with", "spectr": "kseq"}
+# How siblings are drawn (`protocols.SCHEMES`), which decides the rules that stay exact.
+SCHEMES = {"chain": "chain", "rsd_c": "without_replacement", "rsd_s": "without_replacement",
+           "specinfer": "iid", "spectr": "iid"}
 
 NEG_INF = -jnp.inf
 
 
 @dataclasses.dataclass(frozen=True)
 class TreeSpec:
-  """Static shape of a draft tree.
+  """Static shape of a draft tree (a chain is the tree with one node per level).
 
-  method: one of TREE_METHODS.
-  depth: L, draft tokens along a path (the tree's deepest level).
+  method: one of METHODS.
+  depth: L, draft tokens along a path (the tree's deepest level; a chain's γ).
   branching: rsd_c only, b_1..b_L (a shorter tuple is padded with 1s up to `depth`).
   width: rsd_s beam width W, or the number of chains K for specinfer/spectr.
   """
@@ -60,10 +66,11 @@ class TreeSpec:
   width: int = 1
 
   def __post_init__(self):
-    if self.method not in TREE_METHODS:
-      raise ValueError(f"tree method {self.method!r} is unknown; choose one of {TREE_METHODS}.")
-    if not isinstance(self.depth, int) or self.depth < 1:
-      raise ValueError(f"decode.gamma (tree depth L) must be an integer >= 1, got {self.depth!r}.")
+    if self.method not in METHODS:
+      raise ValueError(f"tree method {self.method!r} is unknown; choose one of {METHODS}.")
+    if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+      raise ValueError(f"decode.gamma (draft tokens per round; a tree's depth L) must be an "
+                       f"integer >= 1, got {self.depth!r}.")
     if self.method == "rsd_c":
       b = tuple(self.branching)
       if not b:
@@ -76,13 +83,24 @@ class TreeSpec:
         raise ValueError(f"decode.branching={b} has {len(b)} entries but the tree depth "
                          f"(decode.gamma) is {self.depth}; give at most one entry per depth.")
       object.__setattr__(self, "branching", b + (1,) * (self.depth - len(b)))
+    elif self.method == "chain":
+      object.__setattr__(self, "width", 1)
     elif not isinstance(self.width, int) or self.width < 1:
       field = "beam width W" if self.method == "rsd_s" else "number of drafts K"
       raise ValueError(f"decode.width ({field}) must be an integer >= 1, got {self.width!r}.")
 
   @property
   def rule(self) -> str:
+    """The lossless rule for this shape's sampling scheme."""
     return TREE_RULES[self.method]
+
+  @property
+  def scheme(self) -> str:
+    return SCHEMES[self.method]
+
+  @property
+  def is_chain(self) -> bool:
+    return self.method == "chain"
 
   @property
   def level_widths(self) -> tuple[int, ...]:
@@ -110,7 +128,7 @@ class TreeSpec:
     chains the children of every still-matching chain)."""
     if self.method == "rsd_c":
       return max(self.branching)
-    return self.width
+    return self.width  # 1 for a chain
 
   def depths(self) -> tuple[int, ...]:
     """depth of every node (static)."""
@@ -120,9 +138,16 @@ class TreeSpec:
     return tuple(out)
 
   def describe(self) -> str:
+    if self.method == "chain":
+      return f"chain γ={self.depth}"
     if self.method == "rsd_c":
       return f"{self.method} b={'x'.join(map(str, self.branching))}"
     return f"{self.method} {'W' if self.method == 'rsd_s' else 'K'}={self.width} L={self.depth}"
+
+
+def chain(gamma: int) -> TreeSpec:
+  """The shape of a γ-token chain."""
+  return TreeSpec("chain", depth=gamma)
 
 
 @flax.struct.dataclass
@@ -139,11 +164,18 @@ def gumbel_top_k(rng: jax.Array, scores: jax.Array, k: int) -> tuple[jax.Array, 
   Gumbel-top-k trick (Vieira 2014; Kool et al. 2019, Eq. 5): perturb every score with an
   independent Gumbel(0) and keep the k largest, in decreasing order.
 
-  scores f32[..., V] (log-probabilities up to a constant; -inf = never drawn).
+  scores f32[..., V] (log-probabilities up to a constant; -inf = never drawn). They are
+  normalised (log-softmax over the finite entries) before the noise is added: with a large
+  constant (say 1e5) float32 would absorb the Gumbel noise (its spacing there is ~0.008) and
+  bias the draw towards ties broken by index.
   Returns (indices int32[..., k], perturbed values f32[..., k]); a value of -inf marks an item that
-  could not be drawn (fewer than k finite scores)."""
+  could not be drawn (fewer than k finite scores). The values are perturbed normalised scores."""
+  scores = scores.astype(jnp.float32)
+  finite = jnp.isfinite(scores)
+  lse = jax.nn.logsumexp(jnp.where(finite, scores, NEG_INF), axis=-1, keepdims=True)
+  scores = scores - jnp.where(jnp.isfinite(lse), lse, 0.0)  # a row with no finite score stays -inf
   g = jax.random.gumbel(rng, scores.shape, jnp.float32)
-  perturbed = jnp.where(jnp.isfinite(scores), scores.astype(jnp.float32) + g, NEG_INF)
+  perturbed = jnp.where(finite, scores + g, NEG_INF)
   values, idx = jax.lax.top_k(perturbed, k)
   return idx.astype(jnp.int32), values
 
@@ -277,13 +309,14 @@ def ancestor_rows(parent_rows: jax.Array, parents: jax.Array, own: jax.Array, m:
   return rows | jax.nn.one_hot(own, m, dtype=bool)
 
 
-def ancestor_matrix(tree: Tree, max_depth: int) -> jax.Array:
-  """bool[B, M, M]: anc[b, i, j] iff node j is node i or one of its ancestors."""
-  b, m = tree.parent.shape
+def ancestor_matrix(parent: jax.Array, max_depth: int) -> jax.Array:
+  """bool[B, M, M]: anc[b, i, j] iff node j is node i or one of its ancestors; parent int32[B, M]
+  (-1 at the root), max_depth static (A pointer jumps)."""
+  b, m = parent.shape
   ptr = jnp.broadcast_to(jnp.arange(m)[None], (b, m))
   anc = jax.nn.one_hot(ptr, m, dtype=bool)
   for _ in range(max_depth):
-    ptr = jnp.where(ptr >= 0, jnp.take_along_axis(tree.parent, jnp.maximum(ptr, 0), axis=1), -1)
+    ptr = jnp.where(ptr >= 0, jnp.take_along_axis(parent, jnp.maximum(ptr, 0), axis=1), -1)
     anc = anc | jax.nn.one_hot(ptr, m, dtype=bool)  # one_hot(-1) is all False
   return anc
 
@@ -299,3 +332,20 @@ def tree_mask(anc_rows: jax.Array, base: jax.Array, size: int) -> jax.Array:
   tree_part = jnp.take_along_axis(anc_rows, jnp.clip(rel, 0, m - 1)[:, None, :].repeat(
       anc_rows.shape[1], axis=1), axis=2)
   return (slots < base[:, None])[:, None, :] | (in_tree[:, None, :] & tree_part)
+
+
+def move_path(cache, lengths: jax.Array, path: jax.Array, num_accepted: jax.Array):
+  """Gather the accepted path's K/V into place after a tree round. Node path[b, d] sat at slot
+  L_b − 1 + path[b, d]; it moves to slot L_b + d for d < n_b. cache: any pytree-dataclass with
+  k, v [L, B, S, K, H] (a Llama-family KV cache); lengths int32[B] before the round;
+  path int32[B, A]. The gather reads every source before the scatter writes (functional update),
+  and path[d] ≥ d + 1 by the level layout, so no source is clobbered either way."""
+  b, depth = path.shape
+  size = cache.k.shape[2]
+  rows = jnp.arange(b)[:, None]
+  last = (lengths - 1)[:, None]
+  src = jnp.clip(last + path, 0, size - 1)
+  d = jnp.arange(depth)[None]
+  dst = jnp.where(d < num_accepted[:, None], last + 1 + d, size)        # size = dropped write
+  return cache.replace(k=cache.k.at[:, rows, dst].set(cache.k[:, rows, src], mode="drop"),
+                       v=cache.v.at[:, rows, dst].set(cache.v[:, rows, src], mode="drop"))

@@ -1,15 +1,17 @@
 """Chain acceptance rules: which draft tokens the verifier keeps, and the token it adds.
 
-Shapes: B batch rows (independent), G = γ draft tokens, V vocabulary.
-  p      f32[B, G+1, V]  verifier law at each draft position plus the bonus position, after
+Shape letters (repo legend): B batch rows (independent), A = γ draft tokens, V vocabulary.
+  p      f32[B, γ+1, V]  verifier law at each draft position plus the bonus position, after
                          temperature/top-k/top-p (`sampling.probs_from_logits`)
-  q      f32[B, G, V]    the exact law each draft token was sampled from (DESIGN §2, §6: never a
-                         one-hot stand-in, never another precision)
-  draft  int32[B, G]
-Every rule returns a `Verdict`: n accepted drafts, then one more token (the correction at the
-first rejection, or the bonus drawn from p_G when all G were accepted), so a round emits n + 1.
+  q      f32[B, γ, V]    the exact law each draft token was sampled from (DESIGN §2, §6: never a
+                         one-hot stand-in, never another precision); q may carry one more row
+                         (a chain proposal's leaf, all zeros), which is ignored
+  draft  int32[B, γ]
+Every rule returns a `protocols.Verdict`: n accepted drafts, then one more token (the correction
+at the first rejection, or the bonus drawn from p_γ when all γ were accepted), so a round emits
+n + 1; with the per-position statistics the loop records (reached, α, accept_prob).
 
-Rules are pure and jittable; G and V are static (taken from shapes) and nothing loops over B.
+Rules are pure and jittable; γ and V are static (taken from shapes) and nothing loops over B.
 All arithmetic is float32 on the laws as given.
 """
 
@@ -17,30 +19,20 @@ from __future__ import annotations
 
 import operator
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_jax.decoding.acceptance.residuals import MIN_RESIDUAL_MASS, acceptance_rate
+from spec_jax.decoding.protocols import Verdict
 from spec_jax.decoding.sampling import sample
-
-# A residual with less mass than this is rounding noise, not a law (p == q up to float error, or
-# p/q not quite normalised); a rejection that lands there falls back to p_n. The true rejection
-# probability is then below this floor too, so the fallback moves the emitted law by < 1e-6.
-_MIN_RESIDUAL_MASS = 1e-6
 
 LENIENCES = ("lin", "sq", "exp")
 
-
-@flax.struct.dataclass
-class Verdict:
-  """num_accepted int32[B] in [0, G]: accepted draft tokens (a round emits num_accepted + 1).
-  next_token int32[B]: correction token (on rejection) or bonus token (all G accepted).
-  accept_prob f32[B, G]: probability the rule accepts draft i given it reached i,
-    min(1, f(p_i(x_i)) / q_i(x_i)) (f = identity when lossless); 1/0 for greedy.
-  """
-  num_accepted: jax.Array
-  next_token: jax.Array
-  accept_prob: jax.Array
+# f(p, ε) of each lenience (DistillSpec, Zhou et al. 2024, §5.3), defined once: the rule below
+# binds ε statically, `evaluation/quality.py` traces it so an ε sweep compiles once.
+LENIENCE_FNS = {"lin": lambda p, e: p / e,               # f_lin(p, ε) = p / ε
+                "sq": lambda p, e: p / (e * e),           # f_sq(p, ε) = p / ε²
+                "exp": lambda p, e: jnp.power(p, e)}      # f_exp(p, ε) = p^ε
 
 
 def positive_int(value, field: str, meaning: str = "") -> int:
@@ -62,12 +54,6 @@ def validate_gamma(gamma, max_gamma: int | None = None, field: str = "decode.gam
   return gamma
 
 
-def acceptance_rate(p: jax.Array, q: jax.Array) -> jax.Array:
-  """f32[...]: α = Σ_x min(p(x), q(x)) for p, q f32[..., V] (Leviathan et al. 2023, Def. 3.1 and
-  Cor. 3.6: the chance that speculative sampling accepts a draft drawn from q)."""
-  return jnp.sum(jnp.minimum(p.astype(jnp.float32), q.astype(jnp.float32)), axis=-1)
-
-
 def _check_shapes(p, q, draft) -> int:
   """Static shape checks (q may be None for greedy); returns γ."""
   q_shape = None if q is None else q.shape
@@ -76,29 +62,45 @@ def _check_shapes(p, q, draft) -> int:
                      f"q{q_shape}, draft{draft.shape}.")
   gamma = validate_gamma(draft.shape[1])
   if (p.shape[:2] != (draft.shape[0], gamma + 1)
-      or (q is not None and q.shape[:2] != draft.shape)):
+      or (q is not None and q.shape[0] != draft.shape[0])
+      or (q is not None and q.shape[1] not in (gamma, gamma + 1))):
     raise ValueError(f"Shapes disagree on B or γ: p{p.shape} (want [B, γ+1, V]), "
-                     f"q{q_shape}, draft{draft.shape}.")
+                     f"q{q_shape} (want [B, γ, V] or [B, γ+1, V]), draft{draft.shape}.")
   if q is not None and p.shape[2] != q.shape[2]:
     # DESIGN §6: a drafter/verifier vocabulary mismatch must fail loudly or be mapped explicitly.
     raise ValueError(f"Verifier vocabulary {p.shape[2]} != drafter vocabulary {q.shape[2]}; map "
-                     "draft ids and q into the verifier vocabulary first.")
+                     "draft ids and q into the verifier vocabulary first (proposal.q).")
   return gamma
 
 
-def _leading_true(ok_BxG: jax.Array) -> jax.Array:
+def _leading_true(ok_BxA: jax.Array) -> jax.Array:
   """int32[B]: length of the all-True prefix of each row (n = index of the first rejection)."""
-  return jnp.sum(jnp.cumprod(ok_BxG.astype(jnp.int32), axis=1), axis=1)
+  return jnp.sum(jnp.cumprod(ok_BxA.astype(jnp.int32), axis=1), axis=1)
 
 
-def _at(x_BxGxV: jax.Array, i_BxG: jax.Array) -> jax.Array:
+def _at(x_BxAxV: jax.Array, i_BxA: jax.Array) -> jax.Array:
   """x[b, g, i[b, g]]: the probability of each row's token at each position."""
-  return jnp.take_along_axis(x_BxGxV, i_BxG[..., None], axis=-1)[..., 0]
+  return jnp.take_along_axis(x_BxAxV, i_BxA[..., None], axis=-1)[..., 0]
 
 
-def _row(x_BxGxV: jax.Array, n_B: jax.Array) -> jax.Array:
+def _row(x_BxAxV: jax.Array, n_B: jax.Array) -> jax.Array:
   """x[b, n[b]] -> f32[B, V]."""
-  return jnp.take_along_axis(x_BxGxV, n_B[:, None, None], axis=1)[:, 0]
+  return jnp.take_along_axis(x_BxAxV, n_B[:, None, None], axis=1)[:, 0]
+
+
+def _verdict(p, q, n_B, next_B, accept_prob_BxA) -> Verdict:
+  """The chain's Verdict: path 1..n, per-position reached / α (Σ min(p_i, q_i) where reached)."""
+  b, gamma = accept_prob_BxA.shape
+  pos = jnp.arange(gamma, dtype=jnp.int32)[None]
+  reached = pos <= n_B[:, None]
+  if q is None:
+    alpha = jnp.zeros((b, gamma), jnp.float32)
+  else:
+    alpha = jnp.where(reached, acceptance_rate(p[:, :gamma], q[:, :gamma]), 0.0)
+  return Verdict(num_accepted=n_B, next_token=next_B,
+                 path=jnp.where(pos < n_B[:, None], pos + 1, 0), reached=reached, alpha=alpha,
+                 num_candidates=reached.astype(jnp.int32), accept_prob=accept_prob_BxA,
+                 chain=True)
 
 
 def greedy(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array) -> Verdict:
@@ -108,14 +110,14 @@ def greedy(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array) -> Verd
   be None, so drafters without an exact law (n-gram, prompt lookup) can still be verified."""
   del rng
   gamma = _check_shapes(p, q, draft)
-  target_BxG1 = jnp.argmax(p.astype(jnp.float32), axis=-1).astype(jnp.int32)
-  match_BxG = draft.astype(jnp.int32) == target_BxG1[:, :gamma]
-  n_B = _leading_true(match_BxG)
-  next_B = jnp.take_along_axis(target_BxG1, n_B[:, None], axis=1)[:, 0]
-  return Verdict(num_accepted=n_B, next_token=next_B, accept_prob=match_BxG.astype(jnp.float32))
+  target_BxA1 = jnp.argmax(p.astype(jnp.float32), axis=-1).astype(jnp.int32)
+  match_BxA = draft.astype(jnp.int32) == target_BxA1[:, :gamma]
+  n_B = _leading_true(match_BxA)
+  next_B = jnp.take_along_axis(target_BxA1, n_B[:, None], axis=1)[:, 0]
+  return _verdict(p, q, n_B, next_B, match_BxA.astype(jnp.float32))
 
 
-def _rejection_sample_chain(p, q, draft, rng, lenience_fn) -> Verdict:
+def _rejection_sample_chain(p, q, draft, rng, f) -> Verdict:
   """Chain speculative sampling with acceptance ratio f(p)/q; f = identity is lossless.
 
   Leviathan et al. 2023, Alg. 1 (Chen et al. 2023, Alg. 2), with DistillSpec's lenience
@@ -131,33 +133,33 @@ def _rejection_sample_chain(p, q, draft, rng, lenience_fn) -> Verdict:
   """
   gamma = _check_shapes(p, q, draft)
   p = p.astype(jnp.float32)
-  q = q.astype(jnp.float32)
+  q = q[:, :gamma].astype(jnp.float32)
   draft = draft.astype(jnp.int32)
   rng_accept, rng_next = jax.random.split(rng)
 
-  p_draft_BxG = _at(p[:, :gamma], draft)
-  q_draft_BxG = _at(q, draft)
-  f_draft_BxG = lenience_fn(p_draft_BxG)
-  u_BxG = jax.random.uniform(rng_accept, draft.shape, jnp.float32)
+  p_draft_BxA = _at(p[:, :gamma], draft)
+  q_draft_BxA = _at(q, draft)
+  f_draft_BxA = f(p_draft_BxA)
+  u_BxA = jax.random.uniform(rng_accept, draft.shape, jnp.float32)
   # Multiplying instead of dividing keeps q(x) = 0 well defined: such a token was never drawn,
   # but if it shows up it is accepted iff f(p(x)) > 0. p(x) = 0 is never accepted (u·q < 0 fails).
-  accepted_BxG = u_BxG * q_draft_BxG < f_draft_BxG
-  safe_q_BxG = jnp.where(q_draft_BxG > 0, q_draft_BxG, 1.0)  # no 0/0 in the unused branch
-  accept_prob_BxG = jnp.where(q_draft_BxG > 0, jnp.minimum(1.0, f_draft_BxG / safe_q_BxG),
-                              (f_draft_BxG > 0).astype(jnp.float32))
-  n_B = _leading_true(accepted_BxG)
+  accepted_BxA = u_BxA * q_draft_BxA < f_draft_BxA
+  safe_q_BxA = jnp.where(q_draft_BxA > 0, q_draft_BxA, 1.0)  # no 0/0 in the unused branch
+  accept_prob_BxA = jnp.where(q_draft_BxA > 0, jnp.minimum(1.0, f_draft_BxA / safe_q_BxA),
+                              (f_draft_BxA > 0).astype(jnp.float32))
+  n_B = _leading_true(accepted_BxA)
 
   # Residual at the first rejection; rows with n = γ read q_{γ-1} here and ignore the result.
   p_n_BxV = _row(p, n_B)
   q_n_BxV = _row(q, jnp.minimum(n_B, gamma - 1))
-  residual_BxV = jnp.maximum(0.0, p_n_BxV - jnp.minimum(q_n_BxV, lenience_fn(p_n_BxV)))
+  residual_BxV = jnp.maximum(0.0, p_n_BxV - jnp.minimum(q_n_BxV, f(p_n_BxV)))
   mass_B = jnp.sum(residual_BxV, axis=-1, keepdims=True)
   # Degenerate residual (p ≈ q but float still rejected): draw from p_n rather than from zeros.
-  residual_BxV = jnp.where(mass_B > _MIN_RESIDUAL_MASS, residual_BxV / mass_B, p_n_BxV)
+  residual_BxV = jnp.where(mass_B > MIN_RESIDUAL_MASS, residual_BxV / mass_B, p_n_BxV)
   # n = γ: the bonus law p_γ is p_n itself.
   law_BxV = jnp.where((n_B == gamma)[:, None], p_n_BxV, residual_BxV)
   next_B = sample(rng_next, law_BxV)
-  return Verdict(num_accepted=n_B, next_token=next_B, accept_prob=accept_prob_BxG)
+  return _verdict(p, q, n_B, next_B, accept_prob_BxA)
 
 
 def speculative_sampling(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array
@@ -171,9 +173,10 @@ def speculative_sampling(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.
   return _rejection_sample_chain(p, q, draft, rng, lambda p_: p_)
 
 
-def _lenience_fn(lenience: str, epsilon: float):
-  """f(p) for DistillSpec's lenience functions. ε = 1 returns the identity, so the lossless rule
-  is reproduced with the very same float ops (XLA's CPU pow(p, 1.0) happens to be exact too, but
+def lenience_fn(lenience: str, epsilon: float):
+  """f(p) for DistillSpec's lenience functions with a static ε, validated (ValueError naming
+  decode.lenience / decode.epsilon). ε = 1 returns the identity, so the lossless rule is
+  reproduced with the very same float ops (XLA's CPU pow(p, 1.0) happens to be exact too, but
   nothing promises that on every backend)."""
   if lenience not in LENIENCES:
     raise ValueError(f"decode.lenience must be one of {LENIENCES}, got {lenience!r}.")
@@ -182,11 +185,7 @@ def _lenience_fn(lenience: str, epsilon: float):
     raise ValueError(f"decode.epsilon must be in (0, 1] (1 = lossless), got {epsilon}.")
   if epsilon == 1.0:
     return lambda p_: p_
-  if lenience == "lin":
-    return lambda p_: p_ / epsilon                      # f_lin(p, ε) = p / ε
-  if lenience == "sq":
-    return lambda p_: p_ / (epsilon * epsilon)         # f_sq(p, ε) = p / ε²
-  return lambda p_: jnp.power(p_, epsilon)              # f_exp(p, ε) = p^ε
+  return lambda p_: LENIENCE_FNS[lenience](p_, epsilon)
 
 
 def lenient(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array, *, lenience: str,
@@ -210,8 +209,4 @@ def lenient(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array, *, len
   lenience and epsilon are static (Python values); bad ones raise ValueError naming
   decode.lenience / decode.epsilon.
   """
-  return _rejection_sample_chain(p, q, draft, rng, _lenience_fn(lenience, epsilon))
-
-
-# A dumb registry: configs name a rule by string; `lenient` takes lenience/epsilon as keywords.
-RULES = {"greedy": greedy, "speculative": speculative_sampling, "lenient": lenient}
+  return _rejection_sample_chain(p, q, draft, rng, lenience_fn(lenience, epsilon))

@@ -1,0 +1,140 @@
+"""A small language model as drafter: chains and trees, with one catch-up window.
+
+Shape letters (repo legend): B batch, P padded prompt length, M proposal nodes, A draft depth,
+W level width, V vocabulary, S cache slots.
+
+The drafter's state is its own KV cache (slot = absolute position for committed tokens). At the
+start of a round, with L = lengths[b] committed tokens, the cache holds correct K/V for at least
+tokens[0 .. L-3]. `propose` then
+  1. feeds the catch-up window [tokens[L-2], tokens[L-1]]: re-writing L-2 is harmless (same
+     token, same prefix, same K/V) and needed after a round that accepted every draft, whose last
+     draft was never fed; L-1 is the previous round's correction/bonus token. Its logits give
+     the law of the depth-1 drafts;
+  2. a chain draws x_1..x_γ one drafter call each (the last draft is never fed: the verifier
+     decides what follows it); a tree grows level by level, one call per level, each level
+     attending to the committed prefix and its own ancestors (`trees.tree_mask`), node j at slot
+     L − 1 + j, position L − 1 + depth_j.
+`commit` moves a tree's accepted path into slots L .. L + n − 1 (`trees.move_path`); a chain's
+accepted drafts already sit there. Stale K/V of rejected nodes stay hidden by the masks until
+overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.drafters import trees
+from spec_jax.decoding.protocols import Proposal, chain_proposal
+from spec_jax.models import llama
+
+
+@dataclasses.dataclass(frozen=True)
+class LMDrafter:
+  """Any Llama-family model (trained from scratch, distilled, or a verifier's early layers) as a
+  drafter of `shape` (a chain by default). Implements `protocols.Drafter`."""
+  cfg: llama.LlamaConfig
+  shape: trees.TreeSpec = trees.chain(4)
+  verifier_layers: tuple[int, ...] = ()
+
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden) -> llama.KVCache:
+    del prompt_lengths, v_hidden  # the prefill covers the padded prompt; the mask hides padding
+    b, p = prompt_tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    _, _, cache = llama.make_apply(self.cfg)(params, prompt_tokens, positions,
+                                             llama.init_cache(self.cfg, b, size))
+    return cache
+
+  def _catch_up(self, params, cache, tokens, lengths):
+    """Feed [tokens[L-2], tokens[L-1]] → (logits f32[B, V] at L-1, root int32[B], cache). With a
+    one-token prompt (L = 1) there is no L-2: that write is parked at slot S, which drops it and
+    hides it from every query (llama.split_mask)."""
+    last = lengths - 1
+    prev = jnp.maximum(last - 1, 0)
+    root = jnp.take_along_axis(tokens, last[:, None], 1)[:, 0]
+    window = jnp.stack([jnp.take_along_axis(tokens, prev[:, None], 1)[:, 0], root], axis=1)
+    slots = jnp.stack([jnp.where(last >= 1, prev, cache.size), last], axis=1)
+    logits, _, cache = llama.make_apply(self.cfg)(params, window, jnp.stack([prev, last], axis=1),
+                                                  cache, None, slots)
+    return logits[:, -1], root, cache
+
+  def propose(self, params, cache, tokens, lengths, rng, sampling: sampling_lib.Sampling):
+    logits, root, cache = self._catch_up(params, cache, tokens, lengths)
+    if self.shape.is_chain:
+      return self._chain(params, cache, logits, root, lengths, rng, sampling)
+    return self._tree(params, cache, logits, root, lengths, rng, sampling)
+
+  def _chain(self, params, cache, logits, root, lengths, rng, sampling):
+    """x_1..x_γ, one drafter call each; q[:, i] is the exact law x_{i+1} was drawn from."""
+    apply = llama.make_apply(self.cfg)
+    gamma = self.shape.depth
+    b = root.shape[0]
+    last = lengths - 1
+
+    def draw(i, logits):
+      probs = sampling_lib.probs_from_logits(logits, sampling)
+      if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+      return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
+
+    def step(i, carry):
+      logits, cache, draft, q = carry
+      x, probs = draw(i, logits)
+      next_logits, _, cache = apply(params, x[:, None], (last + 1 + i)[:, None], cache)
+      return next_logits[:, 0], cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
+
+    # q has the leaf's zero row from the start (the proposal's layout), so nothing is copied.
+    init = (logits, cache, jnp.zeros((b, gamma), jnp.int32),
+            jnp.zeros((b, gamma + 1, self.vocab_size), jnp.float32))
+    # Steps 0..γ-2 feed their token; the last draft is never fed (the verifier decides what
+    # follows it, and the next round's catch-up window covers it).
+    logits, cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
+    x, probs = draw(gamma - 1, logits)
+    return chain_proposal(root, draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs)), cache
+
+  def _tree(self, params, cache, logits, root, lengths, rng, sampling):
+    """Grow the tree level by level with tree attention: one drafter call per level but the
+    deepest. q[b, j] is the exact law node j's children were drawn from (zeros at the deepest
+    level, which has no children)."""
+    apply = llama.make_apply(self.cfg)
+    spec = self.shape
+    b = root.shape[0]
+    size = cache.size
+    m = spec.num_nodes
+    last = lengths - 1
+    logits = logits[:, None]                                              # [B, 1, V]
+    offsets = spec.level_offsets
+    levels = [trees.root_level(root)]
+    anc = [jax.nn.one_hot(jnp.zeros((b, 1), jnp.int32), m, dtype=bool)]  # ancestor rows per level
+    q_levels = []
+    for d in range(1, spec.depth + 1):
+      q = sampling_lib.probs_from_logits(logits, sampling)                # law at level d-1 nodes
+      q_levels.append(q)
+      level = trees.expand(spec, d, jax.random.fold_in(rng, d), logits, q, levels[-1],
+                           offsets[d - 1], sampling)
+      own = offsets[d] + jnp.arange(spec.level_widths[d - 1], dtype=jnp.int32)
+      anc.append(trees.ancestor_rows(anc[-1], level.parent - offsets[d - 1],
+                                     jnp.broadcast_to(own[None], level.parent.shape), m))
+      levels.append(level)
+      if d < spec.depth:  # feed level d to get its children's law (the deepest level is not fed)
+        positions = jnp.broadcast_to((last + d)[:, None], level.tokens.shape)
+        logits, _, cache = apply(params, level.tokens, positions, cache,
+                                 trees.tree_mask(anc[-1], last, size), last[:, None] + own[None])
+    q_levels.append(jnp.zeros((b, spec.level_widths[-1], self.vocab_size), jnp.float32))
+    tree = trees.assemble(spec, levels)
+    return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
+                    q=jnp.concatenate(q_levels, axis=1), chain=False, scheme=spec.scheme,
+                    max_depth=spec.depth, max_candidates=spec.max_candidates), cache
+
+  def commit(self, params, cache, proposal: Proposal, verdict, lengths, v_hidden):
+    del params, proposal, v_hidden
+    if verdict.chain:  # the accepted drafts are in place already
+      return cache
+    return trees.move_path(cache, lengths, verdict.path, verdict.num_accepted)

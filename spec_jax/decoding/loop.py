@@ -1,0 +1,275 @@
+"""The speculative loop: one jitted `lax.while_loop` per generate call, for every drafter and
+rule (chains, lenience, RSD-C, RSD-S, SpecInfer, SpecTr, drafters fed by the verifier).
+
+Shape letters (repo legend): B batch, P padded prompt length, O max new tokens, M proposal nodes,
+A deepest draft level, V vocabulary, S = P + O + M − 1 cache slots.
+
+One round (DESIGN.md §2):
+  proposal, d_state = drafter.propose(d_params, d_state, tokens, lengths, rng, sampling)
+  logits, hidden, v_cache = verifier.score(v_params, v_cache, proposal, lengths)
+  verdict = rule(probs_from_logits(logits, sampling), proposal, rng)
+  v_cache = verifier.commit(v_cache, lengths, verdict)
+  d_state = drafter.commit(d_params, d_state, proposal, verdict, lengths, hidden)
+  advance: each live row emits the accepted path and the next token, cut exactly where
+           autoregressive decoding would stop (after a stop token or at O new tokens)
+Invariant at the start of a round, per row with L = lengths[b] committed tokens: the verifier
+cache holds correct K/V for tokens[0 .. L-2]; tokens[L-1] (the last committed token: the
+previous round's correction or bonus) is the proposal's root, scored with the drafts. The
+drafter's state is its own business. The proposal of the last round overhangs the output by up
+to M − 1 slots, so caches hold S = P + O + M − 1 slots; nothing is ever cropped and one compiled
+program serves every call with the same (B, P, O, drafter, verifier, rule, sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_jax.decoding import acceptance
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.protocols import Proposal, Verdict
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Static knobs of verification. The draft shape (chain γ or tree) belongs to the drafter
+  (`drafter.shape`), since a drafter such as a bank of heads fixes it.
+
+  rule: "auto" (greedy at temperature 0, else the lossless rule of the drafter's sampling
+    scheme), or a name in `acceptance.RULES`.
+  lenience, epsilon: the lossy lenient rule's f and ε (DistillSpec §5.3); ε = 1 is lossless.
+  allow_inexact: run a rule that does not fit the proposal's sampling scheme (to measure the
+    loss in tests and experiments); off, such a rule is refused before anything compiles.
+  """
+  rule: str = "auto"
+  lenience: str = "lin"
+  epsilon: float = 1.0
+  allow_inexact: bool = False
+
+  def __post_init__(self):
+    if self.rule not in ("auto", *acceptance.RULES):
+      raise ValueError(f"decode.rule={self.rule!r} is not a rule; choose one of "
+                       f"{['auto', *acceptance.RULES]}.")
+    if self.rule == "lenient":
+      acceptance.chain.lenience_fn(self.lenience, self.epsilon)
+
+  def resolve(self, shape, sampling: sampling_lib.Sampling):
+    """(rule name, rule function) for proposals of `shape` under `sampling`."""
+    return acceptance.resolve(self.rule, shape, sampling, lenience=self.lenience,
+                              epsilon=self.epsilon, allow_inexact=self.allow_inexact)
+
+
+@flax.struct.dataclass
+class Stats:
+  """Per-row counters, written once per round (only rows still generating count)."""
+  verifier_calls: jax.Array     # int32[B]: verification rounds
+  accepted: jax.Array           # int32[B]: accepted draft tokens
+  reached: jax.Array            # int32[B, A]: rounds in which depth i + 1 was examined
+  accepted_at: jax.Array        # int32[B, A]: rounds in which a depth-(i + 1) draft was accepted
+  alpha_sum: jax.Array          # f32[B]: Σ over examined depths of Σ_x min(p, q)
+  candidates: jax.Array         # int32[B]: draft candidates examined
+
+
+@flax.struct.dataclass
+class LoopState:
+  tokens: jax.Array             # int32[B, P + O]: prompt then generated tokens
+  lengths: jax.Array            # int32[B]: committed tokens per row
+  num_new: jax.Array            # int32[B]
+  done: jax.Array               # bool[B]
+  v_cache: object               # the verifier's cache
+  d_state: object               # the drafter's state (opaque)
+  rng: jax.Array
+  round: jax.Array              # int32[]
+  stats: Stats
+
+
+@flax.struct.dataclass
+class DecodeOutput:
+  tokens: jax.Array             # int32[B, P + O] (stale beyond lengths[b])
+  lengths: jax.Array            # int32[B]
+  prompt_lengths: jax.Array     # int32[B]
+  num_new: jax.Array            # int32[B]
+  rounds: jax.Array             # int32[]: loop iterations (the slowest row's verifier calls)
+  stats: Stats
+
+  def new_tokens(self) -> list[list[int]]:
+    toks, lens, plens = jax.device_get((self.tokens, self.lengths, self.prompt_lengths))
+    return [toks[b, plens[b]:lens[b]].tolist() for b in range(toks.shape[0])]
+
+
+def emit(state: LoopState, emitted, n_emit, stop_ids, max_new_tokens):
+  """Write up to n_emit[b] tokens of emitted[B, A+1] per live row, stopping exactly where
+  autoregressive decoding would: after a stop token, or at max_new_tokens.
+  Returns (tokens, lengths, num_new, done)."""
+  b, width = emitted.shape
+  live = ~state.done
+  idx = jnp.arange(width)[None, :]
+  valid = idx < n_emit[:, None]
+  if stop_ids:
+    is_stop = jnp.isin(emitted, jnp.asarray(stop_ids, jnp.int32)) & valid
+    first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1), width)
+    n_emit = jnp.minimum(n_emit, first_stop + 1)
+  else:
+    first_stop = jnp.full((b,), width)
+  n_emit = jnp.minimum(n_emit, max_new_tokens - state.num_new)
+  n_emit = jnp.where(live, n_emit, 0)
+  write = idx < n_emit[:, None]
+  cols = jnp.where(write, state.lengths[:, None] + idx, state.tokens.shape[1])
+  tokens = state.tokens.at[jnp.arange(b)[:, None], cols].set(emitted, mode="drop")
+  num_new = state.num_new + n_emit
+  stopped = live & (first_stop < n_emit)
+  done = state.done | stopped | (num_new >= max_new_tokens)
+  return tokens, state.lengths + n_emit, num_new, done
+
+
+def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule: str) -> None:
+  """Trace-time (static) checks: a proposal the rule cannot read is an error naming the field,
+  raised while tracing, before XLA compiles anything."""
+  m = shape.num_nodes
+  for name in ("tokens", "parent", "depth", "valid"):
+    got = getattr(proposal, name).shape
+    if got != (batch, m):
+      raise ValueError(f"proposal.{name} has shape {got}, but the drafter's shape "
+                       f"({shape.describe()}) has M={m} nodes: want [B, M] = {(batch, m)}.")
+  if proposal.chain != shape.is_chain:
+    raise ValueError(f"proposal.chain={proposal.chain} but drafter.shape is {shape.describe()}.")
+  if proposal.q is None:
+    if rule != "greedy":
+      raise ValueError(f"proposal.q is None (the drafter gives no exact law), so only greedy "
+                       f"decoding can verify it, not decode.rule={rule!r} (DESIGN §6).")
+    return
+  if proposal.q.shape != (batch, m, vocab_size):
+    raise ValueError(f"proposal.q has shape {proposal.q.shape}; it must be the exact law at "
+                     f"every node, [B, M, V] = {(batch, m, vocab_size)} (V = the verifier's "
+                     "vocabulary: map draft ids and laws into it first).")
+
+
+def check_layers(layers, num_layers: int, field: str) -> tuple[int, ...]:
+  """Residual depths as a tuple; ValueError naming `field` for a depth the verifier lacks."""
+  layers = tuple(int(x) for x in layers)
+  for layer in layers:
+    if not (layer == -1 or 0 <= layer <= num_layers):
+      raise ValueError(
+          f"{field} asks for the verifier's residual stream at layer {layer}, but the verifier "
+          f"has {num_layers} layers: use 0..{num_layers} (l = the input of block l, "
+          f"{num_layers} = the final pre-norm residual) or -1 (the same final residual).")
+  return layers
+
+
+STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids")
+
+
+def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifier, drafter,
+              decode: DecodeConfig, sampling, max_new_tokens, stop_ids) -> DecodeOutput:
+  shape = drafter.shape
+  rule_name, rule = decode.resolve(shape, sampling)
+  b, p = prompt_tokens.shape
+  depth = shape.depth
+  size = p + max_new_tokens + shape.num_nodes - 1
+  v_cache, v_hidden = verifier.init(v_params, prompt_tokens, size)
+  want = drafter.verifier_layers
+  d_state = drafter.init(d_params, prompt_tokens, prompt_lengths, size,
+                         {layer: v_hidden[layer] for layer in want})
+  zeros = jnp.zeros((b,), jnp.int32)
+  per_depth = jnp.zeros((b, depth), jnp.int32)
+  state = LoopState(
+      tokens=jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), lengths=prompt_lengths,
+      num_new=zeros, done=jnp.zeros((b,), bool), v_cache=v_cache, d_state=d_state, rng=rng,
+      round=jnp.int32(0),
+      stats=Stats(zeros, zeros, per_depth, per_depth, jnp.zeros((b,), jnp.float32), zeros))
+
+  def body(s: LoopState) -> LoopState:
+    draft_key, accept_key = jax.random.split(jax.random.fold_in(s.rng, s.round))
+    proposal, d_state = drafter.propose(d_params, s.d_state, s.tokens, s.lengths, draft_key,
+                                        sampling)
+    _check_proposal(proposal, shape, verifier.vocab_size, b, rule_name)
+    logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
+    verdict: Verdict = rule(sampling_lib.probs_from_logits(logits, sampling), proposal,
+                            accept_key)
+    v_cache = verifier.commit(v_cache, s.lengths, verdict)
+    d_state = drafter.commit(d_params, d_state, proposal, verdict, s.lengths,
+                             {layer: hidden[layer] for layer in want})
+    # Emit the accepted path's tokens, then the correction/bonus token at index n.
+    n = verdict.num_accepted
+    path_tokens = jnp.take_along_axis(proposal.tokens, verdict.path, axis=1)     # [B, A]
+    emitted = jnp.concatenate([path_tokens, jnp.zeros((b, 1), jnp.int32)], axis=1)
+    emitted = emitted.at[jnp.arange(b), n].set(verdict.next_token)
+    tokens, lengths, num_new, done = emit(s, emitted, n + 1, stop_ids, max_new_tokens)
+    live = (~s.done).astype(jnp.int32)
+    reached = verdict.reached.astype(jnp.int32) * live[:, None]
+    st = s.stats
+    stats = Stats(
+        verifier_calls=st.verifier_calls + live, accepted=st.accepted + n * live,
+        reached=st.reached + reached,
+        accepted_at=st.accepted_at + verdict.accepted.astype(jnp.int32) * live[:, None],
+        alpha_sum=st.alpha_sum + jnp.sum(verdict.alpha * reached, axis=1),
+        candidates=st.candidates + jnp.sum(verdict.num_candidates, axis=1) * live)
+    return LoopState(tokens, lengths, num_new, done, v_cache, d_state, s.rng, s.round + 1, stats)
+
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return DecodeOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.round,
+                      state.stats)
+
+
+_generate_jit = jax.jit(_generate, static_argnames=STATIC)
+
+
+def check_pair(verifier, drafter) -> None:
+  """Static checks of a drafter against a verifier, before anything is traced."""
+  if verifier.vocab_size != drafter.vocab_size:
+    raise ValueError(
+        f"Drafter vocab_size={drafter.vocab_size} differs from the verifier's "
+        f"{verifier.vocab_size}: speculative decoding compares their laws token by token. "
+        "Train the drafter with the verifier's tokenizer (config.tokenizer).")
+  missing = [layer for layer in drafter.verifier_layers if layer not in verifier.hidden_layers]
+  if missing:
+    check_layers(missing, getattr(verifier, "num_layers", 10**9), "drafter.verifier_layers")
+    raise ValueError(
+        f"drafter.verifier_layers={tuple(drafter.verifier_layers)} but the verifier returns "
+        f"hidden states at {verifier.hidden_layers}: build it with "
+        "verifier.lm_verifier(cfg, hidden_layers=drafter.verifier_layers).")
+
+
+def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.Prompts,
+                         rng: jax.Array, *, verifier, drafter,
+                         decode: DecodeConfig = DecodeConfig(),
+                         sampling: sampling_lib.Sampling, max_new_tokens: int,
+                         stop_ids: Sequence[int] = (),
+                         max_cache_len: int | None = None) -> DecodeOutput:
+  """Generate up to `max_new_tokens` per row with `drafter` proposing and `verifier` checking
+  (exactly, or leniently if decode.rule = 'lenient'). Same stopping rule and output layout as
+  `generate.generate`; greedy output equals it token for token.
+
+  verifier: a `protocols.Verifier` (e.g. `verifier.lm_verifier(cfg, drafter.verifier_layers)`);
+  drafter: a `protocols.Drafter` (e.g. `drafters.lm.LMDrafter(cfg, trees.chain(4))`).
+  The caches hold P + max_new_tokens + M − 1 slots; `max_cache_len` (e.g. the verifier's
+  context) bounds that. Bad input raises ValueError naming the field, before anything compiles.
+  """
+  check_pair(verifier, drafter)
+  max_new_tokens = acceptance.positive_int(max_new_tokens, "max_new_tokens")
+  shape = drafter.shape
+  if max_cache_len is not None:
+    room = max_cache_len - prompts.tokens.shape[1] - max_new_tokens
+    overhang = shape.num_nodes - 1
+    if overhang > room:
+      if shape.is_chain:
+        raise ValueError(f"decode.gamma = {shape.depth} exceeds the maximum {room} allowed here: "
+                         f"the cache (max_cache_len={max_cache_len}) holds "
+                         f"{prompts.tokens.shape[1]} prompt and {max_new_tokens} new tokens plus "
+                         "γ draft slots. Lower decode.gamma or the new tokens.")
+      raise ValueError(
+          f"The draft tree ({shape.describe()}) has {shape.num_nodes} nodes but only {room} cache "
+          f"slots are left after {prompts.tokens.shape[1]} prompt and {max_new_tokens} new tokens "
+          f"(max_cache_len={max_cache_len}): use a smaller tree or fewer new tokens.")
+  decode.resolve(shape, sampling)  # fail fast on rule/shape/sampling mismatches, outside jit
+  return _generate_jit(
+      verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, verifier=verifier,
+      drafter=drafter, decode=decode, sampling=sampling, max_new_tokens=max_new_tokens,
+      stop_ids=tuple(int(i) for i in stop_ids))
+

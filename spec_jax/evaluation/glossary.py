@@ -1,0 +1,90 @@
+"""The metrics glossary (DESIGN.md §3): one definition per results.json key, printed with reports.
+
+Every report prints the glossary entries of the columns it shows, because a bare "acceptance
+length" is ambiguous (vLLM#13990, EAGLE#153). Table headers carry the paper symbol beside the
+glossary name (`column_label`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+# One-line definitions, DESIGN.md §3 wording. The order is the order the glossary is printed in.
+GLOSSARY: dict[str, str] = {
+    "method": "decoding method: autoregressive (one verifier call per token), sd (chain "
+              "speculative decoding with a draft model), rsd_c, specinfer, ...",
+    "gamma": "γ, draft length: draft tokens proposed per verifier call (tree depth for tree "
+             "methods); none for autoregressive",
+    "temperature": "sampling temperature applied to both drafter and verifier; 0 is greedy",
+    "top_k": "top-k truncation of the sampling distribution (0 = off)",
+    "top_p": "nucleus (top-p) truncation of the sampling distribution (1 = off)",
+    "batch_size": "prompts decoded together; rows keep their own lengths (ragged acceptance)",
+    "num_prompts": "prompts in the evaluation set",
+    "new_tokens": "total tokens emitted over all prompts",
+    "block_efficiency": "τ, block efficiency: tokens emitted per verifier call, bonus/correction "
+                        "token included (chain SD with i.i.d. acceptance: "
+                        "τ = (1-α^{γ+1})/(1-α))",
+    "tau_se": "standard error of τ over prompts (each prompt's own tokens / verifier calls)",
+    "mean_accepted_tokens": "mean accepted tokens: accepted draft tokens per verifier call, τ - 1",
+    "acceptance_rate": "α, acceptance rate: mean over draft positions of Σ_x min(p(x), q(x)), "
+                       "p the verifier's and q the drafter's distribution",
+    "empirical_acceptance": "empirical accept fraction: accepted draft tokens / proposed draft "
+                            "tokens",
+    "per_position_acceptance": "per-position (conditional) acceptance: P(draft i accepted | "
+                               "drafts 1..i-1 accepted), i = 1..γ",
+    "candidates_per_call": "draft candidates the acceptance rule examined per verifier call (a "
+                           "chain stops at its first rejection; a tree rule may test several "
+                           "siblings at one depth)",
+    "verifier_calls": "verifier forward calls, prefill excluded",
+    "drafter_calls": "drafter forward calls (one per draft step), prefill excluded",
+    "tokens_per_s": "wall-clock tokens emitted per second, whole batch, compilation excluded",
+    "speedup": "speedup: wall-clock tokens/s of the method over autoregressive decoding of the "
+               "same verifier, measured in the same process",
+    "cost_ratio_c": "c: drafter step time / verifier one-token step time (autoregressive "
+                    "decoding at the same batch size), measured",
+    "verifier_cost_ratio_r": "r(M): time of one verifier forward over the M tokens of a call "
+                             "(verifier_tokens_per_call) / its time over 1 token, same batch and "
+                             "cache size, measured (near 1 on a GPU for small M, above it on a "
+                             "CPU)",
+    "theoretical_speedup": "theoretical speedup τ/(r(M) + d·c), with τ, r(M) "
+                           "(verifier_cost_ratio_r) and c (cost_ratio_c) measured and d = "
+                           "drafter_calls_per_round",
+    "speedup_vs_theory": "measured speedup / theoretical speedup",
+    "verifier_tokens_per_call": "cost at fixed budget: tokens fed to the verifier per call "
+                                "(chain γ+1, tree node count)",
+    "drafter_calls_per_round": "d: drafter forward calls per verification round (chain γ, tree "
+                               "depth L: one call per level)",
+    "tree": "draft tree shape: rsd_c b=branching per depth, rsd_s W=beam width, specinfer/spectr "
+            "K=i.i.d. chains; L = depth",
+    "identical_to_greedy": "exactness check: greedy speculative output equals the verifier's "
+                           "greedy output token for token (none when sampling)",
+    "lenience": "lossy lenience function (f_lin = p/ε, f_sq = p/ε², f_exp = p^ε); none is "
+                "lossless",
+    "epsilon": "ε, the lenience parameter",
+    "verifier_loglik": "quality: mean log-likelihood per generated token under the raw verifier "
+                       "(temperature 1, no truncation), teacher-forced on the generated text",
+    "token_tv": "quality cost of lossy decoding: mean over generated positions of ½‖π - p‖₁, "
+                "π the one-step law of the lenient rule, p the verifier's (0 when lossless)",
+    "dataset": "prompt set",
+    "drafter": "draft model",
+    "seed": "random seed of the sampling rng",
+    "device": "accelerator the timings were taken on",
+}
+
+# The symbols the papers use, shown beside the glossary name in table headers.
+SYMBOLS: dict[str, str] = {
+    "gamma": "γ", "temperature": "T", "block_efficiency": "τ", "mean_accepted_tokens": "τ-1",
+    "acceptance_rate": "α", "cost_ratio_c": "c", "verifier_cost_ratio_r": "r(M)",
+    "drafter_calls_per_round": "d", "epsilon": "ε"}
+
+
+def column_label(key: str) -> str:
+  """Header text: the glossary name, with its symbol where the papers use one."""
+  return f"{key} ({SYMBOLS[key]})" if key in SYMBOLS else key
+
+
+def markdown_lines(keys: Iterable[str]) -> list[str]:
+  """'- **key**: definition' for each glossary key in `keys`, in glossary order (unknown keys,
+  e.g. a program's own diagnostics, are skipped)."""
+  wanted = set(keys)
+  return [f"- **{key}**: {text}" for key, text in GLOSSARY.items() if key in wanted]

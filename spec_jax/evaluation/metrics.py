@@ -1,0 +1,130 @@
+"""τ, α, per-position acceptance and the theoretical speedup, from the speculative loop's output.
+
+Definitions are the glossary's (DESIGN.md §3, spec_jax.evaluation.glossary); this is the one
+place that computes them, for the evaluate and distill programs and the experiments.
+
+Input: outputs of the speculative loop, one per prompt batch. Each has `num_new` int[B] (tokens
+emitted per row, cut at EOS and at max_new_tokens), `new_tokens()` (the token lists) and `.stats`
+with per-row counters:
+  verifier_calls int[B]   verification rounds (prefill excluded)
+  accepted int[B]         accepted draft tokens
+  reached int[B, A]       rounds in which draft depth i was examined (A = γ, or the tree depth)
+  accepted_at int[B, A]   rounds in which the draft at depth i was accepted
+  alpha_sum f32[B]        Σ over examined positions of Σ_x min(p(x), q(x))
+  candidates int[B]       (optional) draft candidates the rule examined
+A batch padded to a fixed size (the last prompt repeated) passes its count of real rows in
+`reals`; padded rows never count. Every ratio is a ratio of sums over all real rows (tokens over
+calls), not a mean of per-row ratios, so a prompt counts by how long it decoded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from spec_jax.evaluation import theory
+
+
+def _reals(outputs: Sequence[Any], reals: Sequence[int] | None) -> list[int]:
+  sizes = [int(np.shape(o.num_new)[0]) for o in outputs]
+  if reals is None:
+    return sizes
+  reals = [int(r) for r in reals]
+  if len(reals) != len(outputs):
+    raise ValueError(f"reals has {len(reals)} entries for {len(outputs)} outputs: give one real "
+                     "row count per batch.")
+  for i, (real, size) in enumerate(zip(reals, sizes)):
+    if not 0 < real <= size:
+      raise ValueError(f"reals[{i}]={real} must be in [1, {size}] (the batch's rows).")
+  return reals
+
+
+def _stacked(outputs, reals, get) -> np.ndarray:
+  """get(output) over the real rows of every batch, concatenated along the batch axis."""
+  return np.concatenate([np.asarray(jax.device_get(get(o)))[:r] for o, r in zip(outputs, reals)])
+
+
+def _ratio(num: float, den: float) -> float | None:
+  # None, not 0: a metric with nothing to average over (no draft examined) is undefined.
+  return float(num) / float(den) if den else None
+
+
+def token_lists(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> list[list[int]]:
+  """The emitted tokens of every real row, batches in order (padded rows dropped)."""
+  reals = _reals(outputs, reals)
+  return [tokens for o, r in zip(outputs, reals) for tokens in o.new_tokens()[:r]]
+
+
+def emitted_tokens(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> int:
+  """Σ num_new over the real rows: tokens actually emitted (EOS cut included)."""
+  reals = _reals(outputs, reals)
+  return int(_stacked(outputs, reals, lambda o: o.num_new).sum())
+
+
+def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dict[str, Any]:
+  """Speculative decoding metrics over the real rows of `outputs` (see the module docstring).
+
+  Returns a dict with glossary keys:
+    num_prompts             real rows counted
+    new_tokens              Σ num_new
+    verifier_calls          Σ stats.verifier_calls
+    block_efficiency        τ = new_tokens / verifier_calls
+    tau_se                  standard error of the per-row τ (0 for one row)
+    mean_accepted_tokens    τ − 1
+    acceptance_rate         α = Σ alpha_sum / Σ reached
+    empirical_acceptance    Σ accepted_at / Σ reached
+    per_position_acceptance [accepted_at_i / reached_i for each depth i] (None if never reached)
+    candidates_per_call     Σ candidates / verifier_calls (None when stats have no candidates)
+  Ratios without a denominator (no call, no examined draft) are None. Nothing is rounded.
+  """
+  reals = _reals(outputs, reals)
+  num_new = _stacked(outputs, reals, lambda o: o.num_new).astype(np.int64)
+  calls = _stacked(outputs, reals, lambda o: o.stats.verifier_calls).astype(np.int64)
+  reached = _stacked(outputs, reals, lambda o: o.stats.reached).astype(np.int64)  # [R, A]
+  accepted_at = _stacked(outputs, reals, lambda o: o.stats.accepted_at).astype(np.int64)
+  alpha_sum = _stacked(outputs, reals, lambda o: o.stats.alpha_sum).astype(np.float64)
+  tau = _ratio(num_new.sum(), calls.sum())
+  per_row = num_new / np.maximum(calls, 1)
+  tau_se = float(np.std(per_row, ddof=1) / math.sqrt(len(per_row))) if len(per_row) > 1 else 0.0
+  candidates = None
+  if all(getattr(o.stats, "candidates", None) is not None for o in outputs):
+    candidates = _ratio(_stacked(outputs, reals, lambda o: o.stats.candidates).sum(),
+                        calls.sum())
+  return dict(
+      num_prompts=len(num_new), new_tokens=int(num_new.sum()), verifier_calls=int(calls.sum()),
+      block_efficiency=tau, tau_se=tau_se,
+      mean_accepted_tokens=None if tau is None else tau - 1.0,
+      acceptance_rate=_ratio(alpha_sum.sum(), reached.sum()),
+      empirical_acceptance=_ratio(accepted_at.sum(), reached.sum()),
+      per_position_acceptance=[_ratio(a, r) for a, r in zip(accepted_at.sum(0),
+                                                             reached.sum(0))],
+      candidates_per_call=candidates)
+
+
+def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int) -> float:
+  """Speedup over autoregressive decoding that τ predicts: τ / (r(M) + d·c)   (DESIGN.md §3).
+
+  One round costs one verifier call over M tokens (r(M) = its time / a one-token call's, measured)
+  plus d drafter calls (c each, in one-token verifier calls) and emits τ tokens; autoregressive
+  decoding emits 1 token per one-token call. With r = 1 and d = γ this is Leviathan et al.'s
+  Thm 3.8 denominator γc + 1.
+  """
+  if tau < 0 or r_m <= 0 or c < 0 or drafter_calls < 0:
+    raise ValueError(f"theoretical_speedup needs τ ≥ 0, r(M) > 0, c ≥ 0, d ≥ 0; got τ={tau}, "
+                     f"r_m={r_m}, c={c}, drafter_calls={drafter_calls}.")
+  return float(tau) / (float(r_m) + drafter_calls * float(c))
+
+
+def chain_block_efficiency(alpha: float, gamma: int) -> float:
+  """Closed-form τ of chain SD with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
+  return float(theory.expected_block_efficiency(alpha, int(gamma)))
+
+
+def chain_speedup(alpha: float, gamma: int, *, c: float, r_m: float = 1.0) -> float:
+  """Closed-form chain prediction from α alone: τ(α, γ) / (r(M) + γc), M = γ + 1. The gap to
+  `theoretical_speedup(τ measured, ...)` is how far acceptance is from i.i.d."""
+  return theoretical_speedup(chain_block_efficiency(alpha, gamma), r_m=r_m, c=c,
+                             drafter_calls=int(gamma))

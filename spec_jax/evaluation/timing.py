@@ -1,0 +1,141 @@
+"""Wall-clock measurement: compile first, then time; several methods take turns.
+
+Every timed call blocks until its outputs are ready, so asynchronous dispatch never hides work,
+and compilation is never timed: each function runs once untimed (or timed apart as compile_s)
+before its measured calls. On a machine shared with other jobs a slow spell lands on whichever
+call runs during it, so methods that are compared run in turns (`interleave`, `round_robin`)
+rather than one after the other.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import tqdm
+
+
+def device_description() -> str:
+  """e.g. 'cpu (2 cores, x86_64)' or 'NVIDIA H100 80GB HBM3 x1'."""
+  devices = jax.local_devices()
+  if devices[0].platform == "cpu":
+    return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+  return f"{devices[0].device_kind} x{len(devices)}"
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+  """(fn(), seconds), the clock stopped only once every output array is ready."""
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - t0
+
+
+def timed_pass(fn: Callable[[Any, int], Any], inputs: Sequence[Any], *,
+               desc: str | None = None) -> tuple[list[Any], float]:
+  """Compile on inputs[0] (untimed), then run fn(x, i) once for every input, timed.
+
+  The batch index i lets callers fold it into an rng. Returns (outputs, total seconds).
+  """
+  jax.block_until_ready(fn(inputs[0], 0))
+  outputs, seconds = [], 0.0
+  for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
+    out, s = timed(lambda: fn(x, i))
+    outputs.append(out)
+    seconds += s
+  return outputs, seconds
+
+
+def seconds_per_step(outputs: Sequence[Any], seconds: float) -> float:
+  """Wall time per forward call of an autoregressive pass: seconds / Σ output.steps (prefill
+  counted as one call). The drafter's over the verifier's, at the same batch size, is c."""
+  return seconds / max(sum(int(o.steps) for o in outputs), 1)
+
+
+def interleave(calls: Sequence[Sequence[Callable[[], Any]]], *,
+               warmups: Sequence[Callable[[], Any]] | None = None,
+               on_turn: Callable[[int, int], None] | None = None
+               ) -> list[list[tuple[Any, float]]]:
+  """Run several methods' calls in turns: calls[k] is method k's list of calls (one per batch).
+
+  Every warmup runs first, untimed (compilation; None: each method's first call). Then a method
+  with n calls runs call j at turn ⌊(j + ½)·turns/n⌋, turns = the longest list, so a method with
+  fewer (larger) batches runs at evenly spread turns. on_turn(turn, turns) runs before each turn.
+  Returns, per method, [(output, seconds)] in its calls' order.
+  """
+  for warmup in warmups if warmups is not None else [c[0] for c in calls]:
+    jax.block_until_ready(warmup())
+  turns = max(len(c) for c in calls)
+  results: list[list[tuple[Any, float]]] = [[] for _ in calls]
+  for turn in range(turns):
+    if on_turn is not None:
+      on_turn(turn, turns)
+    for method, method_calls in enumerate(calls):
+      for j, call in enumerate(method_calls):
+        if int((j + 0.5) * turns / len(method_calls)) == turn:
+          results[method].append(timed(call))
+  return results
+
+
+def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, dict[str, float]]:
+  """Time each of `fns` (same inputs, closed over) once to compile, then `repeats` turns in which
+  every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s."""
+  if repeats < 1:
+    raise ValueError(f"repeats={repeats} must be >= 1.")
+  names = list(fns)
+  first = {name: timed(fns[name])[1] for name in names}
+  results = interleave([[fns[name]] * repeats for name in names], warmups=[])
+  out = {}
+  for name, runs in zip(names, results):
+    times = [s for _, s in runs]
+    median = statistics.median(times)
+    out[name] = dict(compile_s=max(first[name] - median, 0.0), median_s=median, min_s=min(times))
+  return out
+
+
+def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+  """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s."""
+  return round_robin({"fn": fn}, repeats)["fn"]
+
+
+def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                        batch_size: int, m: int, position: int, repeats: int = 5) -> float:
+  """r(M) = median time of a verifier forward over M new tokens / that of 1 token (DESIGN §3).
+
+  apply_fn is the DESIGN §2 forward apply(params, tokens[B,T], positions[B,T], cache) -> (logits,
+  hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for B =
+  batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
+  The T new tokens sit at positions position .. position+T-1 (position + M must fit the cache)
+  under the causal mask. Both forwards write their K/V into a donated cache, as inside the loop,
+  and take turns (`round_robin`).
+  """
+  if m < 1 or batch_size < 1:
+    raise ValueError(f"verifier_cost_ratio needs m >= 1 and batch_size >= 1, got m={m}, "
+                     f"batch_size={batch_size}.")
+  if m == 1:
+    return 1.0
+
+  def forward(params, cache, tokens, positions):
+    logits, _, cache = apply_fn(params, tokens, positions, cache)
+    return logits, cache
+
+  # Donated: the cache is updated in place, not copied, as in the decoding loop.
+  step = jax.jit(forward, donate_argnums=1)
+
+  def make_call(t: int) -> Callable[[], Any]:
+    tokens = jnp.zeros((batch_size, t), jnp.int32)
+    positions = jnp.broadcast_to(position + jnp.arange(t, dtype=jnp.int32), (batch_size, t))
+    state = {"cache": init_cache()}
+
+    def call():
+      logits, state["cache"] = step(params, state["cache"], tokens, positions)
+      return logits, state["cache"]
+
+    return call
+
+  times = round_robin({"one": make_call(1), "m": make_call(m)}, repeats)
+  return times["m"]["median_s"] / times["one"]["median_s"]
