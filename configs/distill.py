@@ -44,7 +44,7 @@ def get_config(arg: str | None = None):
   config.data = common.data(name=arg.data)
   del config.data["seq_len"]  # a distillation row is prompt_tokens + response_tokens
   config.data.update(
-      source=arg.source,        # fixed | verifier | onpolicy | mix (spec_jax.data.distill_data)
+      source=arg.source,        # fixed | verifier | onpolicy | mix (spec_jax.training.distill_data)
       prompt_tokens=32, response_tokens=48,
       temperature=1.0,          # sampling temperature of generated responses (0 = greedy)
       refresh_every=1,          # on-policy responses regenerated every N steps

@@ -110,6 +110,10 @@ class MarkovVerifier:
   hidden_layers: tuple[int, ...] = ()
   num_layers: int = 1
 
+  def __post_init__(self):
+    protocols.check_layers(self.hidden_layers, self.num_layers,
+                           "verifier hidden_layers (the drafter's verifier_layers)")
+
   def init(self, params, prompt_tokens, size: int):
     b, p = prompt_tokens.shape
     cache = jnp.zeros((b, size), jnp.int32).at[:, :p].set(prompt_tokens)

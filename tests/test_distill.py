@@ -11,7 +11,7 @@ from scipy import stats
 
 from configs import distill as distill_config
 from spec_jax import loading, parallel, testing
-from spec_jax.data import distill_data
+from spec_jax.training import distill_data
 from spec_jax.data.tokenizer import ByteTokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib

@@ -254,8 +254,12 @@ class _NoLawDrafter(testing.MarkovDrafter):
 def test_bad_input_is_refused_before_compiling():
   v_params, d_params = testing.markov_tables(V, seed=1)
   chain = trees.chain(2)
-  with pytest.raises(ValueError, match=r"drafter.verifier_layers asks for .* layer 5"):
+  with pytest.raises(ValueError, match=r"verifier_layers\) asks for .* layer 5, but the verifier "
+                                      r"has 1 layers"):
     _run(v_params, d_params, PROMPTS, hidden.HiddenStateDrafter(V, V, 2, layer=5))
+  v_cfg, _ = testing.tiny_model(vocab_size=V)
+  with pytest.raises(ValueError, match=r"layer 9, but the verifier has 2 layers"):
+    verifier_lib.lm_verifier(v_cfg, hidden.HiddenStateDrafter(V, V, 2, layer=9).verifier_layers)
   drafter = hidden.HiddenStateDrafter(V, V, 2, layer=1)
   with pytest.raises(ValueError, match="hidden_layers=drafter.verifier_layers"):
     _run(v_params, {}, PROMPTS, drafter, verifier=testing.MarkovVerifier(V))
@@ -268,7 +272,7 @@ def test_bad_input_is_refused_before_compiling():
   assert out.new_tokens() == [testing.markov_greedy(v_params, p, 6) for p in PROMPTS]
   with pytest.raises(ValueError, match="Drafter vocab_size=7 differs from the verifier's 6"):
     _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(7, chain))
-  with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+  with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
     _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, chain), n=0)
   with pytest.raises(ValueError, match="decode.rule='lenient' verifies chains"):
     _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, trees.TreeSpec("rsd_c", 2, (2,))),

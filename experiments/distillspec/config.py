@@ -1,14 +1,18 @@
 """DistillSpec experiment (Zhou et al. 2024 at small scale): which divergence and which data make
 the best drafter for the SmolLM2-135M verifier, and what lossy decoding buys on top.
 
-  python experiments/distillspec/run.py                   # writes experiments/distillspec/results*
-  python experiments/distillspec/run.py --config experiments/distillspec/config.py:long \
-      --workdir runs/distillspec_long --results_dir experiments/distillspec/long
-  python experiments/distillspec/run.py --config experiments/distillspec/config.py:code \
-      --workdir runs/distillspec_code --results_dir experiments/distillspec/code
-  python experiments/distillspec/run.py --config experiments/distillspec/config.py:smoke \
-      --workdir /tmp/distillspec --results_dir /tmp/distillspec   # tiny models, minutes
+  python launch.py --config experiments/distillspec/config.py --workdir experiments/distillspec
+  python launch.py --config experiments/distillspec/config.py:long \
+      --workdir experiments/distillspec/long
+  python launch.py --config experiments/distillspec/config.py:code \
+      --workdir experiments/distillspec/code
+  python launch.py --config experiments/distillspec/config.py:smoke \
+      --workdir /tmp/distillspec   # tiny models, ~1 min on 2 CPU cores
 
+Program: spec_jax/programs/distillspec_experiment.py. The workdir gets results.json, results.md,
+tau_grid.png and lenience_tradeoff.png; checkpoints, the verifier-response cache and the cached
+evaluation rows go to `runs_dir` (runs/distillspec, runs/distillspec_long, runs/distillspec_code;
+'' = <workdir>/runs, as in smoke).
 Needs the quickstart drafter (runs/quickstart/drafter: drafter-s, 300 cross-entropy steps on
 Shakespeare; run the README's main command first). Every drafter starts from it and trains the
 same `steps` steps (batch 8 × (32 prompt + 48 response) tokens, lr 1e-3, the `distill` program):
@@ -22,8 +26,8 @@ theoretical τ/(γc+1)), then the best distilled drafter and the baseline run le
 Variants (`:key,...`): `long` trains 200 steps (the CE baseline and JSD[0.5] on fixed and on-policy
 data; τ only), `code` runs the grid on Python code (spec_jax_pystdlib; fixed and on-policy data,
 τ only), `steps=N` sets the budget, `smoke` is tiny. A killed run resumes where it stopped; with
-`--render_only` the script reports what has finished and runs nothing. `--config.note="..."`
-adds a line about the machine (its load) to results.md.
+`--config.render_only=True` the program reports what has finished and runs nothing.
+`--config.note="..."` adds a line about the machine (its load) to results.md.
 Time on 2 CPU cores (2026-11-21): the grid took ~2.5 h on cores shared with other jobs (a distill
 step 3-12 s; ~2.4 s on fixed data when idle), its lenience sweep and batch-1 table 8 min idle;
 `long` and `code` 67 min each, run side by side. GPU: not measured.
@@ -43,6 +47,17 @@ def get_config(arg=None):
     args.data = "spec_jax_pystdlib"
   steps = args.steps or (200 if args.long else 40)
   config = ml_collections.ConfigDict()
+  config.program = "distillspec_experiment"
+  # The --config argument that built this config: results.md names the command to rerun it.
+  config.config_file = "experiments/distillspec/config.py" + (f":{arg}" if arg else "")
+  config.render_only = False  # True: report what has finished, train and evaluate nothing
+  # Checkpoints, verifier responses and cached rows ('' = <workdir>/runs): one folder per
+  # variant, since a resumed run reads back whatever a folder holds.
+  config.runs_dir = "runs/distillspec" + "".join(
+      suffix for on, suffix in ((args.long, "_long"), (args.code, "_code"),
+                                (args.steps, f"_{args.steps}steps"),
+                                (not args.code and args.data != "spec_jax_shakespeare",
+                                 f"_{args.data}")) if on)
   config.title = "DistillSpec: distilled drafters for SmolLM2-135M-Instruct"
   config.note = ""  # free text for results.md, e.g. the machine's load while the timings ran
   # The distill program's config every run starts from; the sweep sets distill.divergence and
@@ -77,12 +92,15 @@ def get_config(arg=None):
     config.sources = ("fixed", "onpolicy")
     config.eval.speedup_prompts = 0
     config.lenience.update(lin_epsilons=(), exp_epsilons=())
-  if args.smoke:
-    config.divergences = ("fkl", "tvd")
-    config.sources = ("fixed", "mix")
+  if args.smoke:  # every code path (training, verifier cache, tables, plots) at the least cost
+    config.runs_dir = ""
+    config.divergences = ("fkl",)
+    config.sources = ("mix",)  # the verifier cache and on-policy generation; fixed data is the
+    # baseline's (and tests/test_distill.py's)
     base.data.refresh_every = 1
     base.train.update(num_steps=4, checkpoint_every=4, eval_every=4)
+    # The batch-1 table at batch 2 too: the same shapes as the main pass, compiled once.
     config.eval.update(num_prompts=4, prompt_tokens=8, new_tokens=8, batch_size=2,
-                       speedup_prompts=2)
+                       speedup_prompts=2, speedup_batch_size=2)
     config.lenience.update(lin_epsilons=(1.0, 0.3), exp_epsilons=(0.3,))
   return config

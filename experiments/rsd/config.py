@@ -1,8 +1,13 @@
 """RSD experiment (Jeon et al. 2024 at small scale): draft trees vs chains on SmolLM2-135M.
 
-  python experiments/rsd/run.py                      # full run, writes experiments/rsd/results*
-  python experiments/rsd/run.py --config experiments/rsd/config.py:smoke --workdir /tmp/rsd
+  python launch.py --config experiments/rsd/config.py --workdir experiments/rsd   # full run
+  python launch.py --config experiments/rsd/config.py:smoke --workdir /tmp/rsd    # tiny models
+  python launch.py --config experiments/rsd/config.py --workdir experiments/rsd \
+      --config.render_only=True   # report the runs that have finished, run nothing
 
+Program: spec_jax/programs/rsd_experiment.py (one `evaluate` run per setting in
+<workdir>/runs/; a finished run is read back, so a killed experiment resumes). Writes
+results.json, results.md, tau_vs_depth.png and tau_vs_budget.png into the workdir.
 Needs the quickstart drafter (runs/quickstart/drafter: run the README's main command first).
 Part (a), fixed draft length L ∈ {2, 3, 4}: SD (chain of L), SpecInfer and SpecTr (K = 3 i.i.d.
 chains), RSD-C (b = (3, 1, ..., 1): three first tokens without replacement, then chains) and
@@ -10,9 +15,12 @@ RSD-S (beam width W = 3), temperature 1 and greedy (where SpecInfer/SpecTr reduc
 skipped), on Shakespeare and Python-code prompts. All tree methods then spend the same 3L + 1
 verifier tokens per call. Part (b), fixed verifier budget B ∈ {6, 10, 14, 20, 30} tokens per call
 at temperature 1, Shakespeare prompts: for each method the best of its candidate shapes with at
-most B nodes (`budget_entries`: width 3 and 2, depth as deep as the budget allows; SD γ = B - 1).
+most B nodes (`budget_entries`: width 3 and 2, depth as deep as the budget allows; SD γ = B - 1),
+stored in the config as `budget_methods["K{width}_B{budget}"]`.
 Time on 2 CPU cores: ~60 min (most of it compiling one decoding loop per tree shape); GPU not
-measured. Reference numbers: experiments/rsd/results.md.
+measured. Smoke: tiny random models, Shakespeare only, 80 s on 2 CPU cores (20 s with a warm
+compilation cache).
+Reference numbers: experiments/rsd/results.md.
 """
 
 from configs import common
@@ -32,6 +40,10 @@ def budget_entries(budget: int, width: int) -> list[str]:
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False)
   config = evaluate_config.get_config("smoke" if args.smoke else None)
+  config.program = "rsd_experiment"
+  # The --config argument that built this config: results.md names the command to rerun it.
+  config.config_file = "experiments/rsd/config.py" + (f":{arg}" if arg else "")
+  config.render_only = False  # True: report the runs that have finished, run nothing
   config.title = "RSD: draft trees vs chains"
   config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
   config.fixed_methods = ("sd", "specinfer", "spectr", "rsd_c", "rsd_s")
@@ -50,10 +62,19 @@ def get_config(arg=None):
   config.num_data_prompts = 4
   config.data_prompt_tokens = 48
   if args.smoke:
-    config.fixed_depths = (1, 2)
-    config.budgets = (4, 7)
+    # Every code path (both parts, greedy and sampled) at the fewest shapes (one width: the
+    # suite's time limit; a second width runs the same code).
+    config.datasets = ("spec_jax_shakespeare",)
+    config.fixed_depths = (1,)
+    config.budgets = (4,)
     config.budget_widths = (3,)
     config.eval.update(num_prompts=2, new_tokens=6, batch_sizes=(2,), max_prompt_tokens=24)
     config.num_data_prompts = 2
     config.data_prompt_tokens = 12
+  # Part (b)'s eval.methods per run, as data (the program does not import this file): the
+  # first width's runs also carry SD at γ = B - 1.
+  config.budget_methods = {
+      f"K{width}_B{budget}": tuple(([f"sd@{budget - 1}"] if i == 0 else [])
+                                   + budget_entries(budget, width))
+      for i, width in enumerate(config.budget_widths) for budget in config.budgets}
   return config

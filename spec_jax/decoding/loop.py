@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.protocols import Proposal, Verdict
+from spec_jax.decoding.protocols import Proposal, Verdict, check_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,18 +148,6 @@ def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule
     raise ValueError(f"proposal.q has shape {proposal.q.shape}; it must be the exact law at "
                      f"every node, [B, M, V] = {(batch, m, vocab_size)} (V = the verifier's "
                      "vocabulary: map draft ids and laws into it first).")
-
-
-def check_layers(layers, num_layers: int, field: str) -> tuple[int, ...]:
-  """Residual depths as a tuple; ValueError naming `field` for a depth the verifier lacks."""
-  layers = tuple(int(x) for x in layers)
-  for layer in layers:
-    if not (layer == -1 or 0 <= layer <= num_layers):
-      raise ValueError(
-          f"{field} asks for the verifier's residual stream at layer {layer}, but the verifier "
-          f"has {num_layers} layers: use 0..{num_layers} (l = the input of block l, "
-          f"{num_layers} = the final pre-norm residual) or -1 (the same final residual).")
-  return layers
 
 
 STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids")

@@ -19,8 +19,7 @@ from typing import Callable
 import jax.numpy as jnp
 
 from spec_jax.decoding.drafters import trees
-from spec_jax.decoding.loop import check_layers
-from spec_jax.decoding.protocols import Proposal, Verdict
+from spec_jax.decoding.protocols import Proposal, Verdict, check_layers
 from spec_jax.models import llama
 
 
@@ -38,7 +37,8 @@ class ModelVerifier:
 
   def __post_init__(self):
     object.__setattr__(self, "hidden_layers", check_layers(
-        self.hidden_layers, self.num_layers, "verifier hidden_layers"))
+        self.hidden_layers, self.num_layers,
+        "verifier hidden_layers (the drafter's verifier_layers)"))
 
   @property
   def vocab_size(self) -> int:

@@ -14,11 +14,6 @@ from typing import Any, Sequence
 
 from spec_jax.evaluation import glossary, plots, tables
 
-# Still reached through this module by quickstart and experiments/rsd; new code imports tables
-# and glossary directly.
-GLOSSARY = glossary.GLOSSARY
-markdown_table = tables.markdown_table
-
 
 def write_results(workdir: str, rows: list[dict]) -> str:
   """Write rows to `workdir/results.json` and print them as one JSON document."""

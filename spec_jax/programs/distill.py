@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_jax import loading, parallel
-from spec_jax.data import distill_data
+from spec_jax.training import distill_data
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib

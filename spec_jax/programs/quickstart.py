@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-from spec_jax.evaluation import report
+from spec_jax.evaluation import tables
 from spec_jax.programs import distill, evaluate, generate, train_lm
 
 
@@ -66,5 +66,5 @@ def run(config, workdir: str) -> dict:
   with open(os.path.join(workdir, "quickstart.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
   print("\n[quickstart] done:\n" + json.dumps(summary, indent=2))
-  print("\n" + report.markdown_table(eval_rows))
+  print("\n" + tables.markdown_table(eval_rows))
   return summary

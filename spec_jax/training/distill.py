@@ -3,7 +3,7 @@
 Shapes: B batch, T tokens, V vocabulary (shared by both models). A batch is
 {"inputs": int32[B,T], "targets": int32[B,T], "weights": float32[B,T]} where the sequence is a
 prompt followed by a response and `weights` marks the response positions
-(`spec_jax.data.distill_data`): the loss, like DistillSpec's, is averaged over response tokens.
+(`spec_jax.training.distill_data`): the loss, like DistillSpec's, is averaged over response tokens.
 
 Only the student is differentiated (`jax.value_and_grad` w.r.t. the student's params alone); the
 teacher's params are a separate, non-donated argument of the jitted step, never part of the

@@ -1,75 +1,83 @@
-"""Reproduce DistillSpec's comparisons at small scale: divergence × data source, then lenience.
+"""Program `distillspec_experiment`: DistillSpec's comparisons (Zhou et al. 2024) at small scale,
+divergence × data source, then lenience.
 
-  python experiments/distillspec/run.py [--config experiments/distillspec/config.py[:smoke]]
-      [--workdir runs/distillspec] [--results_dir experiments/distillspec] [--render_only]
+  python launch.py --config experiments/distillspec/config.py --workdir experiments/distillspec
 
-1. Trains the baseline (cross-entropy on fixed data) and the 16 distilled drafters with the
-   `distill` program, each in `<workdir>/train/<name>` (a finished run is read back, an
-   interrupted one resumes; the verifier's responses are generated once and shared).
+1. Trains the baseline (cross-entropy on fixed data) and the distilled drafters
+   (`divergences` × `sources`) with the `distill` program, each in `<runs_dir>/train/<name>` (a
+   finished run is read back, an interrupted one resumes; the verifier's responses are generated
+   once and shared in `<runs_dir>/verifier_cache`).
 2. Evaluates every drafter (and the starting checkpoint) on held-out prompts in one process:
-   chain SD at γ = 4, greedy and T = 1, one batched pass per drafter; autoregressive decoding of
-   the verifier and of the drafter are timed once per temperature (speedup, cost ratio c).
-   Rows are cached in `<workdir>/eval/`, so an interrupted evaluation resumes too.
-3. Lenient decoding at T = 1 over ε for the best distilled drafter and the baseline, with the
-   quality cost (verifier log-likelihood, token TV distance; spec_jax.evaluation.quality).
-Writes results.json, results.md (tables, findings computed from the numbers) and tau_grid.png,
-lenience_tradeoff.png into --results_dir.
+   chain SD at γ = eval.gamma, at every temperature of eval.temperatures, one batched pass per
+   drafter; autoregressive decoding of the verifier and of the drafter are timed once per
+   temperature (speedup, cost ratio c). Rows are cached in `<runs_dir>/eval/`, so an interrupted
+   evaluation resumes too.
+3. Lenient decoding at lenience.temperature over ε for the best distilled drafter and the
+   baseline, with the quality cost (verifier log-likelihood, token TV distance;
+   spec_jax.evaluation.quality), and batch-1 wall-clock speedups of the start, baseline and best
+   drafters (eval.speedup_prompts > 0).
+`runs_dir` '' means `<workdir>/runs`; with `render_only` nothing is trained or evaluated and the
+report shows what has finished. Writes results.json, results.md (tables, findings computed from
+the numbers) and tau_grid.png, lenience_tradeoff.png into the workdir. τ, α and their standard
+error come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
 """
 
 from __future__ import annotations
 
 import copy
+import glob
 import json
 import os
 import shlex
+import struct
 import sys
-import time
 
-from absl import app
-from absl import flags
 from absl import logging
 import jax
 import numpy as np
-from ml_collections import config_flags
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-
-from spec_jax.data import pipeline  # noqa: E402
-from spec_jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from spec_jax.decoding import generate as generate_lib  # noqa: E402
-from spec_jax.decoding import sampling as sampling_lib  # noqa: E402
-from spec_jax.decoding import speculative  # noqa: E402
-from spec_jax.evaluation import benchmark as bench  # noqa: E402
-from spec_jax.evaluation import quality, theory  # noqa: E402
-from spec_jax.models import loading  # noqa: E402
-from spec_jax.programs import distill as distill_program  # noqa: E402
-from spec_jax.training import checkpoints  # noqa: E402
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.join(_HERE, "config.py"),
-                                          lock_config=False)
-_WORKDIR = flags.DEFINE_string("workdir", "runs/distillspec", "checkpoints and cached rows")
-_RESULTS = flags.DEFINE_string("results_dir", _HERE, "where results.* and the plots go")
-_RENDER_ONLY = flags.DEFINE_bool("render_only", False, "report what has finished, run nothing")
+from spec_jax import loading
+from spec_jax.data import pipeline
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm as lm_drafter
+from spec_jax.decoding.drafters import trees
+from spec_jax.evaluation import metrics, quality, timing
+from spec_jax.programs import distill as distill_program
+from spec_jax.training import checkpoints
 
 DIV_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD[0.5]", "tvd": "TVD", "xent": "CE"}
 SRC_LABELS = {"fixed": "fixed data", "verifier": "verifier-generated",
               "onpolicy": "on-policy (drafter)", "mix": "50/50 on-policy + verifier"}
 
 
-def _runs(cfg) -> list[tuple[str, str, str]]:
+def command(config, workdir: str) -> str:
+  """The launch.py command that reproduces a run: the one that ran, if launch.py ran it (less
+  report-only overrides), else the one `config.config_file` names."""
+  if os.path.basename(sys.argv[0]) == "launch.py":
+    args = sys.argv[1:]
+  else:
+    args = ["--config", config.config_file, "--workdir", workdir]
+  args = [a for a in args if not a.startswith(("--config.render_only", "--config.note"))]
+  return shlex.join(["python", "launch.py", *args])
+
+
+def training_runs(cfg) -> list[tuple[str, str, str]]:
   """(name, divergence, source): the baseline first, then the grid divergence-major (so a run
   cut short still compares every data source for the first divergences)."""
   return [("baseline", "xent", "fixed")] + [
       (f"{d}_{s}", d, s) for d in cfg.divergences for s in cfg.sources]
 
 
-def train_one(cfg, workdir: str, name: str, div: str, src: str) -> dict | None:
-  """Train (or read back) one drafter with the distill program; None if --render_only and it
+def train_one(cfg, runs_dir: str, name: str, div: str, src: str) -> dict | None:
+  """Train (or read back) one drafter with the distill program; None if render_only and it
   has not finished."""
-  run_dir = os.path.join(workdir, "train", name)
+  run_dir = os.path.join(runs_dir, "train", name)
   done = os.path.exists(os.path.join(run_dir, "checkpoints", str(cfg.base.train.num_steps)))
-  if _RENDER_ONLY.value and not done:
+  if cfg.render_only and not done:
     return None
   if done:  # read back (distill.run would load the verifier just to say so)
     result = distill_program.read_result(run_dir)
@@ -77,7 +85,7 @@ def train_one(cfg, workdir: str, name: str, div: str, src: str) -> dict | None:
     c = copy.deepcopy(cfg.base)
     c.distill.update(divergence=div, beta=float(cfg.beta))
     # One verifier-response cache for the whole sweep: generated by the first run needing it.
-    c.data.update(source=src, cache_dir=os.path.join(workdir, "verifier_cache"))
+    c.data.update(source=src, cache_dir=os.path.join(runs_dir, "verifier_cache"))
     result = distill_program.run(c, run_dir)
   out = dict(divergence=div, source=src, path=run_dir, train_loss=result["train_loss"],
              train_alpha=result["train_alpha"], heldout=result["eval"],
@@ -89,8 +97,6 @@ def train_one(cfg, workdir: str, name: str, div: str, src: str) -> dict | None:
 def _train_seconds(run_dir: str) -> float | None:
   """Wall time from the first to the last train/loss event of a run's TensorBoard files (a
   finished run read back has no timer of its own; compilation before step 1 is excluded)."""
-  import glob
-  import struct
   from tensorboardX.proto import event_pb2
   times = []
   for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
@@ -106,13 +112,26 @@ def _train_seconds(run_dir: str) -> float | None:
   return round(max(times) - min(times), 1) if len(times) > 1 else None
 
 
+def _chain_sd(v_cfg, d_cfg, *, gamma: int, rule: str, lenience: str, epsilon: float,
+              sampling: sampling_lib.Sampling, new_tokens: int):
+  """(v_params, d_params, prompts, rng) → the loop's output of chain SD at γ with `rule`
+  ("auto", or "lenient" with its f and ε): the one place this program calls the speculative
+  loop."""
+  verifier = verifier_lib.lm_verifier(v_cfg)
+  drafter = lm_drafter.LMDrafter(d_cfg, trees.chain(gamma))
+  decode = loop.DecodeConfig(rule=rule, lenience=lenience, epsilon=epsilon)
+  return lambda v_params, d_params, prompts, rng: loop.speculative_generate(
+      v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, decode=decode,
+      sampling=sampling, max_new_tokens=new_tokens)
+
+
 class Evaluator:
   """The verifier, the prompts and the autoregressive baselines, loaded and timed once."""
 
-  def __init__(self, cfg, workdir: str):
+  def __init__(self, cfg, runs_dir: str):
     base, ev = cfg.base, cfg.eval
     self.cfg, self.ev = cfg, ev
-    self.cache = os.path.join(workdir, "eval")
+    self.cache = os.path.join(runs_dir, "eval")
     self.tokenizer = tokenizer_lib.get_tokenizer(base.tokenizer)
     self.v_cfg, self.v_params = loading.load_model(base.verifier, self.tokenizer,
                                                    seed=base.seed, field="verifier.checkpoint")
@@ -121,7 +140,7 @@ class Evaluator:
                                   seed=base.seed, data_dir=base.data.data_dir or None)
     self.texts = texts
     self.batches = self._encode(texts, ev.batch_size)
-    self.device = bench.device_description()
+    self.device = timing.device_description()
     self.ar = {}
 
   def _encode(self, texts, batch_size):
@@ -136,16 +155,6 @@ class Evaluator:
       return self.batches
     return self._encode(self.texts[:self.ev.speedup_prompts], batch_size)
 
-  def _timed(self, fn, batches):
-    """Compile on the first batch, then one timed pass: (outputs, seconds)."""
-    jax.block_until_ready(fn(batches[0], 0))
-    outs, seconds = [], 0.0
-    for i, prompts in enumerate(batches):
-      t0 = time.perf_counter()
-      outs.append(jax.block_until_ready(fn(prompts, i)))
-      seconds += time.perf_counter() - t0
-    return outs, seconds
-
   def autoregressive(self, temperature: float, d_cfg, d_params, batch_size=None) -> dict:
     """Verifier and drafter autoregressive passes at `temperature`: tokens/s and c."""
     batches = self._prompts(batch_size)
@@ -157,14 +166,13 @@ class Evaluator:
         return lambda prompts, i: generate_lib.generate(
             params, prompts, jax.random.fold_in(rng, i), cfg=cfg, sampling=s,
             max_new_tokens=self.ev.new_tokens)
-      v_out, v_s = self._timed(ar(self.v_params, self.v_cfg), batches)
-      d_out, d_s = self._timed(ar(d_params, d_cfg), batches)
-      step = lambda outs, sec: sec / sum(int(o.steps) for o in outs)  # noqa: E731
-      tokens = sum(int(np.sum(o.num_new)) for o in v_out)
+      v_out, v_s = timing.timed_pass(ar(self.v_params, self.v_cfg), batches)
+      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), batches)
       q = quality.summarize(quality.quality_sums(self.v_params, None, o, verifier_cfg=self.v_cfg,
                                                  drafter_cfg=None, sampling=s) for o in v_out)
       self.ar[(temperature, batch_size)] = dict(
-          tokens_per_s=tokens / v_s, c=step(d_out, d_s) / step(v_out, v_s),
+          tokens_per_s=metrics.emitted_tokens(v_out) / v_s,
+          c=timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(v_out, v_s),
           verifier_loglik=q["verifier_loglik"])
     return self.ar[(temperature, batch_size)]
 
@@ -181,7 +189,7 @@ class Evaluator:
     if os.path.exists(cached):
       with open(cached, encoding="utf-8") as f:
         return json.load(f)
-    if _RENDER_ONLY.value:
+    if self.cfg.render_only:
       return {}
     d_cfg, d_params, _ = checkpoints.load_model(path)
     if batch_size is not None:
@@ -192,32 +200,32 @@ class Evaluator:
     batches = self._prompts(batch_size)
     s = sampling_lib.Sampling(temperature)
     gamma = int(self.ev.gamma)
-    spec = speculative.SpecConfig(gamma=gamma, rule=rule, lenience=lenience, epsilon=epsilon)
+    decode = _chain_sd(self.v_cfg, d_cfg, gamma=gamma, rule=rule, lenience=lenience,
+                       epsilon=epsilon, sampling=s, new_tokens=self.ev.new_tokens)
     rng = jax.random.key(self.cfg.base.seed)
-    outs, seconds = self._timed(lambda prompts, i: speculative.speculative_generate(
-        self.v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier_cfg=self.v_cfg,
-        drafter_cfg=d_cfg, spec=spec, sampling=s, max_new_tokens=self.ev.new_tokens), batches)
-    tokens = sum(int(np.sum(o.num_new)) for o in outs)
-    calls = sum(int(np.sum(o.stats.verifier_calls)) for o in outs)
-    reached = sum(int(np.sum(o.stats.reached)) for o in outs)
-    alpha = sum(float(np.sum(o.stats.alpha_sum)) for o in outs) / max(reached, 1)
-    tau = tokens / max(calls, 1)
-    # Spread of τ over prompts (each row is one prompt's own tokens / verifier calls): a
-    # standard error for comparing drafters on this small prompt set.
-    per_row = np.concatenate([np.asarray(o.num_new) / np.maximum(np.asarray(
-        o.stats.verifier_calls), 1) for o in outs])
-    tau_se = float(np.std(per_row, ddof=1) / np.sqrt(len(per_row))) if len(per_row) > 1 else 0.0
+    outs, seconds = timing.timed_pass(
+        lambda prompts, i: decode(self.v_params, d_params, prompts, jax.random.fold_in(rng, i)),
+        batches)
+    # τ, α and τ's standard error over prompts (each prompt's own tokens / verifier calls: for
+    # comparing drafters on this small prompt set).
+    summary = metrics.summarize(outs)
+    tokens, calls = summary["new_tokens"], summary["verifier_calls"]
+    tau = summary["block_efficiency"] or 0.0
+    alpha = summary["acceptance_rate"] or 0.0
     lossy = rule == "lenient"
     q = quality.summarize(quality.quality_sums(
         self.v_params, d_params, o, verifier_cfg=self.v_cfg, drafter_cfg=d_cfg, sampling=s,
         **(dict(lenience=lenience, epsilon=epsilon) if lossy else {})) for o in outs)
-    # α-based theory holds for lossless chains; a lenient rule accepts more than α predicts, so
-    # its theory uses the measured τ.
-    theoretical = (tau / (gamma * ar["c"] + 1) if lossy or alpha >= 1
-                   else float(theory.expected_speedup(alpha, gamma, ar["c"])))
-    row = dict(drafter=name, temperature=temperature, gamma=gamma, rule=spec.rule,
+    # α-based theory (chain SD, i.i.d. acceptance, a verifier call costing one AR step) holds
+    # for lossless chains; a lenient rule accepts more than α predicts, so its theory uses the
+    # measured τ.
+    if lossy or alpha >= 1:
+      theoretical = metrics.theoretical_speedup(tau, r_m=1.0, c=ar["c"], drafter_calls=gamma)
+    else:
+      theoretical = metrics.chain_speedup(alpha, gamma, c=ar["c"])
+    row = dict(drafter=name, temperature=temperature, gamma=gamma, rule=rule,
                lenience=lenience if lossy else None, epsilon=epsilon if lossy else None,
-               block_efficiency=round(tau, 4), tau_se=round(tau_se, 4),
+               block_efficiency=round(tau, 4), tau_se=round(summary["tau_se"], 4),
                acceptance_rate=round(alpha, 4),
                new_tokens=tokens, verifier_calls=calls,
                tokens_per_s=round(tokens / seconds, 2),
@@ -226,7 +234,7 @@ class Evaluator:
                verifier_loglik=round(q["verifier_loglik"], 4),
                ar_verifier_loglik=round(ar["verifier_loglik"], 4),
                token_tv=round(q["token_tv"], 5), device=self.device,
-               num_prompts=sum(int(b.tokens.shape[0]) for b in batches),
+               num_prompts=summary["num_prompts"],
                batch_size=int(batches[0].tokens.shape[0]))
     os.makedirs(self.cache, exist_ok=True)
     with open(cached, "w", encoding="utf-8") as f:
@@ -239,7 +247,9 @@ def _fmt(x, digits=3):
   return "–" if x is None else f"{x:.{digits}f}"
 
 
-def _plots(results_dir, cfg, grid, lenience_rows) -> list[str]:
+def write_plots(results_dir, cfg, grid, lenience_rows) -> list[str]:
+  """tau_grid.png (τ per divergence and source, one panel per temperature) and, with lenience
+  rows, lenience_tradeoff.png (τ and quality against ε). Returns the file names written."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   names = []
@@ -308,16 +318,15 @@ def _plots(results_dir, cfg, grid, lenience_rows) -> list[str]:
   return names
 
 
-def _command() -> str:
-  """The command that reproduces these results: this run's, less report-only flags."""
-  args = [a for a in sys.argv[1:] if a != "--render_only" and not a.startswith("--config.note")]
-  return shlex.join(["python", os.path.relpath(sys.argv[0])] + args)
 
 
-def _report(cfg, trained, grid, lenience_rows, speedup_rows, plots) -> str:
+def render_markdown(cfg, trained, grid, lenience_rows, speedup_rows, plots,
+                    command_line: str) -> str:
+  """results.md: τ per (divergence, source), every drafter's row, the lenience and batch-1
+  tables, findings computed from the numbers, the plots and the training runs."""
   temps = [float(t) for t in cfg.eval.temperatures]
   lines = [f"# {cfg.title}", "",
-           f"Produced by `{_command()}` (config: "
+           f"Produced by `{command_line}` (config: "
            "experiments/distillspec/config.py). Verifier SmolLM2-135M-Instruct (GGUF); every "
            f"drafter starts from the quickstart drafter ({cfg.base.drafter.size}, 300 "
            f"cross-entropy steps on Shakespeare) and trains {cfg.base.train.num_steps} steps of "
@@ -370,8 +379,8 @@ def _report(cfg, trained, grid, lenience_rows, speedup_rows, plots) -> str:
     base = grid.get(("baseline", t))
     held = trained.get(name, {}).get("heldout", {})
     rel = f"{r['block_efficiency'] / base['block_efficiency']:.3f}" if base else "–"
-    theory_speedup = float(theory.expected_speedup(min(r["acceptance_rate"], 0.999),
-                                                   int(cfg.eval.gamma), c_common[t]))
+    theory_speedup = metrics.chain_speedup(min(r["acceptance_rate"], 0.999),
+                                           int(cfg.eval.gamma), c=c_common[t])
     lines.append(f"| {name} | {t:g} | {r['block_efficiency']:.3f} ± {r.get('tau_se', 0):.3f} "
                  f"| {rel} | {r['acceptance_rate']:.3f} | {theory_speedup:.3f} | "
                  f"{_fmt(held.get('alpha'))} | {_fmt(held.get('tvd'))} |")
@@ -470,46 +479,38 @@ def _findings(cfg, grid) -> list[str]:
   return out
 
 
-def _quiet_libraries(record) -> bool:
-  """As launch.py: INFO logs of our code, only warnings from orbax/tensorstore (hundreds of
-  lines per checkpoint)."""
-  noisy = ("/orbax/", "/tensorstore/", "/etils/", "/tensorflow_datasets/")
-  return record.levelno >= 30 or not any(part in record.pathname for part in noisy)
 
 
-def main(argv):
-  del argv
-  logging.get_absl_handler().addFilter(_quiet_libraries)
-  cfg = _CONFIG.value
-  workdir = os.path.abspath(_WORKDIR.value)
-  results_dir = os.path.abspath(_RESULTS.value)
-  os.makedirs(results_dir, exist_ok=True)
+def run(config, workdir: str) -> dict:
+  """Train, evaluate and report (see the module docstring). Returns what results.json holds."""
+  runs_dir = os.path.abspath(config.runs_dir or os.path.join(workdir, "runs"))
+  os.makedirs(workdir, exist_ok=True)
   # Train and evaluate drafter by drafter, so that partial results are complete rows.
-  ev = Evaluator(cfg, workdir)
+  ev = Evaluator(config, runs_dir)
   grid, trained = {}, {}
 
   def evaluate(name, path):
-    for t in cfg.eval.temperatures:
+    for t in config.eval.temperatures:
       row = ev.speculative(name, path, float(t))
       if row:
         grid[(name, float(t))] = row
 
-  if cfg.base.drafter.checkpoint:  # the starting point (a from-scratch smoke run has none)
-    evaluate("start", cfg.base.drafter.checkpoint)
-  for name, div, src in _runs(cfg):
-    result = train_one(cfg, workdir, name, div, src)
+  if config.base.drafter.checkpoint:  # the starting point (a from-scratch smoke run has none)
+    evaluate("start", config.base.drafter.checkpoint)
+  for name, div, src in training_runs(config):
+    result = train_one(config, runs_dir, name, div, src)
     if result is not None:
       trained[name] = result
       evaluate(name, result["path"])
   lenience_rows = []
-  lt = float(cfg.lenience.temperature)
+  lt = float(config.lenience.temperature)
   distilled = {k[0]: v for k, v in grid.items() if k[1] == lt and k[0] not in ("baseline",
                                                                                 "start")}
   if distilled:
     best = max(distilled, key=lambda n: distilled[n]["block_efficiency"])
-    sweeps = [(best, "lin", cfg.lenience.lin_epsilons), ("baseline", "lin",
-                                                          cfg.lenience.lin_epsilons),
-              (best, "exp", cfg.lenience.exp_epsilons)]
+    sweeps = [(best, "lin", config.lenience.lin_epsilons),
+              ("baseline", "lin", config.lenience.lin_epsilons),
+              (best, "exp", config.lenience.exp_epsilons)]
     for name, fn, epsilons in sweeps:
       if name not in trained:
         continue
@@ -521,25 +522,28 @@ def main(argv):
   # Wall-clock speedups at batch 1: the starting drafter, the CE baseline and the best distilled
   # drafter of each temperature.
   speedup_rows = []
-  paths = {"start": cfg.base.drafter.checkpoint, **{n: r["path"] for n, r in trained.items()}}
-  for t in [float(x) for x in cfg.eval.temperatures] if cfg.eval.speedup_prompts else []:
+  paths = {"start": config.base.drafter.checkpoint,
+           **{n: r["path"] for n, r in trained.items()}}
+  temps = [float(x) for x in config.eval.temperatures] if config.eval.speedup_prompts else []
+  for t in temps:
     distilled = {k[0]: v for k, v in grid.items() if k[1] == t and k[0] in trained
                  and k[0] != "baseline"}
     names = ["start", "baseline"] + ([max(distilled, key=lambda n: distilled[n][
         "block_efficiency"])] if distilled else [])
     for name in names:
       if paths.get(name):
-        row = ev.speculative(name, paths[name], t, batch_size=int(cfg.eval.speedup_batch_size))
+        row = ev.speculative(name, paths[name], t,
+                             batch_size=int(config.eval.speedup_batch_size))
         if row:
           speedup_rows.append(row)
-  plots = _plots(results_dir, cfg, grid, lenience_rows)
-  with open(os.path.join(results_dir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(dict(trained=trained, grid=[dict(r, drafter=k[0]) for k, r in grid.items()],
-                   lenience=lenience_rows, speedup=speedup_rows), f, indent=2)
-  with open(os.path.join(results_dir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(_report(cfg, trained, grid, lenience_rows, speedup_rows, plots))
-  print(open(os.path.join(results_dir, "results.md"), encoding="utf-8").read())
-
-
-if __name__ == "__main__":
-  app.run(main)
+  plots = write_plots(workdir, config, grid, lenience_rows)
+  results = dict(trained=trained, grid=[dict(r, drafter=k[0]) for k, r in grid.items()],
+                 lenience=lenience_rows, speedup=speedup_rows)
+  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  md = render_markdown(config, trained, grid, lenience_rows, speedup_rows, plots,
+                       command(config, workdir))
+  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(md)
+  print(md)
+  return results
