@@ -4,15 +4,15 @@ then AR vs SD with both drafters.
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
-Time on 2 CPU cores (measured 2026-11-21 on idle cores, fresh workdir): 12 min 19 s in all:
-generation, then 7 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 105 s for
-the AR vs SD table, 113 s of distillation (DistillSpec, `distill_steps` steps of
+Time on 2 CPU cores (measured 2026-11-23 on idle cores, fresh workdir): 9 min 41 s in all:
+generation, then 5.6 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 83 s for
+the AR vs SD table, 86 s of distillation (DistillSpec, `distill_steps` steps of
 `distill_divergence` on `distill_source` data, batch 8 × (32 + 48) tokens; see
-experiments/distillspec/results.md for what each divergence and data source buys) and 76 s for
-the distilled table. A second run reuses the trained drafters.
+experiments/distillspec/results.md for what each divergence and data source buys) and 56 s for
+the distilled table (2026-11-21: 12 min 19 s). A second run reuses the trained drafters.
 Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 τ with the drafter / the distilled
-drafter (JSD[0.5], fixed data, 30 steps): greedy 1.40 / 1.40, T=1 1.42 / 1.66; greedy SD output
-identical to AR.
+drafter (JSD[0.5], fixed data, 30 steps): greedy 1.42 / 1.43, T=1 1.39 / 1.64 (2026-11-23);
+greedy SD output identical to AR.
 Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ and
 runs/quickstart/distilled/ (checkpoints, metrics.jsonl, TensorBoard events),
 runs/quickstart/evaluate/ and runs/quickstart/evaluate_distilled/ (results.json, results.md,
