@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from typing import Any, Sequence
 
 from spec_jax.evaluation import glossary, plots, tables
@@ -105,3 +107,14 @@ def write_report(workdir: str, rows: Sequence[dict], *, title: str,
     f.write("\n".join(lines))
   paths["markdown"] = path
   return paths
+
+
+def launch_command(config, workdir: str) -> str:
+  """The launch.py command that reproduces a run: the one that ran, if launch.py ran it (less
+  report-only overrides), else the one `config.config_file` names."""
+  if os.path.basename(sys.argv[0]) == "launch.py":
+    args = sys.argv[1:]
+  else:
+    args = ["--config", config.config_file, "--workdir", workdir]
+  args = [a for a in args if not a.startswith(("--config.render_only", "--config.note"))]
+  return shlex.join(["python", "launch.py", *args])

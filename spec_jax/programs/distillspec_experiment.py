@@ -28,9 +28,7 @@ import copy
 import glob
 import json
 import os
-import shlex
 import struct
-import sys
 
 from absl import logging
 import jax
@@ -45,24 +43,13 @@ from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm as lm_drafter
 from spec_jax.decoding.drafters import trees
-from spec_jax.evaluation import metrics, quality, timing
+from spec_jax.evaluation import metrics, quality, report, timing
 from spec_jax.programs import distill as distill_program
 from spec_jax.training import checkpoints
 
 DIV_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD[0.5]", "tvd": "TVD", "xent": "CE"}
 SRC_LABELS = {"fixed": "fixed data", "verifier": "verifier-generated",
               "onpolicy": "on-policy (drafter)", "mix": "50/50 on-policy + verifier"}
-
-
-def command(config, workdir: str) -> str:
-  """The launch.py command that reproduces a run: the one that ran, if launch.py ran it (less
-  report-only overrides), else the one `config.config_file` names."""
-  if os.path.basename(sys.argv[0]) == "launch.py":
-    args = sys.argv[1:]
-  else:
-    args = ["--config", config.config_file, "--workdir", workdir]
-  args = [a for a in args if not a.startswith(("--config.render_only", "--config.note"))]
-  return shlex.join(["python", "launch.py", *args])
 
 
 def training_runs(cfg) -> list[tuple[str, str, str]]:
@@ -542,7 +529,7 @@ def run(config, workdir: str) -> dict:
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2)
   md = render_markdown(config, trained, grid, lenience_rows, speedup_rows, plots,
-                       command(config, workdir))
+                       report.launch_command(config, workdir))
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(md)
   print(md)

@@ -24,8 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shlex
-import sys
 
 import jax
 
@@ -39,17 +37,6 @@ FIXED_ORDER = ("rsd_s", "rsd_c", "spectr", "sd")
 COLUMNS = ("method", "tree", "gamma", "block_efficiency", "acceptance_rate", "tokens_per_s",
            "speedup", "verifier_tokens_per_call", "drafter_calls_per_round",
            "identical_to_greedy")
-
-
-def command(config, workdir: str) -> str:
-  """The launch.py command that reproduces a run: the one that ran, if launch.py ran it (less
-  report-only overrides), else the one `config.config_file` names."""
-  if os.path.basename(sys.argv[0]) == "launch.py":
-    args = sys.argv[1:]
-  else:
-    args = ["--config", config.config_file, "--workdir", workdir]
-  args = [a for a in args if not a.startswith(("--config.render_only", "--config.note"))]
-  return shlex.join(["python", "launch.py", *args])
 
 
 def _run(config, workdir: str, dataset: str, temperature: float, methods, part: str,
@@ -279,7 +266,7 @@ def run(config, workdir: str) -> list[dict]:
   rows, extra_widths = collect_rows(config, workdir)
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
-  md = render_markdown(config, rows, extra_widths, command(config, workdir))
+  md = render_markdown(config, rows, extra_widths, report.launch_command(config, workdir))
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(md)
   write_plots(config, rows, workdir)
