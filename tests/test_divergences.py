@@ -1,7 +1,6 @@
 """Divergences (spec_jax.training.divergences): closed forms on hand tables, limits, gradients
 by finite differences, the decoding-time transform, and bad input. No model; milliseconds."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

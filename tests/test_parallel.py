@@ -7,7 +7,6 @@ steps (the sharded train step is the slow compile here).
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P

@@ -7,7 +7,6 @@ compilation cache set up in conftest.py lets the several short runs share compil
 
 import functools
 import glob
-import json
 import os
 import pathlib
 import signal

@@ -23,7 +23,6 @@ program serves every call with the same (B, P, O, drafter, verifier, rule, sampl
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Sequence
 
 import flax.struct

@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
-import numpy as np
 
 from spec_jax import loading, parallel
 from spec_jax.data import pipeline

@@ -15,7 +15,6 @@ import functools
 import math
 from typing import Any, Callable, Iterable, Mapping
 
-from absl import logging
 import flax.struct
 import jax
 import jax.numpy as jnp

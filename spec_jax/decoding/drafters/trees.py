@@ -9,7 +9,7 @@ time; a node that could not be drawn (a law with fewer non-zero tokens than requ
 beam that kept no child) is padding with `valid = False`. Among the children of one parent the
 order is the order they were drawn in (decreasing perturbed log-probability for Gumbel-top-k and
 stochastic beam search, chain index for i.i.d. chains), which is the order recursive rejection
-sampling examines them in (`tree_acceptance`).
+sampling examines them in (`acceptance/tree.py`).
 
 Shapes (`TreeSpec.method`):
   chain      γ = depth draft tokens, one per level: chain speculative decoding (Leviathan et al.
