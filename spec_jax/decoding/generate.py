@@ -62,6 +62,8 @@ class GenerateState:
   cache: llama.KVCache
   rng: jax.Array
   step: jax.Array        # int32[]: decode steps taken (verifier-only forward calls after prefill)
+  law_error: jax.Array   # int32[B]: `sampling.law_status` of the first broken law (0: none)
+  law_error_at: jax.Array  # int32[B]: new tokens the row had emitted when it broke
 
 
 @flax.struct.dataclass
@@ -71,6 +73,8 @@ class GenerateOutput:
   prompt_lengths: jax.Array
   num_new: jax.Array     # int32[B]
   steps: jax.Array       # int32[]: forward calls, prefill included
+  law_error: jax.Array   # int32[B]: 0, or the `sampling.law_status` code that stopped the row
+  law_error_at: jax.Array  # int32[B]: new tokens emitted before it
 
   def new_tokens(self) -> list[list[int]]:
     """Generated ids per row (host side), stop token included when one was emitted."""
@@ -103,24 +107,33 @@ def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_
   logits, _, cache = apply(params, prompt_tokens, positions, cache)
   last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   rng, key = jax.random.split(rng)
-  first = sampling_lib.sample_logits(key, last, sampling)
-  tokens = jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens)))
-  done = jnp.zeros((b,), bool)
-  tokens, lengths, num_new, done = commit(tokens, prompt_lengths, jnp.zeros_like(prompt_lengths),
-                                          done, first, stop_ids, max_new_tokens)
-  state = GenerateState(tokens, lengths, num_new, done, cache, rng, jnp.int32(1))
+  zeros = jnp.zeros_like(prompt_lengths)
+  state = GenerateState(jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), prompt_lengths,
+                        zeros, jnp.zeros((b,), bool), cache, rng, jnp.int32(1), zeros, zeros)
+  state = _append(state, *sampling_lib.draw(key, last, sampling), stop_ids, max_new_tokens)
 
   def body(s: GenerateState) -> GenerateState:
     pos = (s.lengths - 1)[:, None]
     current = jnp.take_along_axis(s.tokens, pos, axis=1)
     logits, _, cache = apply(params, current, pos, s.cache)
-    new = sampling_lib.sample_logits(jax.random.fold_in(s.rng, s.step), logits[:, 0], sampling)
-    tokens, lengths, num_new, done = commit(s.tokens, s.lengths, s.num_new, s.done, new, stop_ids,
-                                            max_new_tokens)
-    return GenerateState(tokens, lengths, num_new, done, cache, s.rng, s.step + 1)
+    new, status = sampling_lib.draw(jax.random.fold_in(s.rng, s.step), logits[:, 0], sampling)
+    s = _append(s.replace(cache=cache), new, status, stop_ids, max_new_tokens)
+    return s.replace(step=s.step + 1)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return GenerateOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.step)
+  return GenerateOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.step,
+                        state.law_error, state.law_error_at)
+
+
+def _append(s: GenerateState, new, status, stop_ids, max_new_tokens) -> GenerateState:
+  """Commit `new` to the live rows whose law was sound; a row whose law broke stops there with
+  its `status` recorded (nothing drawn from the broken law is kept)."""
+  broke = ~s.done & (status != sampling_lib.LAW_OK)
+  tokens, lengths, num_new, done = commit(s.tokens, s.lengths, s.num_new, s.done | broke, new,
+                                          stop_ids, max_new_tokens)
+  return s.replace(tokens=tokens, lengths=lengths, num_new=num_new, done=done | broke,
+                   law_error=jnp.where(broke, status, s.law_error),
+                   law_error_at=jnp.where(broke, s.num_new, s.law_error_at))
 
 
 # Tests wrap `_generate` in chex.assert_max_traces and swap this in to check for retraces.
@@ -133,9 +146,12 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
 
   One compiled program per (cfg, sampling, B, P, max_new_tokens, stop_ids); no host syncs inside.
+  A row whose law is not a distribution (NaN logits, nothing left after top-k/top-p) stops there
+  and the call raises `sampling.LawError` naming it (waiting for the result to check).
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
-  return _generate_jit(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
-                       max_new_tokens=int(max_new_tokens),
-                       stop_ids=tuple(int(i) for i in stop_ids))
+  out = _generate_jit(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
+                      max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids))
+  sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "generate")
+  return out

@@ -86,6 +86,8 @@ class LoopState:
   rng: jax.Array
   round: jax.Array              # int32[]
   stats: Stats
+  law_error: jax.Array          # int32[B]: `sampling.law_status` code of the first broken law
+  law_error_at: jax.Array       # int32[B]: new tokens the row had emitted when it broke
 
 
 @flax.struct.dataclass
@@ -96,6 +98,8 @@ class DecodeOutput:
   num_new: jax.Array            # int32[B]
   rounds: jax.Array             # int32[]: loop iterations (the slowest row's verifier calls)
   stats: Stats
+  law_error: jax.Array          # int32[B]: 0, or the `sampling.law_status` code that stopped the row
+  law_error_at: jax.Array       # int32[B]: new tokens emitted before it
 
   def new_tokens(self) -> list[list[int]]:
     toks, lens, plens = jax.device_get((self.tokens, self.lengths, self.prompt_lengths))
@@ -149,6 +153,18 @@ def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule
                      "vocabulary: map draft ids and laws into it first).")
 
 
+def law_errors(logits, p, proposal: Proposal) -> jax.Array:
+  """int32[B]: LAW_NAN_LOGITS / LAW_EMPTY if the verifier's law at a valid node is broken,
+  LAW_DRAFT_NAN if the drafter's law q holds a NaN, else LAW_OK (`sampling.law_status`)."""
+  status = jnp.where(proposal.valid, sampling_lib.law_status(logits, p), sampling_lib.LAW_OK)
+  out = jnp.where(jnp.any(status == sampling_lib.LAW_NAN_LOGITS, axis=1),
+                  sampling_lib.LAW_NAN_LOGITS, jnp.max(status, axis=1))
+  if proposal.q is not None:
+    draft_nan = jnp.any(jnp.isnan(proposal.q), axis=(1, 2))
+    out = jnp.where((out == sampling_lib.LAW_OK) & draft_nan, sampling_lib.LAW_DRAFT_NAN, out)
+  return out.astype(jnp.int32)
+
+
 STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids")
 
 
@@ -169,7 +185,8 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
       tokens=jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), lengths=prompt_lengths,
       num_new=zeros, done=jnp.zeros((b,), bool), v_cache=v_cache, d_state=d_state, rng=rng,
       round=jnp.int32(0),
-      stats=Stats(zeros, zeros, per_depth, per_depth, jnp.zeros((b,), jnp.float32), zeros))
+      stats=Stats(zeros, zeros, per_depth, per_depth, jnp.zeros((b,), jnp.float32), zeros),
+      law_error=zeros, law_error_at=zeros)
 
   def body(s: LoopState) -> LoopState:
     draft_key, accept_key = jax.random.split(jax.random.fold_in(s.rng, s.round))
@@ -177,8 +194,11 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
                                         sampling)
     _check_proposal(proposal, shape, verifier.vocab_size, b, rule_name)
     logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
-    verdict: Verdict = rule(sampling_lib.probs_from_logits(logits, sampling), proposal,
-                            accept_key)
+    p = sampling_lib.probs_from_logits(logits, sampling)
+    verdict: Verdict = rule(p, proposal, accept_key)
+    # A row whose verifier or drafter law broke this round stops here, emitting nothing of it.
+    status = law_errors(logits, p, proposal)
+    broke = ~s.done & (status != sampling_lib.LAW_OK)
     v_cache = verifier.commit(v_cache, s.lengths, verdict)
     d_state = drafter.commit(d_params, d_state, proposal, verdict, s.lengths,
                              {layer: hidden[layer] for layer in want})
@@ -187,7 +207,8 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
     path_tokens = jnp.take_along_axis(proposal.tokens, verdict.path, axis=1)     # [B, A]
     emitted = jnp.concatenate([path_tokens, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(b), n].set(verdict.next_token)
-    tokens, lengths, num_new, done = emit(s, emitted, n + 1, stop_ids, max_new_tokens)
+    tokens, lengths, num_new, done = emit(s, emitted, jnp.where(broke, 0, n + 1), stop_ids,
+                                          max_new_tokens)
     live = (~s.done).astype(jnp.int32)
     reached = verdict.reached.astype(jnp.int32) * live[:, None]
     st = s.stats
@@ -197,11 +218,13 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
         accepted_at=st.accepted_at + verdict.accepted.astype(jnp.int32) * live[:, None],
         alpha_sum=st.alpha_sum + jnp.sum(verdict.alpha * reached, axis=1),
         candidates=st.candidates + jnp.sum(verdict.num_candidates, axis=1) * live)
-    return LoopState(tokens, lengths, num_new, done, v_cache, d_state, s.rng, s.round + 1, stats)
+    return LoopState(tokens, lengths, num_new, done | broke, v_cache, d_state, s.rng, s.round + 1,
+                     stats, law_error=jnp.where(broke, status, s.law_error),
+                     law_error_at=jnp.where(broke, s.num_new, s.law_error_at))
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return DecodeOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.round,
-                      state.stats)
+                      state.stats, state.law_error, state.law_error_at)
 
 
 _generate_jit = jax.jit(_generate, static_argnames=STATIC)
@@ -237,6 +260,8 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   drafter: a `protocols.Drafter` (e.g. `drafters.lm.LMDrafter(cfg, trees.chain(4))`).
   The caches hold P + max_new_tokens + M − 1 slots; `max_cache_len` (e.g. the verifier's
   context) bounds that. Bad input raises ValueError naming the field, before anything compiles.
+  A row whose verifier or drafter law is not a distribution (NaN logits, nothing left after
+  top-k/top-p) stops there and the call raises `sampling.LawError` naming it.
   """
   check_pair(verifier, drafter)
   max_new_tokens = acceptance.positive_int(max_new_tokens, "max_new_tokens")
@@ -255,8 +280,10 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
           f"slots are left after {prompts.tokens.shape[1]} prompt and {max_new_tokens} new tokens "
           f"(max_cache_len={max_cache_len}): use a smaller tree or fewer new tokens.")
   decode.resolve(shape, sampling)  # fail fast on rule/shape/sampling mismatches, outside jit
-  return _generate_jit(
+  out = _generate_jit(
       verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, verifier=verifier,
       drafter=drafter, decode=decode, sampling=sampling, max_new_tokens=max_new_tokens,
       stop_ids=tuple(int(i) for i in stop_ids))
+  sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "speculative decoding")
+  return out
 

@@ -103,8 +103,13 @@ class Verdict:
 
   num_accepted    int32[B] in [0, A]: accepted draft tokens n (the round emits n + 1)
   next_token      int32[B]: the correction (after a rejection) or bonus token (all accepted)
-  path            int32[B, A]: path[b, d] for d < n is the accepted node at depth d + 1 (a
-                  root-to-node chain of the proposal); 0 for d >= n. A chain's path is 1..n.
+  path            int32[B, A]: path[b, d] for d < n is the node at depth d + 1 of the root-to-
+                  node chain that ends at the last accepted candidate; 0 for d >= n. A chain's
+                  path is 1..n; with distinct siblings (RSD) every entry is the candidate
+                  accepted at its depth. With i.i.d. chains sharing a prefix (SpecInfer, SpecTr)
+                  an earlier depth's candidate may have been accepted on another chain carrying
+                  the same tokens (same K/V and hidden states); path[n − 1] is always the
+                  candidate accepted last.
   reached         bool[B, A]: the walk examined a candidate at depth d + 1
   alpha           f32[B, A]: Σ_x min(p, q) at the node examined at depth d + 1 (the glossary's α
                   of one draw); 0 where not reached or without q

@@ -9,9 +9,11 @@ then draw", and the same transform is applied to drafter and verifier.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,9 @@ def probs_from_logits(logits: jax.Array, s: Sampling) -> jax.Array:
   if s.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
   logits = logits / s.temperature
-  neg_inf = jnp.finfo(jnp.float32).min
+  # Removed tokens get -inf (not float32's min), so a row with nothing left stays an empty law
+  # (NaN after the softmax, reported by `law_status`) instead of turning uniform.
+  neg_inf = -jnp.inf
   if s.top_k and s.top_k < logits.shape[-1]:
     kth = jax.lax.top_k(logits, s.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, neg_inf)
@@ -70,16 +74,128 @@ def first_argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x == top, iota, x.shape[-1]), axis=-1)
 
 
+# ---------------------------------------------------------------------------------------------
+# Exact draws.
+#
+# Gumbel-max draws token i with probability p_i only if the noise reaches log(p_top / p_i) above
+# the top token's. JAX's default Gumbel noise, −log(−log u) with u on a 2^23-point float32 grid,
+# never exceeds ~15.9, so tokens 1e-7 below the top come out about half as often as they should
+# and tokens 1e-8 below never. Every draw here uses noise with 46 bits of resolution where the
+# upper tail needs it (jax's mode="high": largest value ~32, so only tokens below e^-32 ≈ 1e-14 of
+# the top are lost, a total mass under 3e-9 even for a 262k vocabulary), and draws in two stages
+# so that this noise costs less than the old one:
+#   1. the vocabulary is cut into blocks of K ≈ √V tokens; a block is drawn with probability
+#      proportional to its mass by Gumbel-max over the blocks' log-masses (V/K noise values);
+#   2. a token is drawn inside the chosen block by Gumbel-max over its K log-probabilities.
+# P(i) = (M_b / M) · (p_i / M_b) = p_i / M, exactly; the only pass over all V entries is the
+# block sums. The tokens differ from `jax.random.categorical`'s for the same key.
+
+def gumbel(rng: jax.Array, shape) -> jax.Array:
+  """f32 standard Gumbel noise, resolved to ~2^-46 in probability in its upper tail (see above)."""
+  return jax.random.gumbel(rng, shape, jnp.float32, mode="high")
+
+
+def uniform(rng: jax.Array, shape) -> jax.Array:
+  """f32 U[0, 1) resolved to 2^-46 near 0 (jax's default: 2^-23), so an accept test u < a with a
+  tiny ratio a is exact to float32 resolution; near 1 it has float32's own spacing (2^-24)."""
+  hi, lo = jax.random.uniform(rng, (2, *shape), jnp.float32)
+  # Below 1/2 the low word fills in the bits float32 can hold; above it adding could round to 1.
+  return jnp.where(hi >= 0.5, hi, hi + lo * 2.0 ** -23)
+
+
+def block_size(v: int) -> int:
+  """K: the power of two nearest above √V (at least 2), which minimises V/K + K noise values."""
+  return max(2, 1 << math.ceil(math.log2(max(math.sqrt(v), 1.0))))
+
+
+def to_blocks(x: jax.Array, fill) -> jax.Array:
+  """x[..., V] → [..., ⌈V/K⌉, K], padded with `fill` (0 for probabilities, -inf for logs)."""
+  v = x.shape[-1]
+  k = block_size(v)
+  nb = -(-v // k)
+  x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, nb * k - v)], constant_values=fill)
+  return x.reshape(*x.shape[:-1], nb, k)
+
+
+def _safe_log(p: jax.Array) -> jax.Array:
+  return jnp.where(p > 0, jnp.log(jnp.maximum(p, 1e-38)), -jnp.inf)
+
+
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
-  """int32[...] draws from probs[..., V] (float32). Zero-probability tokens are never drawn.
-  The Gumbel-max trick with the same noise `jax.random.categorical(rng, log probs)` uses, so the
-  draws are identical to it, token for token."""
-  logp = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
-  return first_argmax(logp + jax.random.gumbel(rng, logp.shape, jnp.float32))
+  """int32[...] draws from probs[..., V] (float32, not necessarily normalised), exact to float32
+  resolution (two-stage Gumbel-max, see above). Zero-probability tokens are never drawn. A row
+  that is not a law (NaN, no mass) gives an arbitrary in-range token: `law_status` reports it."""
+  v = probs.shape[-1]
+  blocks = to_blocks(probs.astype(jnp.float32), 0.0)                      # [..., NB, K]
+  k_block, k_token = jax.random.split(rng)
+  mass = jnp.sum(blocks, axis=-1)                                         # [..., NB]
+  b = first_argmax(_safe_log(mass) + gumbel(k_block, mass.shape))
+  b = jnp.minimum(b, mass.shape[-1] - 1)
+  chosen = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]   # [..., K]
+  t = first_argmax(_safe_log(chosen) + gumbel(k_token, chosen.shape))
+  return jnp.minimum(b * blocks.shape[-1] + t, v - 1).astype(jnp.int32)
 
 
-def sample_logits(rng: jax.Array, logits: jax.Array, s: Sampling) -> jax.Array:
-  """One draw per row from the law `s` applied to logits; greedy is a plain argmax."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Laws that are not laws. Decoding loops record, per row, the first step whose law is broken
+# (no host sync inside the loop) and `raise_for_laws` turns it into an error on the host.
+
+LAW_OK, LAW_NAN_LOGITS, LAW_EMPTY, LAW_DRAFT_NAN = 0, 1, 2, 3
+
+
+def law_status(logits: jax.Array, probs: jax.Array) -> jax.Array:
+  """int32[...] for logits[..., V] and the law probs[..., V] drawn from them: LAW_NAN_LOGITS if
+  a logit is NaN, LAW_EMPTY if the law has no finite positive mass (every logit -inf, +inf
+  logits, or logits / temperature overflowing), else LAW_OK."""
+  nan = jnp.any(jnp.isnan(logits), axis=-1)
+  mass = jnp.sum(probs, axis=-1)
+  empty = ~(jnp.isfinite(mass) & (mass > 0))
+  return jnp.where(nan, LAW_NAN_LOGITS, jnp.where(empty, LAW_EMPTY, LAW_OK)).astype(jnp.int32)
+
+
+def draw(rng: jax.Array, logits: jax.Array, s: Sampling) -> tuple[jax.Array, jax.Array]:
+  """One draw per row from the law `s` applied to logits[..., V] (greedy: a plain argmax), and
+  the law's `law_status` int32[...]."""
   if s.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  return sample(rng, probs_from_logits(logits, s))
+    nan = jnp.any(jnp.isnan(logits), axis=-1)
+    return (jnp.argmax(logits, axis=-1).astype(jnp.int32),
+            jnp.where(nan, LAW_NAN_LOGITS, LAW_OK).astype(jnp.int32))
+  probs = probs_from_logits(logits, s)
+  return sample(rng, probs), law_status(logits, probs)
+
+
+class LawError(ValueError):
+  """A decoding step met a verifier or drafter law that is not a probability distribution."""
+
+
+def _cause(code: int, sampling: Sampling | None) -> str:
+  if code == LAW_NAN_LOGITS:
+    return ("the verifier's logits contain NaN, so its parameters or activations are not finite "
+            "(a corrupt or diverged checkpoint, NaN inputs, or an overflow in a low-precision "
+            "dtype: try model.dtype='float32')")
+  if code == LAW_DRAFT_NAN:
+    return ("the drafter's law q contains NaN, so the drafter's parameters or activations are "
+            "not finite (check the drafter checkpoint, or try its dtype in float32)")
+  knobs = "" if sampling is None else (f" (sampling.temperature={sampling.temperature}, "
+                                       f"top_k={sampling.top_k}, top_p={sampling.top_p})")
+  return (f"the sampling transform{knobs} left no token with positive probability: every logit "
+          "is -inf (a mask that removes the whole vocabulary), a logit is +inf, or logits / "
+          "temperature overflow float32 (raise sampling.temperature)")
+
+
+def raise_for_laws(status, at, sampling: Sampling | None = None, what: str = "decoding") -> None:
+  """Host side: LawError naming the first bad row, the new-token index it stopped at and the
+  likely cause, if any row of status int32[B] is not LAW_OK (`at` int32[B]: new tokens emitted
+  before the bad step). Nothing after the bad step was emitted for that row."""
+  status, at = (np.asarray(x) for x in jax.device_get((status, at)))
+  bad = np.flatnonzero(status)
+  if bad.size == 0:
+    return
+  b = int(bad[0])
+  others = ""
+  if bad.size > 1:
+    others = f" ({bad.size} rows in all: {bad[:8].tolist()}{', …' if bad.size > 8 else ''})"
+  raise LawError(f"{what}: row {b}{others} stopped at new token {int(at[b])}: "
+                 f"{_cause(int(status[b]), sampling)}.")

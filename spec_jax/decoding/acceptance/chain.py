@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from spec_jax.decoding.acceptance.residuals import MIN_RESIDUAL_MASS, acceptance_rate
 from spec_jax.decoding.protocols import Verdict
-from spec_jax.decoding.sampling import sample
+from spec_jax.decoding.sampling import sample, uniform
 
 LENIENCES = ("lin", "sq", "exp")
 
@@ -140,7 +140,7 @@ def _rejection_sample_chain(p, q, draft, rng, f) -> Verdict:
   p_draft_BxA = _at(p[:, :gamma], draft)
   q_draft_BxA = _at(q, draft)
   f_draft_BxA = f(p_draft_BxA)
-  u_BxA = jax.random.uniform(rng_accept, draft.shape, jnp.float32)
+  u_BxA = uniform(rng_accept, draft.shape)
   # Multiplying instead of dividing keeps q(x) = 0 well defined: such a token was never drawn,
   # but if it shows up it is accepted iff f(p(x)) > 0. p(x) = 0 is never accepted (u·q < 0 fails).
   accepted_BxA = u_BxA * q_draft_BxA < f_draft_BxA

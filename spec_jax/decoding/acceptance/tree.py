@@ -42,7 +42,7 @@ from spec_jax.decoding.acceptance.chain import positive_int
 from spec_jax.decoding.acceptance.kseq import kseq_residual, kseq_rho
 from spec_jax.decoding.acceptance.residuals import MIN_RESIDUAL_MASS
 from spec_jax.decoding.protocols import Verdict
-from spec_jax.decoding.sampling import sample
+from spec_jax.decoding.sampling import sample, uniform
 
 TREE_RULES = ("rrs_without", "rrs_with", "kseq", "greedy")
 
@@ -59,6 +59,7 @@ class _Walk:
   stop_c: jax.Array     # f32[]: the stop step's residual scale c (recursive rules)
   stop_k: jax.Array     # int32[]: the stop step's candidate count k (K-SEQ)
   stop_rho: jax.Array   # f32[]: the stop step's ρ (K-SEQ)
+  last: jax.Array       # int32[]: node of the last accepted candidate (0: none yet)
   reached: jax.Array    # bool[A]
   alpha: jax.Array      # f32[A]
   num_candidates: jax.Array  # int32[A]
@@ -100,8 +101,10 @@ def _verify_row(p, q, tokens, parent, depth, valid, u, *, rule, max_depth, max_c
     c = jnp.float32(0.0)
     if rule == "greedy":
       y = jnp.argmax(p_h).astype(jnp.int32)
-      acc = jnp.any(in_slot & (x_c == y))
+      match = in_slot & (x_c == y)
+      acc = jnp.any(match)
       k = jnp.sum(in_slot)
+      slot = jnp.argmax(match)                  # the first candidate carrying y
     else:
       # A candidate the drafter law gives zero probability cannot have been drawn from it
       # (padding from an exhausted support); every sampling rule skips it, so the rule is the
@@ -146,8 +149,9 @@ def _verify_row(p, q, tokens, parent, depth, valid, u, *, rule, max_depth, max_c
               jnp.bool_(False), jnp.int32(0))
       # Stop at the first acceptance or after the last real candidate (under vmap: once every
       # row has), so a typical step costs a candidate or two, not C.
-      _, c, _, _, _, acc, y = jax.lax.while_loop(
+      j_end, c, _, _, _, acc, y = jax.lax.while_loop(
           lambda inner: (inner[0] < last_slot) & ~inner[5], try_candidate, init)
+      slot = j_end - 1                          # the loop stops right after an acceptance
 
     tried = k > 0
     alpha = w.alpha
@@ -156,22 +160,26 @@ def _verify_row(p, q, tokens, parent, depth, valid, u, *, rule, max_depth, max_c
     # On a stop the active set is left as it is, so its first node is where the walk ended;
     # remember what the final law needs (the residual's c, or K-SEQ's k and ρ) and compute it
     # once, after.
+    node = cand[jnp.clip(slot, 0, c_max - 1)]
     return _Walk(depth=d + 1, active=jnp.where(acc, cand_mask & (tokens == y), active),
                  live=acc, accepted=w.accepted + acc.astype(jnp.int32),
+                 last=jnp.where(acc, node, w.last),
                  stop_c=jnp.where(acc, w.stop_c, c), stop_k=jnp.where(acc, w.stop_k, k),
                  stop_rho=jnp.where(acc, w.stop_rho, rho), reached=w.reached.at[d].set(tried),
                  alpha=alpha, num_candidates=w.num_candidates.at[d].set(k.astype(jnp.int32)))
 
   init = _Walk(depth=jnp.int32(0), active=jnp.arange(m) == 0, live=jnp.bool_(True),
                accepted=jnp.int32(0), stop_c=jnp.float32(0.0), stop_k=jnp.int32(0),
-               stop_rho=jnp.float32(1.0), reached=jnp.zeros((big_d,), bool),
+               stop_rho=jnp.float32(1.0), last=jnp.int32(0),
+               reached=jnp.zeros((big_d,), bool),
                alpha=jnp.zeros((big_d,), jnp.float32),
                num_candidates=jnp.zeros((big_d,), jnp.int32))
   # Depth by depth until a step stops the walk or A tokens are accepted (under vmap: until
   # every row has stopped). Rows that stopped early keep zeros in the per-depth stats.
   w = jax.lax.while_loop(lambda w: (w.depth < big_d) & w.live, step, init)
   n, live, stop_c, stop_k, stop_rho = w.accepted, w.live, w.stop_c, w.stop_k, w.stop_rho
-  last = jnp.argmax(w.active).astype(jnp.int32)  # deepest accepted node, or the root
+  # The walk read p and q at the first active node; every active node carries the same tokens.
+  last = jnp.argmax(w.active).astype(jnp.int32)
   p_last = p[last]
   # All A accepted (live): the bonus comes from p at depth A. Otherwise the stop step's final
   # law: the recursive residual max(0, p − c q) (c = 0: p itself when there was no candidate),
@@ -183,10 +191,11 @@ def _verify_row(p, q, tokens, parent, depth, valid, u, *, rule, max_depth, max_c
   else:
     law = p_last
 
-  # Path = ancestors of the deepest accepted node, so it is one concrete chain even when the
-  # active set held several i.i.d. chains with the same prefix.
+  # Path = the last accepted candidate and its ancestors: one concrete chain of the tree. With
+  # i.i.d. chains sharing a prefix, the ancestors carry the accepted tokens but need not be the
+  # candidates accepted at their depths (those may sit on other chains with the same prefix).
   path = jnp.zeros((big_d,), jnp.int32)
-  cur = last
+  cur = w.last
   for d in reversed(range(big_d)):  # static A
     on_path = d < n
     path = path.at[d].set(jnp.where(on_path, cur, 0))
@@ -269,7 +278,7 @@ def _verify_tree(p, q, tokens, parent, depth, valid, rng, *, rule, max_depth, ma
   max_depth, max_candidates = int(max_depth), int(max_candidates)
   b = p.shape[0]
   rng_accept, rng_next = jax.random.split(rng)
-  u = jax.random.uniform(rng_accept, (b, max_depth, max_candidates), jnp.float32)
+  u = uniform(rng_accept, (b, max_depth, max_candidates))
 
   def row(p_, q_, tokens_, parent_, depth_, valid_, u_):
     return _verify_row(p_, q_, tokens_, parent_, depth_, valid_, u_, rule=rule,

@@ -162,22 +162,21 @@ class Tree:
 def gumbel_top_k(rng: jax.Array, scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   """An ordered sample of k items without replacement, P ∝ exp(scores) (Plackett–Luce), by the
   Gumbel-top-k trick (Vieira 2014; Kool et al. 2019, Eq. 5): perturb every score with an
-  independent Gumbel(0) and keep the k largest, in decreasing order.
+  independent Gumbel(0) and keep the k largest, in decreasing order (`perturbed_top_k` draws
+  them exactly without perturbing all V scores).
 
   scores f32[..., V] (log-probabilities up to a constant; -inf = never drawn). They are
-  normalised (log-softmax over the finite entries) before the noise is added: with a large
-  constant (say 1e5) float32 would absorb the Gumbel noise (its spacing there is ~0.008) and
-  bias the draw towards ties broken by index.
+  normalised (log-softmax over the finite entries) first: with a large constant (say 1e5)
+  float32 would absorb the Gumbel noise (its spacing there is ~0.008) and bias the draw towards
+  ties broken by index.
   Returns (indices int32[..., k], perturbed values f32[..., k]); a value of -inf marks an item that
   could not be drawn (fewer than k finite scores). The values are perturbed normalised scores."""
   scores = scores.astype(jnp.float32)
   finite = jnp.isfinite(scores)
   lse = jax.nn.logsumexp(jnp.where(finite, scores, NEG_INF), axis=-1, keepdims=True)
   scores = scores - jnp.where(jnp.isfinite(lse), lse, 0.0)  # a row with no finite score stays -inf
-  g = jax.random.gumbel(rng, scores.shape, jnp.float32)
-  perturbed = jnp.where(finite, scores + g, NEG_INF)
-  values, idx = jax.lax.top_k(perturbed, k)
-  return idx.astype(jnp.int32), values
+  _, idx, values = perturbed_top_k(rng, jnp.where(finite, scores, NEG_INF)[..., None, :], k)
+  return idx, values
 
 
 def _log1mexp(a: jax.Array) -> jax.Array:
@@ -194,7 +193,7 @@ def truncated_gumbel(rng: jax.Array, logp: jax.Array, bound: jax.Array) -> jax.A
     G_i = T − max(0, v_i) − log(1 + exp(−|v_i|))          [= −log(e^{−T} − e^{−Z} + e^{−G̃_i})]
   logp f32[..., V] (φ: the children's path log-probabilities, -inf = impossible), bound f32[...].
   Returns f32[..., V]; impossible children stay -inf, the arg-max child gets exactly T."""
-  g = jax.random.gumbel(rng, logp.shape, jnp.float32)
+  g = sampling_lib.gumbel(rng, logp.shape)
   finite = jnp.isfinite(logp)
   g_tilde = jnp.where(finite, logp + g, NEG_INF)
   z = jnp.max(g_tilde, axis=-1, keepdims=True)
@@ -203,6 +202,44 @@ def truncated_gumbel(rng: jax.Array, logp: jax.Array, bound: jax.Array) -> jax.A
   v = t - jnp.where(finite, g_tilde, 0.0) + _log1mexp(diff)
   out = t - jnp.maximum(v, 0.0) - jnp.log1p(jnp.exp(-jnp.abs(v)))
   return jnp.where(finite & jnp.isfinite(t), out, NEG_INF)
+
+
+def perturbed_top_k(rng: jax.Array, logp: jax.Array, k: int, bound: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The k largest perturbed values logp[..., g, i] + Gumbel(0) over every group g and item i,
+  in decreasing order; with `bound`, group g's values are conditioned on their maximum being
+  bound[..., g] (stochastic beam search's children of a parent with perturbed value T).
+
+  Drawn top-down (the Gumbel process; Maddison et al. 2014, Kool et al. 2019, App. B) instead of
+  perturbing all G·V values: the vocabulary is cut into blocks of K ≈ √V items
+  (`sampling.to_blocks`); a block's maximum is Gumbel around its log-mass (conditioned on the
+  group's maximum being the bound when there is one: `truncated_gumbel` over the blocks); the
+  k largest values lie in the k blocks with the largest maxima, whose items are then drawn
+  conditioned on their block's maximum. Same joint law as perturbing everything, with G·V/K + k·K
+  noise values, each resolved far into the tail (`sampling.gumbel`).
+
+  logp f32[..., G, V] (-inf = impossible); k static; bound f32[..., G] or None.
+  Returns (group int32[..., k], item int32[..., k], value f32[..., k]); value -inf marks a draw
+  that could not be made (fewer than k possible items)."""
+  logp = logp.astype(jnp.float32)
+  *lead, g, v = logp.shape
+  blocks = sampling_lib.to_blocks(logp, NEG_INF)                          # [..., G, NB, K]
+  nb, kk = blocks.shape[-2:]
+  k_block, k_item = jax.random.split(rng)
+  log_mass = jax.nn.logsumexp(blocks, axis=-1)                            # [..., G, NB]
+  if bound is None:
+    block_max = jnp.where(jnp.isfinite(log_mass),
+                          log_mass + sampling_lib.gumbel(k_block, log_mass.shape), NEG_INF)
+  else:
+    block_max = truncated_gumbel(k_block, log_mass, bound)
+  kb = min(k, g * nb)
+  top_max, sel = jax.lax.top_k(block_max.reshape(*lead, g * nb), kb)     # [..., kb]
+  chosen = jnp.take_along_axis(blocks.reshape(*lead, g * nb, kk), sel[..., None], axis=-2)
+  items = truncated_gumbel(k_item, chosen, top_max)                       # [..., kb, K]
+  values, pos = jax.lax.top_k(items.reshape(*lead, kb * kk), k)
+  block = jnp.take_along_axis(sel, pos // kk, axis=-1)
+  item = jnp.minimum((block % nb) * kk + pos % kk, v - 1)  # padding items are never finite
+  return (block // nb).astype(jnp.int32), item.astype(jnp.int32), values
 
 
 @flax.struct.dataclass
@@ -250,18 +287,16 @@ def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax
     step_logp = flat(jnp.take_along_axis(logq, tokens.reshape(b, w_prev, k), axis=-1))
   elif spec.method == "rsd_s":
     w = spec.width
-    cand_logp = prev.logp[..., None] + logq                              # φ of every child
-    if noise:
-      cand_value = truncated_gumbel(rng, cand_logp, prev.value)
-    else:
-      cand_value = cand_logp                                             # plain beam search
-    cand_value = jnp.where(prev.valid[..., None], cand_value, NEG_INF)
-    flat_value = cand_value.reshape(b, w_prev * v)
     if w > w_prev * v:
       raise ValueError(f"decode.width={w} exceeds the {w_prev * v} candidates of a level.")
-    values, idx = jax.lax.top_k(flat_value, w)                           # global top-W
-    local, tokens = idx // v, (idx % v).astype(jnp.int32)
-    step_logp = jnp.take_along_axis(logq.reshape(b, w_prev * v), idx, axis=1)
+    cand_logp = jnp.where(prev.valid[..., None], prev.logp[..., None] + logq, NEG_INF)  # φ
+    if noise:  # the top W of the whole level, each parent's children capped at its value
+      local, tokens, values = perturbed_top_k(
+          rng, cand_logp, w, jnp.where(prev.valid, prev.value, NEG_INF))
+    else:      # plain beam search
+      values, idx = jax.lax.top_k(cand_logp.reshape(b, w_prev * v), w)
+      local, tokens = idx // v, (idx % v).astype(jnp.int32)
+    step_logp = jnp.take_along_axis(logq.reshape(b, w_prev * v), local * v + tokens, axis=1)
   else:  # i.i.d. chains: K draws from the root, then one draw per chain and level
     k = spec.width
     if level == 1:
@@ -270,7 +305,7 @@ def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax
       local = jnp.broadcast_to(jnp.arange(k)[None], (b, k))
     rows_logq = jnp.take_along_axis(logq, local[..., None], axis=1)     # [B, K, V]
     if noise:
-      tokens = jax.random.categorical(rng, rows_logq, axis=-1).astype(jnp.int32)
+      tokens = sampling_lib.sample(rng, jnp.take_along_axis(q, local[..., None], axis=1))
     else:
       tokens = jnp.argmax(rows_logq, axis=-1).astype(jnp.int32)
     step_logp = jnp.take_along_axis(rows_logq, tokens[..., None], axis=-1)[..., 0]
