@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from configs import benchmark as benchmark_config
+from configs import benchmark_sampling as benchmark_sampling_config
 from configs import generate as generate_config
-from spec_jax.programs import benchmark, generate
+from spec_jax.programs import benchmark, benchmark_sampling, generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,6 +57,16 @@ def test_benchmark_smoke_writes_rows(tmp_path):
             "device"} <= set(row)
     assert row["tokens_per_s"] > 0
     assert row["ms_per_token"] == pytest.approx(1000 / row["tokens_per_s"], rel=1e-2)
+
+
+def test_benchmark_sampling_smoke_writes_rows(tmp_path):
+  rows = benchmark_sampling.run(benchmark_sampling_config.get_config("smoke"), str(tmp_path))
+  assert json.load(open(tmp_path / "results.json")) == rows
+  assert [(r["site"], r["batch_size"]) for r in rows] == [
+      (site, b) for b in (1, 8) for site in ("sample", "gumbel_top_k", "law_check")]
+  for row in rows:
+    assert row["ms"] > 0 and row["baseline_ms"] > 0
+    assert row["ratio"] == pytest.approx(row["ms"] / row["baseline_ms"], rel=0.05)
 
 
 def test_quickstart_smoke_through_the_launcher(tmp_path):

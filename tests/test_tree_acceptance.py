@@ -176,16 +176,20 @@ def test_hand_table_one_rejection_update():
   assert np.all(np.asarray(residuals.remove_token(jnp.array([0.0, 1.0, 0.0]), jnp.int32(1))) == 0)
 
 
+def _hand_root_with_children(*children):
+  """verify_tree's positional arrays (p, q, tokens, parent, depth, valid) for B rows of the hand
+  tables: root token 4 with the given depth-1 children, padded to the one-level shape."""
+  pad = lambda law: jnp.broadcast_to(jnp.asarray(np.pad(law, (0, V - 3))), (B, K + 1, V))  # noqa: E731
+  rows = lambda x: jnp.broadcast_to(jnp.array(x), (B, K + 1))  # noqa: E731
+  k = len(children)
+  return (pad(P_HAND), pad(Q_HAND), rows([4, *children] + [0] * (K - k)),
+          rows([-1] + [0] * K), rows([0] + [1] * K), rows([True] * (k + 1) + [False] * (K - k)))
+
+
 def test_hand_table_end_to_end():
   # Root with children [0, 1] (drawn without replacement, in that order), padded into the
   # one-level shape: P(accept 0) = 1/2, P(accept 1 | 0 rejected) = 4/9, else token 2.
-  p = jnp.broadcast_to(jnp.asarray(np.pad(P_HAND, (0, V - 3))), (B, K + 1, V))
-  q = jnp.broadcast_to(jnp.asarray(np.pad(Q_HAND, (0, V - 3))), (B, K + 1, V))
-  tokens = jnp.broadcast_to(jnp.array([4, 0, 1, 0, 0]), (B, K + 1))
-  parent = jnp.broadcast_to(jnp.array([-1, 0, 0, 0, 0]), (B, K + 1))
-  depth = jnp.broadcast_to(jnp.array([0, 1, 1, 1, 1]), (B, K + 1))
-  valid = jnp.broadcast_to(jnp.array([True, True, True, False, False]), (B, K + 1))
-  v = _verify(p, q, tokens, parent, depth, valid, jax.random.key(0), rule="rrs_without",
+  v = _verify(*_hand_root_with_children(0, 1), jax.random.key(0), rule="rrs_without",
               max_depth=1, max_candidates=K)
   n, path, nxt = map(np.asarray, (v.num_accepted, v.path[:, 0], v.next_token))
   outcome = np.where(n == 1, path, 2 + nxt)  # 1: node 1, 2: node 2, 4: rejected → token 2
@@ -201,18 +205,12 @@ def test_hand_table_end_to_end():
 def test_path_names_the_accepted_candidate_among_duplicates():
   """Two i.i.d. candidates carrying the same token (nodes 1 and 2): K-SEQ and SpecInfer try them
   in order, and the path names the one accepted, node 2 when node 1 was rejected. Token 0 has
-  p/q = 1/2, so (ρ = 1 for SpecInfer) node 1 is accepted w.p. 1/2 and node 2 w.p. 1/4 for
-  rrs_with; K-SEQ accepts each w.p. a = 1/(2ρ)."""
-  p = jnp.broadcast_to(jnp.asarray(np.pad(P_HAND, (0, V - 3))), (B, K + 1, V))
-  q = jnp.broadcast_to(jnp.asarray(np.pad(Q_HAND, (0, V - 3))), (B, K + 1, V))
-  tokens = jnp.broadcast_to(jnp.array([4, 0, 0, 0, 0]), (B, K + 1))
-  parent = jnp.broadcast_to(jnp.array([-1, 0, 0, 0, 0]), (B, K + 1))
-  depth = jnp.broadcast_to(jnp.array([0, 1, 1, 1, 1]), (B, K + 1))
-  valid = jnp.broadcast_to(jnp.array([True, True, True, False, False]), (B, K + 1))
+  p/q = 1/2: SpecInfer accepts node 1 w.p. 1/2 and never its copy (the residual left after
+  rejecting token 0 has no mass on it); K-SEQ accepts each in turn w.p. a = 1/(2ρ)."""
+  tree = _hand_root_with_children(0, 0)
   rho = float(kseq.kseq_rho(jnp.asarray(P_HAND), jnp.asarray(Q_HAND), 2))
   for rule, a1, a2 in (("rrs_with", 0.5, 0.5 * 0.0), ("kseq", 0.5 / rho, 0.5 / rho)):
-    v = _verify(p, q, tokens, parent, depth, valid, jax.random.key(3), rule=rule, max_depth=1,
-                max_candidates=K)
+    v = _verify(*tree, jax.random.key(3), rule=rule, max_depth=1, max_candidates=K)
     n, node = np.asarray(v.num_accepted), np.asarray(v.path)[:, 0]
     assert set(np.unique(node[n == 1])) <= {1, 2} and np.all(node[n == 0] == 0)
     # With replacement the residual after rejecting token 0 has no mass on 0: a second copy of
