@@ -16,6 +16,7 @@ from configs import common
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, new_tokens=128, repeats=3)
   config = common.base("benchmark")
+  config.mesh = common.mesh(data=1)  # one device; --config.mesh.* to decode on several
   config.model = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.data = common.data()
   config.sampling = common.sampling()

@@ -69,10 +69,12 @@ def train(num_steps: int = 1000, batch_size: int = 16):
       log_every=10, eval_every=200, eval_batches=8, checkpoint_every=200, keep_checkpoints=2))
 
 
-def mesh():
+def mesh(data: int = -1, fsdp: int = 1, tensor: int = 1):
   """Device mesh axes. -1 takes all remaining devices. Batches shard over (data, fsdp); params
-  shard over fsdp (largest divisible dim) and tensor."""
-  return ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  shard over fsdp (largest divisible dim) and tensor; decoding's KV caches shard their rows over
+  (data, fsdp) and their key/value heads over tensor. Decoding programs default to one device
+  (data=1): every batch size must divide over data*fsdp and both models' KV heads over tensor."""
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
 
 
 def sampling(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):

@@ -9,6 +9,7 @@ Writes results.json (one row per method × γ × temperature × batch size, with
 glossary in DESIGN.md §3, the seed and the device), results.md and tau_vs_gamma.png /
 speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
 --config.prompts_file=FILE, or --config.data.name=spec_jax_pystdlib for code).
+Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
 Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens (the
 quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). GPU not measured yet.
 """
@@ -28,6 +29,9 @@ def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, gammas="2+4+6", temperatures="0+1", batch_sizes="1",
                           num_prompts=8, new_tokens=64, drafter="runs/quickstart/drafter")
   config = common.base("evaluate")
+  # One device by default; e.g. --config.mesh.data=-1 spreads each batch over every device,
+  # --config.mesh.tensor=2 shards the models and KV heads (see common.mesh).
+  config.mesh = common.mesh(data=1)
   config.title = "SmolLM2-135M-Instruct verifier, quickstart drafter"
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)

@@ -168,3 +168,78 @@ def maybe_initialize_distributed(config) -> bool:
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
   return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding on a mesh: parameters placed by the training rule, batches over ('data', 'fsdp'), KV
+# caches over the batch and their key/value heads over 'tensor'. The decoding loops are jitted
+# with these as inputs and as constraints on their caches, so GSPMD partitions the whole loop
+# (one compiled program, no host round trips) and inserts the collectives.
+
+def decode_mesh(mesh_cfg) -> Mesh | None:
+  """The Mesh decoding programs run on, or None for a single device (mesh sizes all 1)."""
+  sizes = _mesh_shape(mesh_cfg, jax.device_count())
+  if math.prod(sizes) == 1:
+    return None
+  return make_mesh(mesh_cfg)
+
+
+def check_decode_mesh(mesh: Mesh, batch_size: int, kv_heads: dict[str, int | None],
+                      batch_field: str = "the batch size") -> None:
+  """ValueError naming the axis and the fix unless `batch_size` divides over data * fsdp and
+  every model's key/value head count (name → count; None: not a KV-cache model) over tensor."""
+  rows = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  if batch_size % rows:
+    raise ValueError(
+        f"{batch_field} = {batch_size} does not divide over the mesh's batch axes data*fsdp = "
+        f"{mesh.shape['data']}*{mesh.shape['fsdp']} = {rows}. Fix: a batch size that is a "
+        f"multiple of {rows}, or smaller --config.mesh.data / --config.mesh.fsdp.")
+  tensor = mesh.shape["tensor"]
+  for name, heads in kv_heads.items():
+    if heads is not None and heads % tensor:
+      raise ValueError(
+          f"The {name} has {heads} key/value heads, which do not divide over mesh.tensor = "
+          f"{tensor} (the KV cache shards its heads over 'tensor'). Fix: --config.mesh.tensor "
+          f"= a divisor of {heads}.")
+
+
+def cache_sharding(mesh: Mesh) -> NamedSharding:
+  """k, v [L, B, S, K, H]: rows over the batch axes, key/value heads over 'tensor'."""
+  return NamedSharding(mesh, P(None, BATCH_AXES, None, "tensor", None))
+
+
+def place_params(params: Any, mesh: Mesh) -> Any:
+  """Parameters on `mesh` by `param_sharding_rule` (the training placement)."""
+  return jax.device_put(params, param_shardings(mesh, params))
+
+
+def constrain_caches(tree: Any, mesh: Mesh | None) -> Any:
+  """`tree` with every Llama-family KV cache in it constrained to `cache_sharding` (inside jit);
+  other leaves (a drafter's own state, a table cache) are left to GSPMD. No-op without a mesh."""
+  if mesh is None:
+    return tree
+  from spec_jax.models import llama  # noqa: PLC0415 (parallel stays importable without models)
+  sharding = cache_sharding(mesh)
+
+  def one(x):
+    if isinstance(x, llama.KVCache):
+      return llama.KVCache(k=jax.lax.with_sharding_constraint(x.k, sharding),
+                           v=jax.lax.with_sharding_constraint(x.v, sharding))
+    return x
+
+  return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, llama.KVCache))
+
+
+def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
+  """Arrays whose leading dim is the batch, constrained to `batch_sharding` (inside jit)."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh)), tree)
+
+
+def to_host(x: Any) -> np.ndarray:
+  """A (possibly multi-host) array as numpy on this process: all of it, gathered if needed."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_jax import parallel
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import llama
 
@@ -53,6 +54,16 @@ def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: in
   return Prompts(jnp.asarray(tokens), jnp.asarray([len(r) for r in ids], jnp.int32))
 
 
+def on_mesh(prompts: Prompts, mesh) -> Prompts:
+  """Prompts as global arrays sharded over the mesh's batch axes, each process contributing its
+  own rows of the same global batch (`parallel.shard_batch`); global arrays pass through."""
+  if isinstance(prompts.tokens, jax.Array) and not prompts.tokens.is_fully_addressable:
+    return prompts
+  tokens, lengths = parallel.shard_batch((np.asarray(prompts.tokens), np.asarray(prompts.lengths)),
+                                         parallel.batch_sharding(mesh))
+  return Prompts(tokens, lengths)
+
+
 @flax.struct.dataclass
 class GenerateState:
   tokens: jax.Array      # int32[B, S]: prompt then generated tokens, S = P + O (O = max new tokens)
@@ -78,7 +89,8 @@ class GenerateOutput:
 
   def new_tokens(self) -> list[list[int]]:
     """Generated ids per row (host side), stop token included when one was emitted."""
-    toks, lens, plens = jax.device_get((self.tokens, self.lengths, self.prompt_lengths))
+    toks, lens, plens = (parallel.to_host(x) for x in (self.tokens, self.lengths,
+                                                       self.prompt_lengths))
     return [toks[b, plens[b]:lens[b]].tolist() for b in range(toks.shape[0])]
 
 
@@ -94,15 +106,15 @@ def commit(tokens, lengths, num_new, done, new, stop_ids, max_new_tokens):
   return tokens, lengths, num_new, done
 
 
-STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids")
+STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh")
 
 
 def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
-              stop_ids):
+              stop_ids, mesh=None):
   apply = llama.make_apply(cfg)
   b, p = prompt_tokens.shape
   size = p + max_new_tokens
-  cache = llama.init_cache(cfg, b, size)
+  cache = parallel.constrain_caches(llama.init_cache(cfg, b, size), mesh)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   logits, _, cache = apply(params, prompt_tokens, positions, cache)
   last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
@@ -116,6 +128,7 @@ def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_
     pos = (s.lengths - 1)[:, None]
     current = jnp.take_along_axis(s.tokens, pos, axis=1)
     logits, _, cache = apply(params, current, pos, s.cache)
+    cache = parallel.constrain_caches(cache, mesh)
     new, status = sampling_lib.draw(jax.random.fold_in(s.rng, s.step), logits[:, 0], sampling)
     s = _append(s.replace(cache=cache), new, status, stop_ids, max_new_tokens)
     return s.replace(step=s.step + 1)
@@ -142,16 +155,23 @@ _generate_jit = jax.jit(_generate, static_argnames=STATIC)
 
 def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
              sampling: sampling_lib.Sampling, max_new_tokens: int,
-             stop_ids: Sequence[int] = ()) -> GenerateOutput:
+             stop_ids: Sequence[int] = (), mesh=None) -> GenerateOutput:
   """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
 
   One compiled program per (cfg, sampling, B, P, max_new_tokens, stop_ids); no host syncs inside.
   A row whose law is not a distribution (NaN logits, nothing left after top-k/top-p) stops there
   and the call raises `sampling.LawError` naming it (waiting for the result to check).
+  mesh: decode on a `parallel.make_mesh` Mesh (batch over ('data', 'fsdp'), parameters by the
+  training rule, KV cache rows and heads sharded), or None for one device.
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  if mesh is not None:
+    parallel.check_decode_mesh(mesh, prompts.tokens.shape[0], {"model": cfg.n_kv_heads})
+    params = parallel.place_params(params, mesh)
+    prompts = on_mesh(prompts, mesh)
   out = _generate_jit(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
-                      max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids))
+                      max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids),
+                      mesh=mesh)
   sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "generate")
   return out

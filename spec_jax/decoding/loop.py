@@ -29,6 +29,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_jax import parallel
 from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -102,7 +103,8 @@ class DecodeOutput:
   law_error_at: jax.Array       # int32[B]: new tokens emitted before it
 
   def new_tokens(self) -> list[list[int]]:
-    toks, lens, plens = jax.device_get((self.tokens, self.lengths, self.prompt_lengths))
+    toks, lens, plens = (parallel.to_host(x) for x in (self.tokens, self.lengths,
+                                                       self.prompt_lengths))
     return [toks[b, plens[b]:lens[b]].tolist() for b in range(toks.shape[0])]
 
 
@@ -165,11 +167,12 @@ def law_errors(logits, p, proposal: Proposal) -> jax.Array:
   return out.astype(jnp.int32)
 
 
-STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids")
+STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids", "mesh")
 
 
 def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifier, drafter,
-              decode: DecodeConfig, sampling, max_new_tokens, stop_ids) -> DecodeOutput:
+              decode: DecodeConfig, sampling, max_new_tokens, stop_ids,
+              mesh=None) -> DecodeOutput:
   shape = drafter.shape
   rule_name, rule = decode.resolve(shape, sampling)
   b, p = prompt_tokens.shape
@@ -179,6 +182,8 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
   want = drafter.verifier_layers
   d_state = drafter.init(d_params, prompt_tokens, prompt_lengths, size,
                          {layer: v_hidden[layer] for layer in want})
+  # On a mesh: caches sharded over the batch and the KV heads (a no-op without one).
+  v_cache, d_state = parallel.constrain_caches((v_cache, d_state), mesh)
   zeros = jnp.zeros((b,), jnp.int32)
   per_depth = jnp.zeros((b, depth), jnp.int32)
   state = LoopState(
@@ -202,6 +207,7 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
     v_cache = verifier.commit(v_cache, s.lengths, verdict)
     d_state = drafter.commit(d_params, d_state, proposal, verdict, s.lengths,
                              {layer: hidden[layer] for layer in want})
+    v_cache, d_state = parallel.constrain_caches((v_cache, d_state), mesh)
     # Emit the accepted path's tokens, then the correction/bonus token at index n.
     n = verdict.num_accepted
     path_tokens = jnp.take_along_axis(proposal.tokens, verdict.path, axis=1)     # [B, A]
@@ -251,7 +257,7 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
                          decode: DecodeConfig = DecodeConfig(),
                          sampling: sampling_lib.Sampling, max_new_tokens: int,
                          stop_ids: Sequence[int] = (),
-                         max_cache_len: int | None = None) -> DecodeOutput:
+                         max_cache_len: int | None = None, mesh=None) -> DecodeOutput:
   """Generate up to `max_new_tokens` per row with `drafter` proposing and `verifier` checking
   (exactly, or leniently if decode.rule = 'lenient'). Same stopping rule and output layout as
   `generate.generate`; greedy output equals it token for token.
@@ -262,6 +268,12 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   context) bounds that. Bad input raises ValueError naming the field, before anything compiles.
   A row whose verifier or drafter law is not a distribution (NaN logits, nothing left after
   top-k/top-p) stops there and the call raises `sampling.LawError` naming it.
+
+  mesh: a `parallel.make_mesh` Mesh to decode on, or None (one device). On a mesh the batch is
+  sharded over ('data', 'fsdp'), both models' parameters are placed by the training rule
+  (`parallel.place_params`) and their KV caches shard rows and key/value heads ('tensor'); the
+  output equals the single-device one (greedy: token for token). Multi-host: every process
+  passes the same global prompts and parameters; each contributes its own rows.
   """
   check_pair(verifier, drafter)
   max_new_tokens = acceptance.positive_int(max_new_tokens, "max_new_tokens")
@@ -280,10 +292,23 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
           f"slots are left after {prompts.tokens.shape[1]} prompt and {max_new_tokens} new tokens "
           f"(max_cache_len={max_cache_len}): use a smaller tree or fewer new tokens.")
   decode.resolve(shape, sampling)  # fail fast on rule/shape/sampling mismatches, outside jit
+  if mesh is not None:
+    parallel.check_decode_mesh(
+        mesh, prompts.tokens.shape[0],
+        {"verifier": _kv_heads(verifier), "drafter": _kv_heads(drafter)})
+    verifier_params = parallel.place_params(verifier_params, mesh)
+    drafter_params = parallel.place_params(drafter_params, mesh)
+    prompts = generate_lib.on_mesh(prompts, mesh)
   out = _generate_jit(
       verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, verifier=verifier,
       drafter=drafter, decode=decode, sampling=sampling, max_new_tokens=max_new_tokens,
-      stop_ids=tuple(int(i) for i in stop_ids))
+      stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
   sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "speculative decoding")
   return out
+
+
+
+def _kv_heads(model) -> int | None:
+  """Key/value heads of a Llama-family verifier or drafter (None for other kinds)."""
+  return getattr(getattr(model, "cfg", None), "n_kv_heads", None)
 

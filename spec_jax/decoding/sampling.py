@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_jax import parallel
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -189,7 +191,7 @@ def raise_for_laws(status, at, sampling: Sampling | None = None, what: str = "de
   """Host side: LawError naming the first bad row, the new-token index it stopped at and the
   likely cause, if any row of status int32[B] is not LAW_OK (`at` int32[B]: new tokens emitted
   before the bad step). Nothing after the bad step was emitted for that row."""
-  status, at = (np.asarray(x) for x in jax.device_get((status, at)))
+  status, at = parallel.to_host(status), parallel.to_host(at)
   bad = np.flatnonzero(status)
   if bad.size == 0:
     return

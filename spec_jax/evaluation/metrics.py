@@ -25,6 +25,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from spec_jax import parallel
+
 from spec_jax.evaluation import theory
 
 
@@ -44,7 +46,7 @@ def _reals(outputs: Sequence[Any], reals: Sequence[int] | None) -> list[int]:
 
 def _stacked(outputs, reals, get) -> np.ndarray:
   """get(output) over the real rows of every batch, concatenated along the batch axis."""
-  return np.concatenate([np.asarray(jax.device_get(get(o)))[:r] for o, r in zip(outputs, reals)])
+  return np.concatenate([parallel.to_host(get(o))[:r] for o, r in zip(outputs, reals)])
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import jax
 
-from spec_jax import loading
+from spec_jax import loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
@@ -21,8 +21,14 @@ from spec_jax.evaluation import report, timing
 
 def run(config, workdir: str) -> list[dict]:
   b = config.benchmark
+  mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
+  if mesh is not None:
+    for batch_size in b.batch_sizes:
+      parallel.check_decode_mesh(mesh, batch_size, {"model": cfg.n_kv_heads},
+                                 f"benchmark.batch_sizes entry {batch_size}: the batch size")
+    params = parallel.place_params(params, mesh)
   d = config.data
   texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=max(b.batch_sizes),
                                 prompt_tokens=b.prompt_tokens, seed=config.seed,
@@ -36,7 +42,8 @@ def run(config, workdir: str) -> list[dict]:
 
     def call():
       return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
-                                   sampling=sampling, max_new_tokens=b.new_tokens).tokens
+                                   sampling=sampling, max_new_tokens=b.new_tokens,
+                                   mesh=mesh).tokens
 
     t = timing.time_call(call, b.repeats)
     tokens_per_s = batch_size * b.new_tokens / t["median_s"]

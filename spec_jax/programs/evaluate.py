@@ -18,7 +18,7 @@ import os
 
 import jax
 
-from spec_jax import loading
+from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
@@ -133,12 +133,19 @@ def _epsilons(ev, tree) -> tuple:
 def run(config, workdir: str) -> list[dict]:
   ev = config.eval
   runs = method_runs(ev)  # bad method entries fail before anything is loaded
+  mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
   loop.check_pair(verifier_lib.lm_verifier(v_cfg), lm.LMDrafter(d_cfg))
+  if mesh is not None:  # every batch size and both models fit the mesh, before any decoding
+    for batch_size in ev.batch_sizes:
+      parallel.check_decode_mesh(mesh, batch_size, {"verifier": v_cfg.n_kv_heads,
+                                                    "drafter": d_cfg.n_kv_heads},
+                                 batch_field=f"eval.batch_sizes entry {batch_size}: the batch size")
+    v_params, d_params = parallel.place_params(v_params, mesh), parallel.place_params(d_params, mesh)
   texts = prompts_lib.read_prompts(config, tokenizer)[:ev.num_prompts]
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
   device = timing.device_description()
@@ -150,7 +157,8 @@ def run(config, workdir: str) -> list[dict]:
       batches = _batches(tokenizer, texts, batch_size, ev.max_prompt_tokens)
       prompts, reals = [p for p, _ in batches], [r for _, r in batches]
       rng = jax.random.key(config.seed)
-      common = dict(sampling=sampling, max_new_tokens=ev.new_tokens, stop_ids=stop_ids)
+      common = dict(sampling=sampling, max_new_tokens=ev.new_tokens, stop_ids=stop_ids,
+                    mesh=mesh)
       label = f"T={temperature:g} B={batch_size}"
 
       def ar(params, cfg):

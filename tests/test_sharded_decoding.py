@@ -1,0 +1,133 @@
+"""Decoding on a mesh of the 8 fake CPU devices (conftest.py): the speculative loop (chains,
+trees) and autoregressive generation with the batch over ('data', 'fsdp'), parameters placed by
+the training rule and KV caches sharded over rows and key/value heads ('tensor'). Sharded output
+equals single-device output (greedy: token for token), stays lossless at T = 1, compiles once.
+The sharded train step is tested in tests/test_parallel.py."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import parallel, testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm, trees
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import llama
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7],
+           [1, 2], [3], [200, 201, 202, 203], [9, 9, 9]]
+MESHES = {"data=2,fsdp=2,tensor=2": dict(data=2, fsdp=2, tensor=2),
+          "data=8": dict(data=8, fsdp=1, tensor=1)}
+
+
+def _pair(vocab_size=257):
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=4.0)
+  d_cfg, d_params = testing.tiny_model(seed=11, vocab_size=vocab_size, sharpness=4.0)
+  return v_cfg, v_params, d_cfg, d_params
+
+
+def _sd(pair, prompts, shape, *, mesh=None, sampling=Sampling(), n=10, seed=0):
+  v_cfg, v_params, d_cfg, d_params = pair
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed), verifier=verifier_lib.lm_verifier(v_cfg),
+      drafter=lm.LMDrafter(d_cfg, shape), sampling=sampling, max_new_tokens=n, mesh=mesh)
+
+
+@pytest.mark.parametrize("mesh_spec", list(MESHES), ids=list(MESHES))
+def test_sharded_greedy_equals_single_device(mesh_spec):
+  mesh = parallel.make_mesh(MESHES[mesh_spec])
+  pair = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, 0)
+  v_cfg, v_params = pair[:2]
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=10)
+  ar_sharded = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
+                                     sampling=Sampling(), max_new_tokens=10, mesh=mesh)
+  assert ar_sharded.new_tokens() == ar.new_tokens()
+  assert len(ar_sharded.tokens.sharding.device_set) == 8
+  shapes = [trees.chain(3)]
+  if mesh.shape["tensor"] > 1:  # one tree is enough: it shares everything else with the chain
+    shapes.append(trees.TreeSpec("rsd_c", depth=2, branching=(2, 2)))
+  for shape in shapes:
+    single = _sd(pair, prompts, shape)
+    sharded = _sd(pair, prompts, shape, mesh=mesh)
+    assert sharded.new_tokens() == single.new_tokens() == ar.new_tokens(), shape.describe()
+    np.testing.assert_array_equal(np.asarray(sharded.stats.accepted),
+                                  np.asarray(single.stats.accepted))
+    assert len(sharded.tokens.sharding.device_set) == 8
+
+
+def test_tensor_parallel_verifier_logits_equal_single_device():
+  cfg, params = testing.tiny_model(seed=0)
+  apply = jax.jit(llama.make_apply(cfg))
+  tokens = jnp.asarray([PROMPTS[0], PROMPTS[6] + [1, 2, 3]], jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(7), (2, 7))
+  want, _, _ = apply(params, tokens, positions)
+  for spec in (dict(data=1, fsdp=1, tensor=2), dict(data=1, fsdp=4, tensor=2)):
+    mesh = parallel.make_mesh(spec)
+    placed = parallel.place_params(params, mesh)
+    assert any(len(x.sharding.device_set) > 1 and not x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(placed))
+    got, _, _ = apply(placed, tokens, positions)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_sampling_is_lossless():
+  """T = 1 on a mesh: 2-token continuations of one prompt in 512 rows (64 per device) fit the
+  verifier's enumerated law; a drafter law that ignores the transform does not."""
+  pair = _pair(vocab_size=6)
+  mesh = parallel.make_mesh(dict(data=4, fsdp=2, tensor=1))
+  prompt = [1, 4, 2]
+  s = Sampling(1.0, top_k=4)
+  law = testing.exact_sequence_law(pair[0], pair[1], prompt, 2, s)
+  prompts = generate_lib.pad_prompts([prompt] * 4096, 3, 0)
+  out = _sd(pair, prompts, trees.chain(2), mesh=mesh, sampling=s, n=2)
+  samples = [tuple(r) for r in out.new_tokens()]
+  assert testing.chi_square_pvalue(samples, law) > 1e-3
+  plain = testing.exact_sequence_law(pair[0], pair[1], prompt, 2, Sampling(1.0))
+  assert testing.chi_square_pvalue(samples, plain) < 1e-3
+
+
+def test_sharded_decoding_compiles_once(monkeypatch):
+  monkeypatch.setattr(loop, "_generate_jit", jax.jit(chex.assert_max_traces(loop._generate, n=1),
+                                                     static_argnames=loop.STATIC))
+  mesh = parallel.make_mesh(dict(data=4, fsdp=1, tensor=2))
+  pair = _pair()
+  for seed, rows in ((0, PROMPTS[:4]), (1, PROMPTS[4:])):
+    _sd(pair, generate_lib.pad_prompts(rows, 8, 0), trees.chain(2), mesh=mesh, seed=seed,
+        sampling=Sampling(1.0))
+
+
+def test_bad_meshes_name_the_axis_and_the_fix():
+  pair = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS[:3], 8, 0)
+  with pytest.raises(ValueError, match=r"batch size = 3 does not divide over the mesh's batch axes "
+                                       r"data\*fsdp = 2\*2 = 4.*--config.mesh.data"):
+    _sd(pair, prompts, trees.chain(2), mesh=parallel.make_mesh(dict(data=2, fsdp=2, tensor=2)))
+  with pytest.raises(ValueError, match=r"verifier has 2 key/value heads, which do not divide over "
+                                       r"mesh.tensor = 4.*--config.mesh.tensor"):
+    _sd(pair, generate_lib.pad_prompts(PROMPTS[:2], 8, 0), trees.chain(2),
+        mesh=parallel.make_mesh(dict(data=2, fsdp=1, tensor=4)))
+  assert parallel.decode_mesh(dict(data=1, fsdp=1, tensor=1)) is None
+  assert parallel.decode_mesh(dict(data=-1, fsdp=1, tensor=1)).devices.size == 8
+
+
+def test_evaluate_on_a_mesh(tmp_path):
+  """`evaluate` takes --config.mesh.*: greedy SD on a data × tensor mesh still equals AR, and a
+  batch size the mesh cannot split fails before any decoding, naming eval.batch_sizes."""
+  from configs import evaluate as evaluate_config  # noqa: PLC0415
+  from spec_jax.programs import evaluate  # noqa: PLC0415
+  config = evaluate_config.get_config("smoke")
+  config.eval.update(gammas=(2,), temperatures=(0.0,), batch_sizes=(2,), num_prompts=2)
+  config.mesh.update(data=2, tensor=2)
+  rows = evaluate.run(config, str(tmp_path / "ok"))
+  sd = [r for r in rows if r["method"] != "autoregressive"]
+  assert sd and all(r["identical_to_greedy"] for r in sd)
+  config.eval.batch_sizes = (3,)
+  with pytest.raises(ValueError, match=r"eval.batch_sizes entry 3: the batch size = 3 does not "
+                                       r"divide over the mesh's batch axes"):
+    evaluate.run(config, str(tmp_path / "bad"))
