@@ -19,6 +19,13 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and results.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() first (multi-host pods).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "With --distributed: host:port of process 0 (default: "
+    "$JAX_COORDINATOR_ADDRESS or the cluster's auto-detection).")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "With --distributed: the number of processes (default: auto-detect).")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "With --distributed: this process's index (default: auto-detect).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -75,13 +82,36 @@ def _quiet_libraries(record) -> bool:
   return record.levelno >= 30 or not any(part in record.pathname for part in noisy)
 
 
+def _check_same_config_everywhere(config) -> None:
+  """Multi-host: every process must run the same config (shapes, data and seeds must agree, or
+  the collectives mismatch or hang). Compares a digest of the resolved config across processes."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  import hashlib
+  import numpy as np
+  from jax.experimental import multihost_utils
+  digest = hashlib.sha256(config.to_json(sort_keys=True).encode()).digest()
+  mine = np.frombuffer(digest[:8], np.int32)
+  first = multihost_utils.broadcast_one_to_all(mine)
+  same = np.asarray(multihost_utils.process_allgather(np.array(np.all(mine == first))))
+  if not same.all():
+    bad = [i for i, ok in enumerate(np.ravel(same)) if not ok]
+    print(f"FATAL The processes of this multi-host run disagree on the config: process(es) {bad} "
+          "resolved a different config from process 0's. Fix: launch every process with the same "
+          "--config and the same --config.* overrides.", file=sys.stderr)
+    sys.exit(1)
+
+
 def main(argv):
   logging.get_absl_handler().addFilter(_quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   import jax
   from spec_jax import parallel
-  parallel.maybe_initialize_distributed(_DISTRIBUTED.value)
+  parallel.maybe_initialize_distributed(
+      _DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
+      num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   config = _CONFIG.value
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "
@@ -91,6 +121,7 @@ def main(argv):
                          f"{_programs()}.")
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
+  _check_same_config_everywhere(config)
   logging.info("config:\n%s", config)
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
   module.run(config, _WORKDIR.value)

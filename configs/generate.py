@@ -14,6 +14,7 @@ from configs import common
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, temperature=0.0, new_tokens=48, chat=True)
   config = common.base("generate")
+  config.mesh = common.mesh(data=1)  # one device; --config.mesh.* decodes each batch on several
   config.model = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.generation = common.generation(max_new_tokens=args.new_tokens, max_prompt_tokens=96,
                                         batch_size=4)

@@ -151,11 +151,15 @@ def shard_batch(batch: Any, sharding: NamedSharding) -> Any:
   return jax.tree.map(one, batch)
 
 
-def maybe_initialize_distributed(config) -> bool:
-  """Call `jax.distributed.initialize()` (multi-host pods) when `config.distributed` is true.
+def maybe_initialize_distributed(config, *, coordinator_address: str | None = None,
+                                 num_processes: int | None = None,
+                                 process_id: int | None = None) -> bool:
+  """Call `jax.distributed.initialize()` (multi-host) when `config.distributed` (or `config`
+  itself, a bool) is true.
 
-  Coordinator address, process count and id come from the environment (TPU pods, SLURM and
-  Kubernetes set them; `jax.distributed.initialize` auto-detects). Must run before the first
+  Coordinator address, process count and id: the arguments when given, else the environment
+  (JAX_COORDINATOR_ADDRESS; TPU pods, SLURM and Kubernetes are auto-detected by JAX). On CPU the
+  processes exchange collectives over gloo (loopback or a network). Must run before the first
   `jax.devices()`. Returns whether it initialized; a second call is a no-op.
   """
   wanted = bool(config.get("distributed", False)) if hasattr(config, "get") else bool(config)
@@ -163,11 +167,19 @@ def maybe_initialize_distributed(config) -> bool:
     return False
   if jax.distributed.is_initialized():
     return False
-  jax.distributed.initialize()
+  # CPU devices need a cross-process collectives backend; accelerators ignore this setting.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address or None,
+                             num_processes=num_processes, process_id=process_id)
   logging.info("jax.distributed: process %d of %d, %d local / %d global devices.",
                jax.process_index(), jax.process_count(), jax.local_device_count(),
                jax.device_count())
   return True
+
+
+def is_writer() -> bool:
+  """True on the one process that writes results, reports, plots and metrics (process 0)."""
+  return jax.process_index() == 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,13 +14,17 @@ import shlex
 import sys
 from typing import Any, Sequence
 
+from spec_jax import parallel
 from spec_jax.evaluation import glossary, plots, tables
 
 
 def write_results(workdir: str, rows: list[dict]) -> str:
-  """Write rows to `workdir/results.json` and print them as one JSON document."""
-  os.makedirs(workdir, exist_ok=True)
+  """Write rows to `workdir/results.json` and print them as one JSON document (process 0 only,
+  in a multi-host run)."""
   path = os.path.join(workdir, "results.json")
+  if not parallel.is_writer():
+    return path
+  os.makedirs(workdir, exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
   print(json.dumps(rows, indent=2))
@@ -57,8 +61,11 @@ def write_report(workdir: str, rows: Sequence[dict], *, title: str,
 
   results.md holds the title, the command, one table per (temperature, batch_size), the plots, the
   glossary of every metric shown and the config. Returns {"markdown": path, "tau_vs_gamma": path,
-  "speedup_vs_gamma": path}, the plots only when drawn (they need rows with γ > 0).
+  "speedup_vs_gamma": path}, the plots only when drawn (they need rows with γ > 0). Only process 0
+  writes in a multi-host run (the others return {}).
   """
+  if not parallel.is_writer():
+    return {}
   os.makedirs(workdir, exist_ok=True)
   rows = tables.sort_rows(rows)
   group_keys = tables.GROUP_KEYS

@@ -14,7 +14,7 @@ import time
 
 import jax
 
-from spec_jax import loading
+from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
@@ -27,6 +27,11 @@ def run(config, workdir: str) -> list[dict]:
   gen = config.generation
   sampling = sampling_lib.Sampling.from_config(gen.sampling)
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
+  mesh = parallel.decode_mesh(config.mesh)
+  if mesh is not None:
+    parallel.check_decode_mesh(mesh, gen.batch_size, {"model": cfg.n_kv_heads},
+                               "generation.batch_size")
+    params = parallel.place_params(params, mesh)
   texts = prompts_lib.read_prompts(config, tokenizer)
   if config.get("chat", False):
     if not hasattr(tokenizer, "chat_prompt"):
@@ -46,7 +51,7 @@ def run(config, workdir: str) -> list[dict]:
     t0 = time.perf_counter()
     out = generate_lib.generate(params, prompts, jax.random.fold_in(rng, start), cfg=cfg,
                                 sampling=sampling, max_new_tokens=gen.max_new_tokens,
-                                stop_ids=stop_ids)
+                                stop_ids=stop_ids, mesh=mesh)
     new = out.new_tokens()
     seconds = time.perf_counter() - t0
     for i, ids in enumerate(new[:len(chunk)]):
@@ -54,6 +59,8 @@ def run(config, workdir: str) -> list[dict]:
       rows.append(dict(prompt=texts[start + i],
                        completion=tokenizer.decode(ids[:-1] if stopped else ids),
                        new_tokens=len(ids), stopped=stopped, batch_seconds=seconds))
+  if not parallel.is_writer():  # multi-host: every process decoded its rows; one writes
+    return rows
   with open(os.path.join(workdir, "generations.jsonl"), "w", encoding="utf-8") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")

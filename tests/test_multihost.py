@@ -1,0 +1,85 @@
+"""Two processes on loopback, 4 fake CPU devices each (`launch.py --distributed` with a local
+coordinator), against one process with 8: the same greedy text from `generate` on a data mesh
+over all 8 devices, and the same trained parameters from `train_lm` (sharded batches, orbax
+checkpoints written by both processes, metrics by process 0 only)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
+  """Run launch.py as processes 0 and 1 of a 2-process job (extra[i]: process i's own extra
+  arguments); returns their outputs, asserting success (or, with ok=False, failure)."""
+  port = _free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             PYTHONUNBUFFERED="1")
+  procs = [subprocess.Popen(
+      [sys.executable, "launch.py", *args, "--distributed",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
+       *extra[i]],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  for i, (p, out) in enumerate(zip(procs, outs)):
+    assert (p.returncode == 0) == ok, out[-4000:]
+    assert f"process {i}/2" in out, out[-4000:]  # launch.py's log line: really distributed
+  return outs
+
+
+def _launch_one(*args, timeout=420):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")  # conftest's 8 fake devices
+  p = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=timeout)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+
+
+def test_two_processes_generate_and_train_like_one(tmp_path):
+  gen = ["--config=configs/generate.py:smoke", "--config.mesh.data=-1",
+         "--config.generation.batch_size=8"]
+  train = ["--config=configs/train_lm.py:smoke", "--config.mesh.data=-1"]
+  # One process first (it also prepares the TFDS corpus the two processes then share).
+  _launch_one(*gen, f"--workdir={tmp_path / 'gen1'}")
+  _launch_one(*train, f"--workdir={tmp_path / 'train1'}")
+  _launch_pair(*gen, f"--workdir={tmp_path / 'gen2'}")
+  _launch_pair(*train, f"--workdir={tmp_path / 'train2'}")
+
+  read = lambda d: [json.loads(line) for line in open(tmp_path / d / "generations.jsonl")]  # noqa: E731
+  one, two = read("gen1"), read("gen2")
+  assert [r["completion"] for r in two] == [r["completion"] for r in one] and len(one) >= 3
+
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  _, p1, _ = checkpoints.load_model(str(tmp_path / "train1"))
+  _, p2, _ = checkpoints.load_model(str(tmp_path / "train2"))
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+  # Metrics from process 0 only: the same lines as the one-process run, none twice.
+  keys = lambda d: [(r.get("step"), tuple(sorted(r))) for r in  # noqa: E731
+                    map(json.loads, open(tmp_path / d / "metrics.jsonl"))]
+  assert keys("train2") == keys("train1")
+
+
+def test_processes_that_disagree_on_the_config_are_refused(tmp_path):
+  outs = _launch_pair("--config=configs/generate.py:smoke", f"--workdir={tmp_path}",
+                      extra=((), ("--config.seed=1",)), ok=False, timeout=240)
+  assert any("disagree on the config: process(es) [1]" in out for out in outs), outs[0][-3000:]
