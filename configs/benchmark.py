@@ -5,7 +5,8 @@
 
 Writes runs/benchmark/results.json (rows: method, batch_size, new_tokens, tokens_per_s,
 ms_per_token, ms_per_step, compile_s, device).
-Time: 1 min 22 s on 2 CPU cores (measured); GPU not measured yet.
+Time: 1 min 22 s on 2 CPU cores (measured); GPU not measured yet (`:gpu`, `:gpu,dtype=bfloat16`:
+batch 1, 8 and 32).
 Reference (measured, 2 CPU cores, 2026-11-21): batch 1: 30.9 tokens/s = 32.4 ms/token; batch 8:
 80.7 tokens/s = 12.4 ms/token. HF transformers greedy on the same machine and GGUF: 60.4 ms/token.
 """
@@ -14,7 +15,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, new_tokens=128, repeats=3)
+  args = common.parse_arg(arg, smoke=False, new_tokens=128, repeats=3, gpu=False,
+                          dtype="float32")
   config = common.base("benchmark")
   config.mesh = common.mesh(data=1)  # one device; --config.mesh.* to decode on several
   config.model = common.model(size="smollm2-135m", checkpoint="smollm2")
@@ -22,6 +24,9 @@ def get_config(arg=None):
   config.sampling = common.sampling()
   config.benchmark = dict(batch_sizes=(1, 8), new_tokens=args.new_tokens, prompt_tokens=64,
                           repeats=args.repeats)
+  if args.gpu:  # the GPU rows: batch 1, 8 and 32 in `dtype`
+    config.benchmark.batch_sizes = (1, 8, 32)
+    config.model.dtype = args.dtype
   if args.smoke:
     config.tokenizer = "bytes"
     config.model = common.model(size="test-tiny")

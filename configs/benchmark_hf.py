@@ -13,7 +13,8 @@ spec_jax autoregressive and speculative decoding (batch 1, 8). Writes results.js
 Needs torch and transformers (requirements-test.txt). If other jobs share the cores, set
 OMP_WAIT_POLICY=PASSIVE, or torch's spinning threads collapse (1.3 tokens/s instead of 7.8 seen).
 Time on 2 CPU cores: 4 min 32 s on idle cores (11 min with two other long jobs running).
-GPU: not measured (transformers runs on CPU here).
+GPU (not measured yet: no GPU was available): `configs/benchmark_hf.py:gpu` (and
+`:gpu,dtype=bfloat16`) runs both systems on the accelerator at batch 1, 8 and 32.
 Reference (idle cores, 2026-11-21, tokens/s): transformers greedy 17.2 (B=1), 78.1 (B=8);
 assisted 11.9 (default schedule, τ 1.34), 10.2 (γ=4, τ 1.39); spec_jax AR 28.6 (B=1), 94.8
 (B=8), SD γ=4 19.8 (B=1, τ 1.39), 43.5 (B=8). spec_jax SD / assisted: 1.66x (default schedule),
@@ -26,7 +27,7 @@ from configs import common
 
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, gamma=4, new_tokens=64, num_prompts=8,
-                          drafter="runs/quickstart/drafter")
+                          drafter="runs/quickstart/drafter", gpu=False, dtype="float32")
   config = common.base("benchmark_hf")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
@@ -41,7 +42,14 @@ def get_config(arg=None):
       gamma=args.gamma,            # spec_jax γ = transformers' num_assistant_tokens ("constant")
       batch_sizes=(1, 8),          # spec_jax batch sizes; transformers greedy runs 1 and the max
       assisted_schedules=("default", "constant"),
-      torch_threads=0)             # 0: all cores
+      torch_threads=0,             # 0: all cores
+      torch_device="cpu",          # where transformers runs ("cuda" on a GPU)
+      torch_dtype="float32")       # transformers' dtype ("bfloat16" beside model.dtype=bfloat16)
+  if args.gpu:  # the GPU rows: batch 1, 8 and 32 on one accelerator, both systems on it
+    config.num_data_prompts = 32
+    config.benchmark.update(num_prompts=32, batch_sizes=(1, 8, 32), torch_device="cuda",
+                            torch_dtype=args.dtype)
+    config.verifier.dtype = config.drafter.dtype = args.dtype
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")

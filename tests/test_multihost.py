@@ -47,11 +47,18 @@ def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
   return outs
 
 
-def _launch_one(*args, timeout=420):
-  env = dict(os.environ, PYTHONUNBUFFERED="1")  # conftest's 8 fake devices
-  p = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, env=env,
-                     capture_output=True, text=True, timeout=timeout)
-  assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+def _run_here(config_module, arg, workdir, **overrides):
+  """One process with conftest's 8 fake devices, in this test's own process (what
+  `launch.py --config=configs/<module>.py:<arg> --config.<key>=<value>` runs)."""
+  import importlib  # noqa: PLC0415
+  config = importlib.import_module(f"configs.{config_module}").get_config(arg)
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return importlib.import_module(f"spec_jax.programs.{config.program}").run(config, str(workdir))
 
 
 def test_two_processes_generate_and_train_like_one(tmp_path):
@@ -59,16 +66,22 @@ def test_two_processes_generate_and_train_like_one(tmp_path):
          "--config.generation.batch_size=8"]
   train = ["--config=configs/train_lm.py:smoke", "--config.mesh.data=-1"]
   # One process first (it also prepares the TFDS corpus the two processes then share).
-  _launch_one(*gen, f"--workdir={tmp_path / 'gen1'}")
-  _launch_one(*train, f"--workdir={tmp_path / 'train1'}")
+  _run_here("generate", "smoke", tmp_path / "gen1", **{"mesh.data": -1,
+                                                       "generation.batch_size": 8})
+  _run_here("train_lm", "smoke", tmp_path / "train1", **{"mesh.data": -1})
   _launch_pair(*gen, f"--workdir={tmp_path / 'gen2'}")
   _launch_pair(*train, f"--workdir={tmp_path / 'train2'}")
+  # Both go on for 10 more steps from their checkpoints: orbax restores across the two hosts.
+  _run_here("train_lm", "smoke", tmp_path / "train1", **{"mesh.data": -1,
+                                                         "train.num_steps": 30})
+  _launch_pair(*train, "--config.train.num_steps=30", f"--workdir={tmp_path / 'train2'}")
 
   read = lambda d: [json.loads(line) for line in open(tmp_path / d / "generations.jsonl")]  # noqa: E731
   one, two = read("gen1"), read("gen2")
   assert [r["completion"] for r in two] == [r["completion"] for r in one] and len(one) >= 3
 
   from spec_jax.training import checkpoints  # noqa: PLC0415
+  assert [checkpoints._resolve(str(tmp_path / d))[1] for d in ("train1", "train2")] == [30, 30]
   _, p1, _ = checkpoints.load_model(str(tmp_path / "train1"))
   _, p2, _ = checkpoints.load_model(str(tmp_path / "train2"))
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):

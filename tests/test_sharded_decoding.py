@@ -14,7 +14,7 @@ from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm, trees
+from spec_jax.decoding.drafters import hidden, lm, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import llama
 
@@ -59,6 +59,14 @@ def test_sharded_greedy_equals_single_device(mesh_spec):
     np.testing.assert_array_equal(np.asarray(sharded.stats.accepted),
                                   np.asarray(single.stats.accepted))
     assert len(sharded.tokens.sharding.device_set) == 8
+  # A drafter fed by the verifier's hidden states (no KV cache of its own) on the same mesh.
+  hd = hidden.HiddenStateDrafter(v_cfg.vocab_size, v_cfg.d_model, gamma=3, layer=-1)
+  h_params = hd.init_params(jax.random.key(3))
+  verifier = verifier_lib.lm_verifier(v_cfg, hd.verifier_layers)
+  outs = [loop.speculative_generate(v_params, h_params, prompts, jax.random.key(0),
+                                    verifier=verifier, drafter=hd, sampling=Sampling(),
+                                    max_new_tokens=10, mesh=m) for m in (None, mesh)]
+  assert outs[1].new_tokens() == outs[0].new_tokens() == ar.new_tokens()
 
 
 def test_tensor_parallel_verifier_logits_equal_single_device():

@@ -22,11 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import jax
 import numpy as np
 
 from spec_jax import parallel
-
 from spec_jax.evaluation import theory
 
 

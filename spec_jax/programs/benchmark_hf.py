@@ -130,8 +130,9 @@ def measure(methods: list[Method]) -> None:
 def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Method]:
   """transformers greedy (batch 1 and the largest) and assisted generation (batch 1); extra: the
   verifier's forward calls."""
+  device, dtype = b.get("torch_device", "cpu"), getattr(torch, b.get("torch_dtype", "float32"))
   load = lambda d: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
-      d, dtype=torch.float32).eval()
+      d, dtype=dtype).to(device).eval()
   model = load(dirs["verifier"])
   model.generation_config.eos_token_id = None  # every row emits exactly new_tokens, as ours
   calls = [0]
@@ -139,7 +140,7 @@ def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Meth
 
   def gen(new_tokens=b.new_tokens, **kwargs):
     def fn(batch):
-      x = torch.tensor(batch)
+      x = torch.tensor(batch, device=device)
       start = calls[0]
       with torch.no_grad():
         out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
