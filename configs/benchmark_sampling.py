@@ -15,6 +15,5 @@ def get_config(arg=None):
   config = common.base("benchmark_sampling")
   config.benchmark = dict(batch_sizes=(1, 8), vocab_size=49152, top_k=4, repeats=args.repeats)
   if args.smoke:
-    config.benchmark.vocab_size = 300
-    config.benchmark.repeats = 3
+    config.benchmark.update(vocab_size=300, repeats=3, batch_sizes=(2,))
   return config

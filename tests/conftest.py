@@ -2,7 +2,12 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The 8 fake devices' collectives rendezvous between threads; on 2 oversubscribed cores (two
+# xdist workers plus the multi-host test's subprocesses) one can wait longer than XLA's default
+# 40 s before aborting the process, so the tests give it 10 minutes (a hang still fails the run).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
+                      "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare in float32; keep matmuls exact on CPU.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")

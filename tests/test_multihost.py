@@ -25,8 +25,9 @@ def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
   """Run launch.py as processes 0 and 1 of a 2-process job (extra[i]: process i's own extra
   arguments); returns their outputs, asserting success (or, with ok=False, failure)."""
   port = _free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             PYTHONUNBUFFERED="1")
+  env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=(
+      "--xla_force_host_platform_device_count=4 "
+      "--xla_cpu_collective_call_terminate_timeout_seconds=600"))
   procs = [subprocess.Popen(
       [sys.executable, "launch.py", *args, "--distributed",
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
@@ -64,15 +65,18 @@ def _run_here(config_module, arg, workdir, **overrides):
 def test_two_processes_generate_and_train_like_one(tmp_path):
   gen = ["--config=configs/generate.py:smoke", "--config.mesh.data=-1",
          "--config.generation.batch_size=8"]
-  train = ["--config=configs/train_lm.py:smoke", "--config.mesh.data=-1"]
+  train = ["--config=configs/train_lm.py:smoke", "--config.mesh.data=-1",
+           "--config.train.eval_every=0"]
   # One process first (it also prepares the TFDS corpus the two processes then share).
   _run_here("generate", "smoke", tmp_path / "gen1", **{"mesh.data": -1,
                                                        "generation.batch_size": 8})
-  _run_here("train_lm", "smoke", tmp_path / "train1", **{"mesh.data": -1})
+  _run_here("train_lm", "smoke", tmp_path / "train1", **{"mesh.data": -1,
+                                                         "train.eval_every": 0})
   _launch_pair(*gen, f"--workdir={tmp_path / 'gen2'}")
   _launch_pair(*train, f"--workdir={tmp_path / 'train2'}")
   # Both go on for 10 more steps from their checkpoints: orbax restores across the two hosts.
   _run_here("train_lm", "smoke", tmp_path / "train1", **{"mesh.data": -1,
+                                                         "train.eval_every": 0,
                                                          "train.num_steps": 30})
   _launch_pair(*train, "--config.train.num_steps=30", f"--workdir={tmp_path / 'train2'}")
 

@@ -10,8 +10,9 @@ import pytest
 
 from configs import benchmark as benchmark_config
 from configs import benchmark_sampling as benchmark_sampling_config
+from experiments.perf import config as perf_config
 from configs import generate as generate_config
-from spec_jax.programs import benchmark, benchmark_sampling, generate
+from spec_jax.programs import benchmark, benchmark_sampling, cost_model, generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,16 +58,35 @@ def test_benchmark_smoke_writes_rows(tmp_path):
             "device"} <= set(row)
     assert row["tokens_per_s"] > 0
     assert row["ms_per_token"] == pytest.approx(1000 / row["tokens_per_s"], rel=1e-2)
+    assert row["memory_bandwidth_gb_s"] > 0
+    assert row["roofline_ms_per_token"] == pytest.approx(
+        row["roofline_ms_per_step"] / row["batch_size"], rel=1e-2)
+    assert row["vs_roofline"] == pytest.approx(row["ms_per_step"] / row["roofline_ms_per_step"],
+                                               rel=2e-2)
 
 
 def test_benchmark_sampling_smoke_writes_rows(tmp_path):
   rows = benchmark_sampling.run(benchmark_sampling_config.get_config("smoke"), str(tmp_path))
   assert json.load(open(tmp_path / "results.json")) == rows
   assert [(r["site"], r["batch_size"]) for r in rows] == [
-      (site, b) for b in (1, 8) for site in ("sample", "gumbel_top_k", "law_check")]
+      (site, 2) for site in ("sample", "gumbel_top_k", "law_check")]
   for row in rows:
     assert row["ms"] > 0 and row["baseline_ms"] > 0
     assert row["ratio"] == pytest.approx(row["ms"] / row["baseline_ms"], rel=0.05)
+
+
+def test_cost_model_smoke_writes_rows(tmp_path):
+  rows = cost_model.run(perf_config.get_config("smoke"), str(tmp_path))
+  assert json.load(open(tmp_path / "results.json")) == rows
+  verifier = [r for r in rows if r["model"] == "verifier"]
+  assert [(r["batch_size"], r["T"]) for r in verifier] == [(b, t) for b in (1, 2) for t in (1, 2, 5)]
+  assert all(r["r"] == 1.0 for r in verifier if r["T"] == 1)
+  assert all(r["r"] == pytest.approx(r["ms"] / next(
+      v["ms"] for v in verifier if v["T"] == 1 and v["batch_size"] == r["batch_size"]), rel=0.02)
+      for r in verifier)
+  drafter = [r for r in rows if r["model"] == "drafter"]
+  assert [r["batch_size"] for r in drafter] == [1, 2] and all(r["c"] > 0 for r in drafter)
+  assert "| T |" in open(tmp_path / "results.md").read()
 
 
 def test_quickstart_smoke_through_the_launcher(tmp_path):

@@ -49,24 +49,22 @@ def test_sharded_greedy_equals_single_device(mesh_spec):
                                      sampling=Sampling(), max_new_tokens=10, mesh=mesh)
   assert ar_sharded.new_tokens() == ar.new_tokens()
   assert len(ar_sharded.tokens.sharding.device_set) == 8
+  # Single-device SD equals AR in tests/test_speculative.py and test_tree_speculative.py; here
+  # every drafter kind on the mesh equals the same AR output.
   shapes = [trees.chain(3)]
   if mesh.shape["tensor"] > 1:  # one tree is enough: it shares everything else with the chain
     shapes.append(trees.TreeSpec("rsd_c", depth=2, branching=(2, 2)))
   for shape in shapes:
-    single = _sd(pair, prompts, shape)
     sharded = _sd(pair, prompts, shape, mesh=mesh)
-    assert sharded.new_tokens() == single.new_tokens() == ar.new_tokens(), shape.describe()
-    np.testing.assert_array_equal(np.asarray(sharded.stats.accepted),
-                                  np.asarray(single.stats.accepted))
+    assert sharded.new_tokens() == ar.new_tokens(), shape.describe()
     assert len(sharded.tokens.sharding.device_set) == 8
   # A drafter fed by the verifier's hidden states (no KV cache of its own) on the same mesh.
   hd = hidden.HiddenStateDrafter(v_cfg.vocab_size, v_cfg.d_model, gamma=3, layer=-1)
-  h_params = hd.init_params(jax.random.key(3))
-  verifier = verifier_lib.lm_verifier(v_cfg, hd.verifier_layers)
-  outs = [loop.speculative_generate(v_params, h_params, prompts, jax.random.key(0),
-                                    verifier=verifier, drafter=hd, sampling=Sampling(),
-                                    max_new_tokens=10, mesh=m) for m in (None, mesh)]
-  assert outs[1].new_tokens() == outs[0].new_tokens() == ar.new_tokens()
+  out = loop.speculative_generate(v_params, hd.init_params(jax.random.key(3)), prompts,
+                                  jax.random.key(0),
+                                  verifier=verifier_lib.lm_verifier(v_cfg, hd.verifier_layers),
+                                  drafter=hd, sampling=Sampling(), max_new_tokens=10, mesh=mesh)
+  assert out.new_tokens() == ar.new_tokens()
 
 
 def test_tensor_parallel_verifier_logits_equal_single_device():

@@ -102,22 +102,21 @@ def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
   return round_robin({"fn": fn}, repeats)["fn"]
 
 
-def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
-                        batch_size: int, m: int, position: int, repeats: int = 5) -> float:
-  """r(M) = median time of a verifier forward over M new tokens / that of 1 token (DESIGN §3).
+def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                  batch_size: int, tokens: Sequence[int], position: int,
+                  repeats: int = 5) -> dict[int, float]:
+  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`.
 
   apply_fn is the DESIGN §2 forward apply(params, tokens[B,T], positions[B,T], cache) -> (logits,
   hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for B =
   batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
-  The T new tokens sit at positions position .. position+T-1 (position + M must fit the cache)
-  under the causal mask. Both forwards write their K/V into a donated cache, as inside the loop,
-  and take turns (`round_robin`).
+  The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
+  under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
+  the sizes take turns (`round_robin`).
   """
-  if m < 1 or batch_size < 1:
-    raise ValueError(f"verifier_cost_ratio needs m >= 1 and batch_size >= 1, got m={m}, "
-                     f"batch_size={batch_size}.")
-  if m == 1:
-    return 1.0
+  if batch_size < 1 or not tokens or min(tokens) < 1:
+    raise ValueError(f"forward_costs needs batch_size >= 1 and token counts >= 1, got "
+                     f"batch_size={batch_size}, tokens={tuple(tokens)}.")
 
   def forward(params, cache, tokens, positions):
     logits, _, cache = apply_fn(params, tokens, positions, cache)
@@ -127,15 +126,44 @@ def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[]
   step = jax.jit(forward, donate_argnums=1)
 
   def make_call(t: int) -> Callable[[], Any]:
-    tokens = jnp.zeros((batch_size, t), jnp.int32)
+    x = jnp.zeros((batch_size, t), jnp.int32)
     positions = jnp.broadcast_to(position + jnp.arange(t, dtype=jnp.int32), (batch_size, t))
     state = {"cache": init_cache()}
 
     def call():
-      logits, state["cache"] = step(params, state["cache"], tokens, positions)
+      logits, state["cache"] = step(params, state["cache"], x, positions)
       return logits, state["cache"]
 
     return call
 
-  times = round_robin({"one": make_call(1), "m": make_call(m)}, repeats)
-  return times["m"]["median_s"] / times["one"]["median_s"]
+  times = round_robin({str(t): make_call(t) for t in tokens}, repeats)
+  return {int(t): v["median_s"] for t, v in times.items()}
+
+
+def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                        batch_size: int, m: int, position: int, repeats: int = 5) -> float:
+  """r(M) = median time of a verifier forward over M new tokens / that of 1 token (DESIGN §3),
+  measured by `forward_costs` (same arguments)."""
+  if m < 1 or batch_size < 1:
+    raise ValueError(f"verifier_cost_ratio needs m >= 1 and batch_size >= 1, got m={m}, "
+                     f"batch_size={batch_size}.")
+  if m == 1:
+    return 1.0
+  costs = forward_costs(apply_fn, params, init_cache, batch_size=batch_size, tokens=(1, m),
+                        position=position, repeats=repeats)
+  return costs[m] / costs[1]
+
+
+def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+  """Bytes per second one jitted reduction reads from memory: a sum over a float32 array of
+  `nbytes` (far beyond any cache), median of `repeats`. The memory roofline of a decode step is
+  the bytes it must read (the weights, then the KV cache) over this."""
+  x = jnp.ones((max(int(nbytes) // 4, 1),), jnp.float32)
+  total = jax.jit(jnp.sum)
+  seconds = time_call(lambda: total(x), repeats)["median_s"]
+  return x.size * 4 / seconds
+
+
+def param_bytes(params: Any) -> int:
+  """Bytes of every array in a parameter tree (what one decode step reads at least once)."""
+  return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))

@@ -2,7 +2,10 @@
 
 Each row: method, batch_size, new_tokens, tokens_per_s, ms_per_token (= 1000 / tokens_per_s,
 i.e. wall time per emitted token over the batch), ms_per_step (wall time per decode step, the
-per-token latency a user of one row sees), compile_s, device. Every call generates exactly
+per-token latency a user of one row sees), compile_s, device, and the memory roofline measured in
+the same run: memory_bandwidth_gb_s (`timing.memory_bandwidth`), roofline_ms_per_step (parameter
+bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step / batch) and
+vs_roofline = ms_per_step / roofline_ms_per_step. Every call generates exactly
 `new_tokens` per row (stop tokens are ignored) from prompts of the configured split, and the
 timed region is the whole jitted generate call, prefill included.
 """
@@ -35,6 +38,9 @@ def run(config, workdir: str) -> list[dict]:
                                 data_dir=d.data_dir or None, text_key=d.text_key)
   sampling = sampling_lib.Sampling.from_config(config.sampling)
   device = timing.device_description()
+  # The memory roofline, measured in this run: a decode step reads every weight at least once.
+  bandwidth = timing.memory_bandwidth(repeats=b.repeats)
+  roofline_step_ms = 1e3 * timing.param_bytes(params) / bandwidth
   rows = []
   for batch_size in b.batch_sizes:
     prompts = generate_lib.encode_prompts(tokenizer, texts[:batch_size], b.prompt_tokens,
@@ -53,6 +59,10 @@ def run(config, workdir: str) -> list[dict]:
         tokens_per_s=round(tokens_per_s, 2), ms_per_token=round(1000 / tokens_per_s, 3),
         ms_per_step=round(1000 * t["median_s"] / b.new_tokens, 3),
         compile_s=round(t["compile_s"], 2), repeats=b.repeats, device=device,
+        memory_bandwidth_gb_s=round(bandwidth / 1e9, 2),
+        roofline_ms_per_step=round(roofline_step_ms, 6),
+        roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
+        vs_roofline=round(1000 * t["median_s"] / b.new_tokens / roofline_step_ms, 3),
         model=config.model.checkpoint or config.model.size))
   base = rows[0]["tokens_per_s"]
   for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
