@@ -307,7 +307,6 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   return out
 
 
-
 def _kv_heads(model) -> int | None:
   """Key/value heads of a Llama-family verifier or drafter (None for other kinds)."""
   return getattr(getattr(model, "cfg", None), "n_kv_heads", None)

@@ -138,8 +138,6 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   return jnp.minimum(b * blocks.shape[-1] + t, v - 1).astype(jnp.int32)
 
 
-
-
 # ---------------------------------------------------------------------------------------------
 # Laws that are not laws. Decoding loops record, per row, the first step whose law is broken
 # (no host sync inside the loop) and `raise_for_laws` turns it into an error on the host.
@@ -174,9 +172,9 @@ class LawError(ValueError):
 
 def _cause(code: int, sampling: Sampling | None) -> str:
   if code == LAW_NAN_LOGITS:
-    return ("the verifier's logits contain NaN, so its parameters or activations are not finite "
-            "(a corrupt or diverged checkpoint, NaN inputs, or an overflow in a low-precision "
-            "dtype: try model.dtype='float32')")
+    return ("the model's logits contain NaN (the verifier's, in speculative decoding), so its "
+            "parameters or activations are not finite (a corrupt or diverged checkpoint, NaN "
+            "inputs, or an overflow in a low-precision dtype: try model.dtype='float32')")
   if code == LAW_DRAFT_NAN:
     return ("the drafter's law q contains NaN, so the drafter's parameters or activations are "
             "not finite (check the drafter checkpoint, or try its dtype in float32)")
