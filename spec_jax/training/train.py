@@ -221,6 +221,11 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
   bar = tqdm.tqdm(total=num_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
                   disable=not show_progress or jax.process_index() != 0)
 
+  # On CPU with several devices, two SPMD programs in flight can deadlock in their collectives'
+  # rendezvous (DESIGN.md §5; seen under load even with one step of lookahead), so each step is
+  # read before the next is dispatched there. Accelerators keep one step of lookahead.
+  one_in_flight = jax.devices()[0].platform == "cpu" and jax.device_count() > 1
+
   def read(pending):
     nonlocal last
     done, metrics = pending
@@ -251,11 +256,15 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
       if pending is not None:
         read(pending)
       pending = (done, metrics)
+      if one_in_flight:
+        read(pending)
+        pending = None
       do_eval = eval_fn is not None and eval_every and (done % eval_every == 0 or done == num_steps)
       do_save = save_fn is not None and (
           (checkpoint_every and done % checkpoint_every == 0) or done == num_steps)
       if do_eval or do_save:
-        read(pending)  # sync point: this state's metrics must be finite first
+        if pending is not None:
+          read(pending)  # sync point: this state's metrics must be finite first
         pending = None
         if do_eval:
           last_eval = dict(eval_fn(state))
