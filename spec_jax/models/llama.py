@@ -187,8 +187,13 @@ class Block(nn.Module):
   cfg: LlamaConfig
 
   @nn.compact
-  def __call__(self, x, layer_cache, positions, mask_old, mask_new):
+  def __call__(self, x, layer_cache, positions, mask_old, mask_new, steer=None):
+    """steer: this layer's steering deltas (SD², `models/steering.py`), None or a dict with
+    "up" f32[B, F] | [B, T, F], added to the up projection inside the SwiGLU MLP ("merged":
+    down(silu(gate) * (up + δ))), and/or "residual" f32[B, D] | [B, T, D], added to the block's
+    output ("simple"). A [B, ·] delta serves every one of the T tokens."""
     cfg = self.cfg
+    steer = steer or {}
     residual_in = x
     h, new_kv = Attention(cfg, name="attn")(
         RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x), layer_cache, positions,
@@ -197,8 +202,17 @@ class Block(nn.Module):
     h = RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
     gate = _dense(cfg, cfg.d_ff, "gate")(h)
     up = _dense(cfg, cfg.d_ff, "up")(h)
+    if "up" in steer:
+      up = up + _per_token(steer["up"]).astype(up.dtype)
     x = x + _dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up)
+    if "residual" in steer:
+      x = x + _per_token(steer["residual"]).astype(x.dtype)
     return x, (new_kv, residual_in)
+
+
+def _per_token(delta: jax.Array) -> jax.Array:
+  """[B, X] → [B, 1, X] (one delta for all T tokens); [B, T, X] unchanged."""
+  return delta[:, None] if delta.ndim == 2 else delta
 
 
 def split_mask(mask: jax.Array, slots: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
@@ -224,7 +238,8 @@ class Llama(nn.Module):
   hidden_layers: tuple[int, ...] = ()
 
   @nn.compact
-  def __call__(self, tokens, positions, cache: KVCache | None = None, mask=None, slots=None):
+  def __call__(self, tokens, positions, cache: KVCache | None = None, mask=None, slots=None,
+               steer=None):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
@@ -242,9 +257,11 @@ class Llama(nn.Module):
     else:
       mask_old, mask_new, layer_caches = None, mask, None
     layers = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers)
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                     length=cfg.n_layers)
+    # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
     x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
-        x, layer_caches, positions, mask_old, mask_new)
+        x, layer_caches, positions, mask_old, mask_new, steer)
     hidden = {}
     for layer in self.hidden_layers:
       depth = cfg.n_layers if layer == -1 else layer
@@ -269,11 +286,13 @@ class Llama(nn.Module):
 def make_apply(cfg: LlamaConfig, hidden_layers: Sequence[int] = ()):
   """The DESIGN.md §2 forward as a pure function:
   apply(params, tokens[B,T], positions[B,T], cache, mask[B,T,S] | None, slots[B,T] | None)
-    -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache)."""
+    -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache).
+  An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})
+  injects SD² steering deltas into every layer (`Block`)."""
   model = Llama(cfg, tuple(hidden_layers))
 
-  def apply(params, tokens, positions, cache=None, mask=None, slots=None):
-    return model.apply({"params": params}, tokens, positions, cache, mask, slots)
+  def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None):
+    return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer)
 
   return apply
 

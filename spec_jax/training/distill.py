@@ -107,24 +107,36 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   return loss, {"loss": loss, "alpha": alpha}
 
 
+def _student_with_context(student_apply: Callable, context_fn: Callable | None, teacher_hidden,
+                          batch, rng) -> Callable:
+  """The student's forward, given what it reads from the teacher's pass (SD² steering:
+  `training/steering.py`) as keywords: context_fn(teacher_hidden, batch, rng) -> kwargs of
+  student_apply. rng is None at evaluation (context_fn then picks its deterministic setting)."""
+  if context_fn is None:
+    return student_apply
+  return functools.partial(student_apply,
+                           **context_fn(jax.lax.stop_gradient(teacher_hidden), batch, rng))
+
+
 def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: jax.Array,
                  teacher_params, *, student_apply: Callable, teacher_apply: Callable,
-                 tx: optax.GradientTransformation, objective: Objective
+                 tx: optax.GradientTransformation, objective: Objective,
+                 context_fn: Callable | None = None
                  ) -> tuple[train.TrainState, dict[str, jax.Array]]:
   """One optimizer update of the student. Pure: jit it once (`jit_distill_step`).
 
   The teacher runs forward only, under stop_gradient (belt and braces: the gradient is taken
   w.r.t. the student's params alone anyway). rng has the step folded in, like `train_step`;
-  the objective is deterministic today, so it is unused.
+  only a `context_fn` uses it (the objective is deterministic).
   Metrics (f32[]): loss, alpha (Σ min(p, q) on the batch's response tokens), weight_sum,
   grad_norm (before clipping), param_norm (after the update).
   """
-  del rng
-  teacher_logits, _, _ = teacher_apply(teacher_params, batch["inputs"],
-                                       _positions(batch["inputs"]))
+  teacher_logits, teacher_hidden, _ = teacher_apply(teacher_params, batch["inputs"],
+                                                    _positions(batch["inputs"]))
   log_p = jax.lax.stop_gradient(divergences.log_law(teacher_logits, objective.sampling))
+  student = _student_with_context(student_apply, context_fn, teacher_hidden, batch, rng)
   grad_fn = jax.value_and_grad(
-      functools.partial(distill_loss, student_apply=student_apply, objective=objective),
+      functools.partial(distill_loss, student_apply=student, objective=objective),
       has_aux=True)
   (_, metrics), grads = grad_fn(state.params, log_p, batch)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -135,13 +147,14 @@ def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: j
 
 
 def eval_step(student_params, teacher_params, batch: Mapping[str, jax.Array], *,
-              student_apply: Callable, teacher_apply: Callable, objective: Objective
-              ) -> dict[str, jax.Array]:
+              student_apply: Callable, teacher_apply: Callable, objective: Objective,
+              context_fn: Callable | None = None) -> dict[str, jax.Array]:
   """Weighted sums over one held-out batch ({name}_sum and weight_sum, f32[]), so batches with
   different token counts combine exactly (`summarize`)."""
   positions = _positions(batch["inputs"])
-  teacher_logits, _, _ = teacher_apply(teacher_params, batch["inputs"], positions)
-  student_logits, _, _ = student_apply(student_params, batch["inputs"], positions)
+  teacher_logits, teacher_hidden, _ = teacher_apply(teacher_params, batch["inputs"], positions)
+  student = _student_with_context(student_apply, context_fn, teacher_hidden, batch, None)
+  student_logits, _, _ = student(student_params, batch["inputs"], positions)
   metrics = _token_metrics(teacher_logits, student_logits, batch, objective)
   weight_sum = jnp.sum(batch["weights"].astype(jnp.float32))
   out = {f"{k}_sum": v * weight_sum for k, v in metrics.items()}
@@ -158,23 +171,24 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
 
 
 def jit_distill_step(student_apply: Callable, teacher_apply: Callable, tx, objective: Objective,
-                     state_shardings: train.TrainState, teacher_shardings, mesh):
+                     state_shardings: train.TrainState, teacher_shardings, mesh,
+                     context_fn: Callable | None = None):
   """distill_step jitted once: the student's state in/out in its shardings and donated (dead
   after the update), the teacher's params in theirs and *not* donated (reused every step),
   batch over (data, fsdp), rng and metrics replicated."""
   rep = parallel.replicated(mesh)
   return jax.jit(
       functools.partial(distill_step, student_apply=student_apply, teacher_apply=teacher_apply,
-                        tx=tx, objective=objective),
+                        tx=tx, objective=objective, context_fn=context_fn),
       in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep, teacher_shardings),
       out_shardings=(state_shardings, rep),
       donate_argnums=(0,))
 
 
 def jit_eval_step(student_apply: Callable, teacher_apply: Callable, objective: Objective,
-                  student_shardings, teacher_shardings, mesh):
+                  student_shardings, teacher_shardings, mesh, context_fn: Callable | None = None):
   return jax.jit(
       functools.partial(eval_step, student_apply=student_apply, teacher_apply=teacher_apply,
-                        objective=objective),
+                        objective=objective, context_fn=context_fn),
       in_shardings=(student_shardings, teacher_shardings, parallel.batch_sharding(mesh)),
       out_shardings=parallel.replicated(mesh))

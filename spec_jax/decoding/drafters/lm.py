@@ -52,7 +52,7 @@ class LMDrafter:
                                              llama.init_cache(self.cfg, b, size))
     return cache
 
-  def _catch_up(self, params, cache, tokens, lengths):
+  def _catch_up(self, params, cache, tokens, lengths, steer=None):
     """Feed [tokens[L-2], tokens[L-1]] → (logits f32[B, V] at L-1, root int32[B], cache). With a
     one-token prompt (L = 1) there is no L-2: that write is parked at slot S, which drops it and
     hides it from every query (llama.split_mask)."""
@@ -62,16 +62,19 @@ class LMDrafter:
     window = jnp.stack([jnp.take_along_axis(tokens, prev[:, None], 1)[:, 0], root], axis=1)
     slots = jnp.stack([jnp.where(last >= 1, prev, cache.size), last], axis=1)
     logits, _, cache = llama.make_apply(self.cfg)(params, window, jnp.stack([prev, last], axis=1),
-                                                  cache, None, slots)
+                                                  cache, None, slots, steer=steer)
     return logits[:, -1], root, cache
 
-  def propose(self, params, cache, tokens, lengths, rng, sampling: sampling_lib.Sampling):
-    logits, root, cache = self._catch_up(params, cache, tokens, lengths)
+  def propose(self, params, cache, tokens, lengths, rng, sampling: sampling_lib.Sampling,
+              steer=None):
+    """steer: optional per-layer deltas for every drafter call of the round (SD², see
+    `drafters/steered.py`); None drafts unsteered."""
+    logits, root, cache = self._catch_up(params, cache, tokens, lengths, steer)
     if self.shape.is_chain:
-      return self._chain(params, cache, logits, root, lengths, rng, sampling)
-    return self._tree(params, cache, logits, root, lengths, rng, sampling)
+      return self._chain(params, cache, logits, root, lengths, rng, sampling, steer)
+    return self._tree(params, cache, logits, root, lengths, rng, sampling, steer)
 
-  def _chain(self, params, cache, logits, root, lengths, rng, sampling):
+  def _chain(self, params, cache, logits, root, lengths, rng, sampling, steer=None):
     """x_1..x_γ, one drafter call each; q[:, i] is the exact law x_{i+1} was drawn from."""
     apply = llama.make_apply(self.cfg)
     gamma = self.shape.depth
@@ -87,7 +90,8 @@ class LMDrafter:
     def step(i, carry):
       logits, cache, draft, q = carry
       x, probs = draw(i, logits)
-      next_logits, _, cache = apply(params, x[:, None], (last + 1 + i)[:, None], cache)
+      next_logits, _, cache = apply(params, x[:, None], (last + 1 + i)[:, None], cache,
+                                    steer=steer)
       return next_logits[:, 0], cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
 
     # q has the leaf's zero row from the start (the proposal's layout), so nothing is copied.
@@ -99,7 +103,7 @@ class LMDrafter:
     x, probs = draw(gamma - 1, logits)
     return chain_proposal(root, draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs)), cache
 
-  def _tree(self, params, cache, logits, root, lengths, rng, sampling):
+  def _tree(self, params, cache, logits, root, lengths, rng, sampling, steer=None):
     """Grow the tree level by level with tree attention: one drafter call per level but the
     deepest. q[b, j] is the exact law node j's children were drawn from (zeros at the deepest
     level, which has no children)."""
@@ -126,7 +130,8 @@ class LMDrafter:
       if d < spec.depth:  # feed level d to get its children's law (the deepest level is not fed)
         positions = jnp.broadcast_to((last + d)[:, None], level.tokens.shape)
         logits, _, cache = apply(params, level.tokens, positions, cache,
-                                 trees.tree_mask(anc[-1], last, size), last[:, None] + own[None])
+                                 trees.tree_mask(anc[-1], last, size), last[:, None] + own[None],
+                                 steer=steer)
     q_levels.append(jnp.zeros((b, spec.level_widths[-1], self.vocab_size), jnp.float32))
     tree = trees.assemble(spec, levels)
     return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,

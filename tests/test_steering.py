@@ -1,0 +1,200 @@
+"""SD² steering (`models/steering.py`, `decoding/drafters/steered.py`, `training/steering.py`):
+a fresh module leaves the drafter exactly as pretrained, W_hml starts as the sum of the three
+features, the staleness offsets match a hand-checked table, δ is read at the last accepted node,
+steered greedy SD equals the verifier's greedy output, and steered chains and trees are lossless
+(chi-square; a planted bug that reports the unsteered law fails it)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import steered, trees
+from spec_jax.decoding.protocols import Verdict
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import llama, steering
+from spec_jax.training import steering as steering_train
+
+V = 6
+LAYERS = (0, 1, 2)  # test-tiny has 2 layers: the embedding output, the middle, the final residual
+
+
+def _models(vocab_size=V, strength=0.0, mode="merged", seed=3, sharpness=3.0, sigma=None):
+  """(v_cfg, v_params, drafter, d_params): tiny verifier and drafter (another random model, or
+  the verifier perturbed by N(0, sigma²)), a steering module whose W_g is N(0, strength²)
+  (0: the fresh, no-op module)."""
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  d_cfg, d_params = testing.tiny_model(seed=5, vocab_size=vocab_size, sharpness=sharpness)
+  if sigma:
+    d_params = testing.perturbed(v_params, sigma)
+  s_cfg = steering.make_config(v_cfg, d_cfg, LAYERS, mode)
+  s_params = steering.init_params(s_cfg)
+  if strength:
+    s_params["w_g"] = strength * jax.random.normal(jax.random.key(seed), s_params["w_g"].shape)
+  return v_cfg, v_params, steered.SteeredDrafter(d_cfg, s_cfg), {"drafter": d_params,
+                                                                  "steering": s_params}
+
+
+def test_fresh_module_leaves_the_drafter_exactly_as_pretrained():
+  v_cfg, v_params, drafter, params = _models()
+  tokens = jnp.asarray([[1, 4, 2, 5, 0, 3]])
+  pos = jnp.arange(6)[None]
+  _, hidden, _ = llama.make_apply(v_cfg, LAYERS)(v_params, tokens, pos)
+  steer = steering.steer_from_hidden(drafter.steering, params["steering"], hidden)
+  assert steer["up"].shape == (2, 1, 6, 64)
+  apply = llama.make_apply(drafter.cfg)
+  plain, _, _ = apply(params["drafter"], tokens, pos)
+  fresh, _, _ = apply(params["drafter"], tokens, pos, steer=steer)
+  np.testing.assert_array_equal(np.asarray(fresh), np.asarray(plain))
+  _, _, _, strong = _models(strength=0.5)
+  steer = steering.steer_from_hidden(drafter.steering, strong["steering"], hidden)
+  moved, _, _ = apply(params["drafter"], tokens, pos, steer=steer)
+  assert np.abs(np.asarray(moved) - np.asarray(plain)).max() > 0.1  # steering reaches the logits
+  for mode in ("simple",):
+    _, _, d2, p2 = _models(strength=0.5, mode=mode)
+    steer = steering.steer_from_hidden(d2.steering, p2["steering"], hidden)
+    assert steer["residual"].shape == (2, 1, 6, 32)
+    moved, _, _ = apply(params["drafter"], tokens, pos, steer=steer)
+    assert np.abs(np.asarray(moved) - np.asarray(plain)).max() > 0.1
+
+
+def test_hml_starts_as_the_sum_of_the_three_features():
+  cfg = steering.SteeringConfig((3, 15, 27), d_verifier=4, drafter_layers=2, width=8)
+  params = steering.init_params(cfg)
+  h = [jax.random.normal(jax.random.key(i), (2, 5, 4)) for i in range(3)]
+  np.testing.assert_allclose(steering.guidance(params, h), h[0] + h[1] + h[2], rtol=1e-6)
+  assert steering.default_layers(30) == (3, 15, 27)
+
+
+def test_staleness_offsets_hand_checked():
+  # Position t is steered by the features at max(t − o, 0).
+  table = {1: [0, 0, 1, 2, 3, 4], 2: [0, 0, 0, 1, 2, 3], 4: [0, 0, 0, 0, 0, 1]}
+  for offset, want in table.items():
+    np.testing.assert_array_equal(steering_train.stale_positions(6, offset), want)
+  # Training draws o ∈ {1..γ}; evaluation uses the freshest (o = 1).
+  cfg = steering.SteeringConfig((0,), 4, 2, 8)
+  _, context_fn = steering_train.make_student(cfg, llama.model_config("test-tiny"), 3)
+  batch = {"weights": jnp.ones((1, 4))}
+  seen = {int(context_fn({}, batch, jax.random.key(i))["offset"]) for i in range(60)}
+  assert seen == {1, 2, 3}
+  assert int(context_fn({}, batch, None)["offset"]) == 1
+  with pytest.raises(ValueError, match="steering.max_offset=0"):
+    steering_train.make_student(cfg, llama.model_config("test-tiny"), 0)
+
+
+def test_steered_positions_outside_the_response_get_no_delta():
+  """δ_t = 0 where the next token is not a response token: the drafter's logits there equal
+  the unsteered ones; elsewhere they move."""
+  v_cfg, v_params, drafter, params = _models(strength=0.5)
+  tokens = jnp.asarray([[1, 4, 2, 5, 0, 3]])
+  pos = jnp.arange(6)[None]
+  _, hidden, _ = llama.make_apply(v_cfg, LAYERS)(v_params, tokens, pos)
+  weights = jnp.asarray([[0, 0, 1, 1, 1, 0]], jnp.float32)
+  logits, _, _ = steering_train.steered_apply(
+      params, tokens, pos, hidden=hidden, weights=weights, offset=2, cfg=drafter.steering,
+      drafter_apply=llama.make_apply(drafter.cfg))
+  plain, _, _ = llama.make_apply(drafter.cfg)(params["drafter"], tokens, pos)
+  diff = np.abs(np.asarray(logits - plain)).max(-1)[0]
+  # Causal attention carries δ forward, so only positions before the first steered one match.
+  np.testing.assert_array_equal(diff[:2], 0.0)
+  assert (diff[2:5] > 1e-3).all()
+
+
+def test_delta_is_read_at_the_last_accepted_node():
+  """A verifier whose hidden state at node m encodes m: the committed δ is the module applied
+  to the deepest accepted node's features (the root when nothing was accepted)."""
+  _, _, drafter, params = _models(strength=0.5)
+  b, m, d = 3, 4, 32
+  # A direction per node (LayerNorm would erase a mere scale).
+  enc = jnp.cos(jnp.arange(m)[:, None] * 0.7 * jnp.arange(d)[None] + 0.3)
+  hidden = {l: jnp.broadcast_to(enc[None] * (l + 1), (b, m, d)) for l in LAYERS}
+  verdict = Verdict(num_accepted=jnp.asarray([0, 2, 3]), next_token=jnp.zeros(b, jnp.int32),
+                    path=jnp.asarray([[0, 0, 0], [1, 2, 0], [1, 2, 3]]),
+                    reached=jnp.ones((b, 3), bool), alpha=jnp.zeros((b, 3)),
+                    num_candidates=jnp.ones((b, 3), jnp.int32), chain=True)
+  cache = llama.init_cache(drafter.cfg, b, 8)
+  state = drafter.commit(params, {"cache": cache, "steer": None}, None, verdict,
+                         jnp.full((b,), 3), hidden)
+  for row, node in enumerate([0, 2, 3]):
+    want = steering.steer_from_hidden(drafter.steering, params["steering"],
+                                      {l: hidden[l][row:row + 1, node] for l in LAYERS})
+    np.testing.assert_allclose(state["steer"]["up"][:, row], want["up"][:, 0], rtol=1e-6)
+  assert not np.allclose(state["steer"]["up"][:, 1], state["steer"]["up"][:, 2])
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
+
+
+@pytest.mark.parametrize("shape", [trees.chain(3), trees.TreeSpec("rsd_c", 2, (2, 2))],
+                         ids=lambda s: s.describe())
+def test_greedy_steered_sd_equals_verifier_greedy(shape):
+  v_cfg, v_params, drafter, params = _models(vocab_size=257, strength=0.3, sharpness=2.0,
+                                             sigma=0.02)
+  drafter = steered.SteeredDrafter(drafter.cfg, drafter.steering, shape)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  out = loop.speculative_generate(
+      v_params, params, prompts, jax.random.key(0),
+      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
+      sampling=Sampling(), max_new_tokens=12)
+  assert out.new_tokens() == ar.new_tokens()
+  accepted = np.asarray(out.stats.accepted)
+  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * shape.depth).any()
+
+
+class _UnsteeredLawDrafter(steered.SteeredDrafter):
+  """Planted bug: drafts with the steering but reports the unsteered drafter's law as q."""
+
+  def propose(self, params, state, tokens, lengths, rng, sampling):
+    proposal, new_state = super().propose(params, state, tokens, lengths, rng, sampling)
+    plain, _ = self._lm.propose(params["drafter"], state["cache"], tokens, lengths, rng, sampling)
+    return proposal.replace(q=plain.q), new_state
+
+
+def _law_check(shape, cls=steered.SteeredDrafter, n_samples=3000):
+  v_cfg, v_params, drafter, params = _models(strength=2.0)
+  drafter = cls(drafter.cfg, drafter.steering, shape)
+  prompt = [1, 4, 2]
+  sampling = Sampling(1.0)
+  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, sampling)
+  out = loop.speculative_generate(
+      v_params, params, generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0),
+      jax.random.key(1), verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers),
+      drafter=drafter, sampling=sampling, max_new_tokens=2)
+  assert np.sum(out.stats.accepted) > 300  # drafts were accepted, not just bonus tokens
+  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+
+
+@pytest.mark.parametrize("shape", [trees.chain(2), trees.TreeSpec("rsd_c", 2, (2, 1))],
+                         ids=lambda s: s.describe())
+def test_steered_sampling_is_lossless(shape):
+  assert _law_check(shape) > 1e-3
+
+
+def test_reporting_the_unsteered_law_is_caught():
+  assert _law_check(trees.chain(2), _UnsteeredLawDrafter) < 1e-6
+
+
+def test_bad_input_names_the_field():
+  v_cfg, _ = testing.tiny_model(vocab_size=V)
+  d_cfg, _ = testing.tiny_model(vocab_size=V)
+  with pytest.raises(ValueError, match=r"steering.verifier_layers asks for .* layer 7, but the "
+                                      r"verifier has 2 layers"):
+    steering.make_config(v_cfg, d_cfg, (0, 1, 7))
+  with pytest.raises(ValueError, match="steering.mode='mixed' is not known"):
+    steering.make_config(v_cfg, d_cfg, LAYERS, "mixed")
+  with pytest.raises(ValueError, match="has no SwiGLU MLP"):
+    steering.make_config(v_cfg, object(), LAYERS)
+  s_cfg = steering.make_config(v_cfg, d_cfg, LAYERS)
+  wider = llama.model_config("test-tiny", vocab_size=V, d_ff=96)
+  with pytest.raises(ValueError, match=r"width 64 but the drafter has 2 layers with d_ff = 96"):
+    steered.SteeredDrafter(wider, s_cfg)
+  other = steering.make_config(llama.model_config("test-tiny", vocab_size=V, d_model=48,
+                                                  head_dim=12), d_cfg, LAYERS)
+  with pytest.raises(ValueError, match=r"steering module's shapes .* do not fit"):
+    steering.check_params(s_cfg, steering.init_params(other), "drafter.checkpoint=x")
