@@ -87,3 +87,15 @@ def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.check
   if params is None:
     params = llama.init_params(cfg, jax.random.key(seed))
   return cfg, params
+
+
+def drafter_steering(model_cfg):
+  """The SD² steering module (`models.steering.SteeringConfig`) of a drafter checkpoint saved by
+  train_steering, or None for any other model. Its params come with the drafter's from
+  `load_model` as {"drafter", "steering"}."""
+  ckpt = model_cfg.checkpoint
+  if (not ckpt or ckpt == "smollm2" or ckpt.endswith(".gguf") or ckpt.startswith("hf:")
+      or hf_import.is_hf_checkpoint(ckpt)):
+    return None
+  from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
+  return checkpoints.steering_from_meta(checkpoints.read_meta(ckpt), ckpt)

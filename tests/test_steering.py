@@ -198,3 +198,64 @@ def test_bad_input_names_the_field():
                                                   head_dim=12), d_cfg, LAYERS)
   with pytest.raises(ValueError, match=r"steering module's shapes .* do not fit"):
     steering.check_params(s_cfg, steering.init_params(other), "drafter.checkpoint=x")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: the train_steering program (distill with a steered student).
+
+def _smoke_config(data_dir, **steering_overrides):
+  from configs import train_steering as steering_config  # noqa: PLC0415
+  config = steering_config.get_config("smoke")
+  config.mesh.data = 1
+  config.data.data_dir = data_dir
+  config.steering.update(steering_overrides)
+  return config
+
+
+def test_train_steering_smoke_learns_saves_and_resumes(data_dir, tmp_path):
+  from spec_jax import loading  # noqa: PLC0415
+  from spec_jax.programs import evaluate, train_steering  # noqa: PLC0415
+  from spec_jax.training import checkpoints, metrics as metrics_lib  # noqa: PLC0415
+  config = _smoke_config(data_dir)
+  workdir = str(tmp_path / "steer")
+  out = train_steering.run(config, workdir)
+  assert out["step"] == 6
+  rows = metrics_lib.read_jsonl(workdir)
+  assert rows[-1]["eval/fkl"] < rows[0]["eval/fkl"] and "eval/tau_T1" in rows[-1]
+  # The checkpoint: drafter + module, the module's config in the meta; evaluate builds the
+  # steered drafter from it.
+  cfg, params, meta = checkpoints.load_model(workdir)
+  assert set(params) == {"drafter", "steering"}
+  s_cfg = checkpoints.steering_from_meta(meta)
+  assert s_cfg.verifier_layers == (0, 1, 2) and s_cfg.mode == "merged"  # low/mid/high of 2
+  assert np.abs(np.asarray(params["steering"]["w_g"])).max() > 0  # W_g moved off zero
+  assert loading.drafter_steering(config.drafter.__class__(dict(
+      size="test-tiny", checkpoint=workdir, dtype="float32"))) == s_cfg
+  assert isinstance(evaluate.make_drafter(cfg, s_cfg, trees.chain(2)), steered.SteeredDrafter)
+  # A finished run trains nothing; a steered checkpoint can seed another run (frozen drafter).
+  train_steering.run(config, workdir, step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
+  frozen = _smoke_config(data_dir, freeze_drafter=True)
+  frozen.drafter.checkpoint = workdir
+  frozen.train.update(num_steps=2, eval_every=0)
+  train_steering.run(frozen, str(tmp_path / "frozen"))
+  _, again, _ = checkpoints.load_model(str(tmp_path / "frozen"))
+  for a, b in zip(jax.tree.leaves(params["drafter"]), jax.tree.leaves(again["drafter"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not np.array_equal(np.asarray(params["steering"]["w_g"]),
+                            np.asarray(again["steering"]["w_g"]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"data.source": "onpolicy"}, r"data.source='onpolicy': train_steering trains on fixed"),
+    ({"steering.mode": "add"}, r"steering.mode='add' is not known"),
+    ({"steering.max_offset": 0}, r"steering.max_offset=0 must be >= 1"),
+])
+def test_bad_steering_config_is_named_before_anything_loads(tmp_path, overrides, message):
+  from configs import train_steering as steering_config  # noqa: PLC0415
+  from spec_jax.programs import train_steering  # noqa: PLC0415
+  config = steering_config.get_config("smoke")
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  with pytest.raises(ValueError, match=message):
+    train_steering.run(config, str(tmp_path))

@@ -80,13 +80,50 @@ def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
   return cfg, params
 
 
-def _tau_eval(v_params, v_cfg, d_cfg, prompts: np.ndarray, eval_cfg, seed: int
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """What a distillation run trains and how it drafts: distill's plain drafter (`plain_student`)
+  or an SD²-steered one (`programs/train_steering.py`).
+
+  cfg             the drafter's model config (checked on resume, saved in the meta)
+  init_fn         rng -> params (from scratch)
+  params          the starting params on the host (a loaded model), or None: init_fn
+  apply           the teacher-forced forward the distill steps differentiate
+  context_fn      None, or what `apply` reads from the teacher's pass (distill.distill_step)
+  teacher_layers  the verifier's residual depths context_fn needs
+  drafter         TreeSpec -> a `protocols.Drafter` for the held-out τ
+  wrap_tx         optimizer -> optimizer (e.g. freezing part of the params)
+  meta            extra checkpoint metadata
+  """
+  cfg: llama.LlamaConfig
+  init_fn: Callable
+  params: Any
+  apply: Callable
+  drafter: Callable
+  context_fn: Callable | None = None
+  teacher_layers: tuple[int, ...] = ()
+  wrap_tx: Callable = lambda tx: tx
+  meta: dict = dataclasses.field(default_factory=dict)
+
+
+def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
+  """A Llama-family drafter trained whole (DistillSpec). A steered checkpoint (train_steering)
+  contributes its drafter; its steering module is left out."""
+  del config, v_cfg
+  if d_params is not None and "steering" in d_params:
+    d_params = d_params["drafter"]
+  return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
+                 apply=llama.make_apply(d_cfg),
+                 drafter=functools.partial(lm.LMDrafter, d_cfg))
+
+
+def _tau_eval(v_params, v_cfg, student: Student, prompts: np.ndarray, eval_cfg, seed: int
               ) -> Callable[[Any], dict[str, float]]:
   """params → {tau_T{t}, sd_alpha_T{t}} from speculative decoding (γ = eval.gamma) of the
   held-out prompts int32[n, P], one batched call per temperature: τ (block_efficiency) and α
   (acceptance_rate) as spec_jax.evaluation.metrics defines them for every program."""
-  verifier = verifier_lib.lm_verifier(v_cfg)
-  drafter = lm.LMDrafter(d_cfg, trees.chain(int(eval_cfg.gamma)))
+  drafter = student.drafter(trees.chain(int(eval_cfg.gamma)))
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   n, p = prompts.shape
   batch = generate_lib.Prompts(jnp.asarray(prompts), jnp.full((n,), p, jnp.int32))
 
@@ -118,7 +155,7 @@ def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
 
 
 def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
-                d_cfg) -> distill_data.DistillData:
+                student: Student) -> distill_data.DistillData:
   """Batches of the train split from config.data.source (verifier responses generated now,
   or read from the cache; on-policy ones later, from the live params)."""
   dc = config.data
@@ -142,11 +179,11 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
         cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"))
   return distill_data.DistillData(
       spec, train_windows, verifier_data=verifier_data,
-      drafter_generate=lambda params, prompts, r: gen(params, d_cfg, prompts, r))
+      drafter_generate=lambda params, prompts, r: gen(params, student.cfg, prompts, r))
 
 
 def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Objective, *,
-             v_params, v_cfg, d_cfg, mesh, d_shardings, v_shardings
+             v_params, v_cfg, student: Student, mesh, d_shardings, v_shardings
              ) -> Callable[[Any], dict[str, float]]:
   """state → held-out metrics: token means over `eval.batches` windows of the eval split with
   their true continuations (the same text for every run, so runs compare), then τ and α of
@@ -156,13 +193,14 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   eval_batches = [
       distill_data.make_batch(eval_windows[i], np.full((spec.batch_size,), r), spec.prompt_tokens)
       for i in range(min(int(ec.batches), len(eval_windows)))]
-  jitted = distill.jit_eval_step(llama.make_apply(d_cfg), llama.make_apply(v_cfg), objective,
-                                 d_shardings, v_shardings, mesh)
+  jitted = distill.jit_eval_step(student.apply,
+                                 llama.make_apply(v_cfg, student.teacher_layers), objective,
+                                 d_shardings, v_shardings, mesh, student.context_fn)
   tau_fn = None
   if ec.temperatures and ec.num_prompts:
     prompt_ds = _windows(config, spec, tokenizer, config.data.eval_split,
                          batch_size=int(ec.num_prompts), seed=config.seed + 1)
-    tau_fn = _tau_eval(v_params, v_cfg, d_cfg, prompt_ds[0][:, :spec.prompt_tokens], ec,
+    tau_fn = _tau_eval(v_params, v_cfg, student, prompt_ds[0][:, :spec.prompt_tokens], ec,
                        config.seed)
   batch_sh = parallel.batch_sharding(mesh)
 
@@ -180,11 +218,13 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   return eval_fn
 
 
-def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None) -> dict:
+def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
+        student_fn: Callable[..., Student] = plain_student) -> dict:
   """Distill `config.train.num_steps` steps in `workdir`; returns {"step", "train_loss",
   "train_alpha", "eval" (last eval metrics), "steps_per_sec", "num_params"}.
 
   step_hook(completed_steps) runs after each dispatched step (tests inject interruptions).
+  student_fn(config, v_cfg, d_cfg, d_params) -> Student: what is trained (`plain_student`).
   """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -198,9 +238,10 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
                                        field="verifier.checkpoint")
   d_cfg, d_params = _drafter(config, tokenizer)
   check_vocab(v_cfg, d_cfg, config)
-  init_fn = functools.partial(llama.init_params, d_cfg)
-  d_apply, v_apply = llama.make_apply(d_cfg), llama.make_apply(v_cfg)
+  student = student_fn(config, v_cfg, d_cfg, d_params)
+  v_apply = llama.make_apply(v_cfg, student.teacher_layers)
   tx, schedule = optim.make_optimizer(tc)
+  tx = student.wrap_tx(tx)
   mesh = parallel.make_mesh(config.mesh)
   # The frozen verifier is sharded like any params (it is usually the larger model).
   v_shardings = parallel.param_shardings(mesh, v_params)
@@ -211,31 +252,31 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
 
   rng = jax.random.key(config.seed)
   init_rng, train_rng = jax.random.split(rng)
-  abstract, shardings = train.abstract_state(init_fn, tx, init_rng, mesh)
+  abstract, shardings = train.abstract_state(student.init_fn, tx, init_rng, mesh)
   manager = checkpoints.make_manager(workdir, max_to_keep=tc.keep_checkpoints)
   writer = metrics_lib.MetricsWriter(workdir)
   try:
     state, start = checkpoints.resume_or_start(
         manager, abstract,
-        functools.partial(train.fresh_state, init_fn, tx, init_rng, shardings, abstract,
-                          d_params),
+        functools.partial(train.fresh_state, student.init_fn, tx, init_rng, shardings, abstract,
+                          student.params),
         num_steps=tc.num_steps, model_cfg=d_cfg, tokenizer=tokenizer, writer=writer,
         config=config)
     if start >= tc.num_steps:
       return _finished_result(workdir, start, d_cfg)
     meta = checkpoints.make_meta(d_cfg, tokenizer, config, distill=dict(
         divergence=objective.divergence, beta=objective.beta, source=spec.source,
-        verifier=config.verifier.checkpoint or config.verifier.size))
+        verifier=config.verifier.checkpoint or config.verifier.size), **student.meta)
 
-    models = dict(v_params=v_params, v_cfg=v_cfg, d_cfg=d_cfg)
+    models = dict(v_params=v_params, v_cfg=v_cfg, student=student)
     data = _train_data(config, spec, tokenizer, workdir, **models)
     eval_fn = None
     if tc.eval_every:
       eval_fn = _eval_fn(config, spec, tokenizer, objective, **models, mesh=mesh,
                          d_shardings=shardings.params, v_shardings=v_shardings)
 
-    step = distill.jit_distill_step(d_apply, v_apply, tx, objective, shardings, v_shardings,
-                                    mesh)
+    step = distill.jit_distill_step(student.apply, v_apply, tx, objective, shardings,
+                                    v_shardings, mesh, student.context_fn)
     live = {"state": state}
 
     def step_fn(state, batch, rng):

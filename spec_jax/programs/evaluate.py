@@ -25,7 +25,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import lm, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
 from spec_jax.models import llama
@@ -93,10 +93,18 @@ def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   return out
 
 
-def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, shape, decode, ev, common):
+def make_drafter(d_cfg, s_cfg, shape):
+  """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg)."""
+  if s_cfg is None:
+    return lm.LMDrafter(d_cfg, shape)
+  return steered.SteeredDrafter(d_cfg, s_cfg, shape)
+
+
+def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, shape, decode, ev, common):
   """(prompts, batch index) -> the decoding loop's output for one run: the one place evaluate
-  calls the speculative loop (an LM drafter of `shape`, a chain or a tree)."""
-  verifier, drafter = verifier_lib.lm_verifier(v_cfg), lm.LMDrafter(d_cfg, shape)
+  calls the speculative loop (an LM drafter of `shape`, a chain or a tree, steered or not)."""
+  drafter = make_drafter(d_cfg, s_cfg, shape)
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   return lambda prompts, i: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
       drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common)
@@ -139,7 +147,12 @@ def run(config, workdir: str) -> list[dict]:
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
-  loop.check_pair(verifier_lib.lm_verifier(v_cfg), lm.LMDrafter(d_cfg))
+  s_cfg = loading.drafter_steering(config.drafter)
+  probe = make_drafter(d_cfg, s_cfg, trees.chain(1))
+  loop.check_pair(verifier_lib.lm_verifier(v_cfg, probe.verifier_layers), probe)
+  # The drafter alone (its cost c, its teacher-forced law for token_tv): a steered drafter's
+  # module is left out of both (its cost is in the measured speedup; token_tv is not reported).
+  lm_params = d_params["drafter"] if s_cfg is not None else d_params
   if mesh is not None:  # every batch size and both models fit the mesh, before any decoding
     for batch_size in ev.batch_sizes:
       parallel.check_decode_mesh(mesh, batch_size, {"verifier": v_cfg.n_kv_heads,
@@ -170,7 +183,7 @@ def run(config, workdir: str) -> list[dict]:
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
-      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), prompts, desc=f"{label} drafter-only")
+      d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts, desc=f"{label} drafter-only")
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
                             drafter_cfg=None, sampling=sampling)
       c = timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s)
@@ -194,8 +207,8 @@ def run(config, workdir: str) -> list[dict]:
         decode = loop.DecodeConfig(rule=ev.rule if tree is None else ev.tree_rule,
                                    lenience=ev.lenience, epsilon=float(epsilon))
         rule_name, _ = decode.resolve(shape, sampling)
-        fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, shape=shape,
-                             decode=decode, ev=ev, common=common)
+        fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
+                             shape=shape, decode=decode, ev=ev, common=common)
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
         sd_tokens = metrics.token_lists(sd_out, reals)
         summary = metrics.summarize(sd_out, reals)
@@ -213,8 +226,8 @@ def run(config, workdir: str) -> list[dict]:
         lenient = rule_name == "lenient"
         # Quality cost of lossy decoding: the one-step law of the chain rule vs p (trees: their
         # rules are lossless, so only the log-likelihood is reported).
-        sd_quality = _quality(v_params, d_params, sd_out, batches, verifier_cfg=v_cfg,
-                              drafter_cfg=d_cfg, sampling=sampling,
+        sd_quality = _quality(v_params, lm_params, sd_out, batches, verifier_cfg=v_cfg,
+                              drafter_cfg=d_cfg if s_cfg is None else None, sampling=sampling,
                               **(dict(lenience=decode.lenience, epsilon=decode.epsilon)
                                  if lenient else {}))
         rows.append(dict(
@@ -236,7 +249,8 @@ def run(config, workdir: str) -> list[dict]:
             verifier_tokens_per_call=tokens_per_call,
             identical_to_greedy=(sd_tokens == ar_tokens) if sampling.greedy else None,
             verifier_loglik=round(sd_quality["verifier_loglik"], 4),
-            token_tv=round(sd_quality["token_tv"], 5) if tree is None else None))
+            token_tv=(round(sd_quality["token_tv"], 5) if tree is None and s_cfg is None
+                      else None)))
       print(tables.markdown_table([r for r in rows if r["temperature"] == float(temperature)
                                    and r["batch_size"] == batch_size]), flush=True)
   os.makedirs(workdir, exist_ok=True)

@@ -24,7 +24,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-from spec_jax.models import llama
+from spec_jax.models import llama, steering
 
 FORMAT = 1
 _ITEMS = ("params", "train", "meta")
@@ -213,9 +213,36 @@ def check_tokenizer(meta: dict, tokenizer, path: str) -> None:
         f"vocab {tokenizer.vocab_size}). Fix: set config.tokenizer to the checkpoint's.")
 
 
+def steering_from_meta(meta: dict, path: str = "") -> steering.SteeringConfig | None:
+  """The SD² steering module a checkpoint carries (saved by train_steering), or None."""
+  saved = meta.get("steering")
+  if not saved:
+    return None
+  try:
+    return steering.SteeringConfig(**saved)
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"Checkpoint {path} has an unusable steering config in its meta "
+                          f"({e}); it was written by another version of spec_jax.") from e
+
+
+def read_meta(path: str) -> dict:
+  """The meta item of the newest checkpoint under `path` (see `load_model` for the paths)."""
+  workdir, step = _resolve(path)
+  manager = make_manager(workdir, read_only=True)
+  try:
+    return dict(manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"])
+  except Exception as e:
+    raise _unreadable(_step_dir(manager, step), e) from e
+  finally:
+    manager.close()
+
+
 def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardings=None
                ) -> tuple[llama.LlamaConfig, Any, dict]:
-  """(LlamaConfig, params, meta) of a trained model, without the optimizer state.
+  """(LlamaConfig, params, meta) of a trained model, without the optimizer state. A steered
+  drafter (train_steering) comes as params {"drafter", "steering"}, its module's config in
+  `steering_from_meta(meta)`.
 
   path: a train_lm workdir (newest checkpoint), its `checkpoints/` folder, or a specific
     `checkpoints/<step>` folder.
@@ -235,6 +262,9 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
     if model_cfg is not None:
       check_model_config(cfg, model_cfg, step_path)
     shapes = llama.param_shapes(cfg)
+    s_cfg = steering_from_meta(meta, step_path)
+    if s_cfg is not None:  # a train_steering checkpoint: the drafter and its steering module
+      shapes = {"drafter": shapes, "steering": steering.param_shapes(s_cfg)}
     if shardings is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, shapes)
