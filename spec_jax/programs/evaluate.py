@@ -235,7 +235,7 @@ def run(config, workdir: str) -> list[dict]:
             rule=rule_name, tree=None if tree is None else tree.describe(),
             lenience=decode.lenience if lenient else None,
             epsilon=decode.epsilon if lenient else None, new_tokens=summary["new_tokens"],
-            block_efficiency=_round(tau),
+            block_efficiency=_round(tau), tau_se=_round(summary["tau_se"]),
             mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
             acceptance_rate=_round(summary["acceptance_rate"]),
             empirical_acceptance=_round(summary["empirical_acceptance"]),
