@@ -4,6 +4,8 @@ features, the staleness offsets match a hand-checked table, δ is read at the la
 steered greedy SD equals the verifier's greedy output, and steered chains and trees are lossless
 (chi-square; a planted bug that reports the unsteered law fails it)."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,9 +131,7 @@ def test_delta_is_read_at_the_last_accepted_node():
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
 
 
-@pytest.mark.parametrize("shape", [trees.chain(3), trees.TreeSpec("rsd_c", 2, (2, 2))],
-                         ids=lambda s: s.describe())
-def test_greedy_steered_sd_equals_verifier_greedy(shape):
+def test_greedy_steered_sd_equals_verifier_greedy(shape=trees.chain(3)):
   v_cfg, v_params, drafter, params = _models(vocab_size=257, strength=0.3, sharpness=2.0,
                                              sigma=0.02)
   drafter = steered.SteeredDrafter(drafter.cfg, drafter.steering, shape)
@@ -201,42 +201,71 @@ def test_bad_input_names_the_field():
 
 
 # ---------------------------------------------------------------------------------------------
-# Training: the train_steering program (distill with a steered student).
+# Training and the experiment: train_steering (distill with a steered student) and
+# steering_experiment, on their smoke configs.
 
-def _smoke_config(data_dir, **steering_overrides):
-  from configs import train_steering as steering_config  # noqa: PLC0415
-  config = steering_config.get_config("smoke")
-  config.mesh.data = 1
-  config.data.data_dir = data_dir
-  config.steering.update(steering_overrides)
-  return config
+@pytest.fixture(scope="module")
+def experiment(data_dir, tmp_path_factory):
+  """The steering experiment's smoke run (trains `distilled` and `steered` from one drafter,
+  evaluates all three), dispatched as launch.py does."""
+  from experiments.steering import config as experiment_config  # noqa: PLC0415
+  from spec_jax.programs import steering_experiment  # noqa: PLC0415
+  config = experiment_config.get_config("smoke")
+  config.train.data.data_dir = data_dir
+  config.eval.data.data_dir = data_dir
+  config.lock()
+  workdir = str(tmp_path_factory.mktemp("steering"))
+  return config, workdir, steering_experiment.run(config, workdir)
 
 
-def test_train_steering_smoke_learns_saves_and_resumes(data_dir, tmp_path):
+def test_experiment_smoke_writes_results_and_resumes(experiment, monkeypatch):
+  from spec_jax.programs import distill, evaluate, steering_experiment  # noqa: PLC0415
+  config, workdir, rows = experiment
+  sd = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows if r["method"] == "sd"}
+  assert sd == {(n, 1.0, 2) for n in ("pretrained", "distilled", "steered")}
+  assert all(r["domain"] == "inside" for r in rows)
+  assert all(r["tau_se"] is not None for r in rows if r["method"] == "sd")
+  md = open(os.path.join(workdir, "results.md")).read()
+  assert "steered vs distilled (τ−1)" in md and "| Qwen3-8B / Qwen3-0.6B, T = 1 | 3.97" in md
+  assert "goal ≥ +20%" in md and "Steering overhead at batch" in md
+  assert os.path.getsize(os.path.join(workdir, "accepted_tokens.png")) > 0
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("a finished piece was redone instead of read back")
+  for module in (evaluate, distill):
+    monkeypatch.setattr(module, "run", refuse)
+  again = steering_experiment.run(config, workdir)
+  assert again == rows
+
+
+def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experiment, tmp_path):
   from spec_jax import loading  # noqa: PLC0415
   from spec_jax.programs import evaluate, train_steering  # noqa: PLC0415
   from spec_jax.training import checkpoints, metrics as metrics_lib  # noqa: PLC0415
-  config = _smoke_config(data_dir)
-  workdir = str(tmp_path / "steer")
-  out = train_steering.run(config, workdir)
-  assert out["step"] == 6
-  rows = metrics_lib.read_jsonl(workdir)
-  assert rows[-1]["eval/fkl"] < rows[0]["eval/fkl"] and "eval/tau_T1" in rows[-1]
+  config, workdir, _ = experiment
+  steered_dir = os.path.join(workdir, "runs", "train", "steered")
+  losses = [r["train/loss"] for r in metrics_lib.read_jsonl(steered_dir) if "train/loss" in r]
+  assert len(losses) == 4 and losses[-1] < losses[0]  # it learned something
   # The checkpoint: drafter + module, the module's config in the meta; evaluate builds the
   # steered drafter from it.
-  cfg, params, meta = checkpoints.load_model(workdir)
+  cfg, params, meta = checkpoints.load_model(steered_dir)
   assert set(params) == {"drafter", "steering"}
   s_cfg = checkpoints.steering_from_meta(meta)
   assert s_cfg.verifier_layers == (0, 1, 2) and s_cfg.mode == "merged"  # low/mid/high of 2
   assert np.abs(np.asarray(params["steering"]["w_g"])).max() > 0  # W_g moved off zero
-  assert loading.drafter_steering(config.drafter.__class__(dict(
-      size="test-tiny", checkpoint=workdir, dtype="float32"))) == s_cfg
+  section = config.train.drafter.copy_and_resolve_references()
+  section.checkpoint = steered_dir
+  assert loading.drafter_steering(section) == s_cfg
   assert isinstance(evaluate.make_drafter(cfg, s_cfg, trees.chain(2)), steered.SteeredDrafter)
-  # A finished run trains nothing; a steered checkpoint can seed another run (frozen drafter).
-  train_steering.run(config, workdir, step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
-  frozen = _smoke_config(data_dir, freeze_drafter=True)
-  frozen.drafter.checkpoint = workdir
-  frozen.train.update(num_steps=2, eval_every=0)
+  # A finished run trains nothing; a steered checkpoint seeds another run (module alone).
+  finished = config.train.copy_and_resolve_references()
+  finished.steering.update(config.steered_runs["steered"])
+  train_steering.run(finished, steered_dir,
+                     step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
+  frozen = config.train.copy_and_resolve_references()
+  frozen.steering.freeze_drafter = True
+  frozen.drafter.checkpoint = steered_dir
+  frozen.train.update(num_steps=2, checkpoint_every=2)
   train_steering.run(frozen, str(tmp_path / "frozen"))
   _, again, _ = checkpoints.load_model(str(tmp_path / "frozen"))
   for a, b in zip(jax.tree.leaves(params["drafter"]), jax.tree.leaves(again["drafter"])):
