@@ -80,6 +80,20 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
   assert open(os.path.join(rsd_workdir, "results.md")).read() == md
 
 
+def test_rsd_ordering_check_on_synthetic_rows():
+  from spec_jax.programs import rsd_experiment
+  def row(method, tau, depth=2, dataset="d"):
+    return dict(method=method, block_efficiency=tau, dataset=dataset, temperature=1.0,
+                gamma=depth)
+  rows = ([row(m, t) for m, t in zip(rsd_experiment.FIXED_ORDER, (2.0, 1.9, 1.8, 1.5))]
+          + [row(m, t, depth=3) for m, t in zip(rsd_experiment.FIXED_ORDER, (2.0, 2.1, 1.8, 1.9))]
+          + [row("sd", 1.4, depth=4)])  # an incomplete setting is skipped
+  lines, held, total, trees_win = rsd_experiment.ordering_checks(rows)
+  assert (held, total, trees_win) == (1, 2, 1)
+  assert lines[2:] == ["| d | 1 | 2 | 2.00 | 1.90 | 1.80 | 1.50 | yes |",
+                       "| d | 1 | 3 | 2.00 | 2.10 | 1.80 | 1.90 | no |"]
+
+
 def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   from spec_jax.programs import evaluate
   monkeypatch.setattr(evaluate, "run", _refuse)

@@ -62,8 +62,11 @@ def get_config(arg=None):
   config.num_data_prompts = 4
   config.data_prompt_tokens = 48
   if args.smoke:
-    # Every code path (both parts, greedy and sampled) at the fewest shapes (one width: the
-    # suite's time limit; a second width runs the same code).
+    # Every code path (both parts, greedy and sampled) at the fewest shapes (one width, two
+    # methods: the suite's time limit; every tree method has its own tests in
+    # tests/test_tree_speculative.py, and the ordering check is tested on synthetic rows).
+    config.fixed_methods = ("sd", "rsd_s")
+    config.greedy_methods = ("sd", "rsd_s")
     config.datasets = ("spec_jax_shakespeare",)
     config.fixed_depths = (1,)
     config.budgets = (4,)
@@ -75,6 +78,7 @@ def get_config(arg=None):
   # first width's runs also carry SD at γ = B - 1.
   config.budget_methods = {
       f"K{width}_B{budget}": tuple(([f"sd@{budget - 1}"] if i == 0 else [])
-                                   + budget_entries(budget, width))
+                                   + [e for e in budget_entries(budget, width)
+                                      if e.split(":")[0] in config.fixed_methods])
       for i, width in enumerate(config.budget_widths) for budget in config.budgets}
   return config
