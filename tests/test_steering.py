@@ -196,6 +196,13 @@ def test_bad_input_names_the_field():
     steered.SteeredDrafter(wider, s_cfg)
   other = steering.make_config(llama.model_config("test-tiny", vocab_size=V, d_model=48,
                                                   head_dim=12), d_cfg, LAYERS)
+  with pytest.raises(ValueError, match=r"reads a verifier of width 48 but this verifier has "
+                                      r"d_model = 32"):
+    steering.check_verifier(other, v_cfg, "drafter.checkpoint=x")
+  with pytest.raises(ValueError, match=r"x: steering.verifier_layers asks for .* layer 2, but "
+                                      r"the verifier has 1 layers"):
+    steering.check_verifier(s_cfg, llama.model_config("test-tiny", vocab_size=V, n_layers=1),
+                            "x")
   with pytest.raises(ValueError, match=r"steering module's shapes .* do not fit"):
     steering.check_params(s_cfg, steering.init_params(other), "drafter.checkpoint=x")
 

@@ -134,3 +134,14 @@ def check_params(cfg: SteeringConfig, params, source: str) -> None:
         f"{source}: the steering module's shapes {got} do not fit the verifier and drafter "
         f"(expected {want}: D = {cfg.d_verifier}, L = {cfg.drafter_layers}, width = "
         f"{cfg.width}). Fix: load the verifier and drafter the module was trained with.")
+
+
+def check_verifier(cfg: SteeringConfig, verifier_cfg, source: str) -> None:
+  """ValueError naming `source` when a saved module reads a verifier other than this one."""
+  check_layers(cfg.verifier_layers, verifier_cfg.n_layers, f"{source}: steering.verifier_layers")
+  if cfg.d_verifier != verifier_cfg.d_model:
+    raise ValueError(
+        f"{source}: the steering module reads a verifier of width {cfg.d_verifier} but this "
+        f"verifier has d_model = {verifier_cfg.d_model}. Fix: evaluate with the verifier the "
+        "module was trained with (verifier.checkpoint), or train a module for this one "
+        "(program train_steering).")

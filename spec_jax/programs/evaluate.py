@@ -28,7 +28,7 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
-from spec_jax.models import llama
+from spec_jax.models import llama, steering
 
 
 # Speculative methods by name; each row of results.json names one. "sd" is chain speculative
@@ -148,6 +148,8 @@ def run(config, workdir: str) -> list[dict]:
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
   s_cfg = loading.drafter_steering(config.drafter)
+  if s_cfg is not None:
+    steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
   probe = make_drafter(d_cfg, s_cfg, trees.chain(1))
   loop.check_pair(verifier_lib.lm_verifier(v_cfg, probe.verifier_layers), probe)
   # The drafter alone (its cost c, its teacher-forced law for token_tv): a steered drafter's
