@@ -3,8 +3,11 @@
 Dispatches on `config.program` to `spec_jax.programs.<program>.run(config, workdir)`.
 """
 
+import ast
+import glob
 import importlib
 import importlib.util
+import os
 import pkgutil
 import sys
 
@@ -26,7 +29,41 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "num_processes", None, "With --distributed: the number of processes (default: auto-detect).")
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "With --distributed: this process's index (default: auto-detect).")
-flags.mark_flags_as_required(["config", "workdir"])
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Print the resolved config (file, its ':args' and every --config.* "
+    "override) and exit without running anything; --workdir may be left out.")
+flags.mark_flags_as_required(["config"])
+_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _first_line(path: str) -> str:
+  """The first line of a Python file's module docstring, read without importing it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ""
+  except (OSError, SyntaxError):
+    return ""
+  return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _help_text() -> str:
+  """--help: usage, every program and config with its docstring's first line, then the flags."""
+  lines = [__doc__.strip(), "", "Programs (config.program), spec_jax/programs/:"]
+  for name in _programs():
+    lines.append(f"  {name:24s} {_first_line(os.path.join(_ROOT, 'spec_jax', 'programs', name + '.py'))}")
+  lines += ["", "Configs (--config FILE[:args]; each docstring holds its command, run time and "
+            "a :smoke variant):"]
+  files = sorted(glob.glob(os.path.join(_ROOT, "configs", "*.py")))
+  files += sorted(glob.glob(os.path.join(_ROOT, "experiments", "*", "config.py")))
+  for path in files:
+    rel = os.path.relpath(path, _ROOT)
+    if os.path.basename(path) not in ("__init__.py", "common.py"):
+      lines.append(f"  {rel:34s} {_first_line(path)}")
+  lines += ["", "Examples:",
+            "  python launch.py --config configs/quickstart.py --workdir runs/quickstart",
+            "  python launch.py --config configs/evaluate.py:gammas=4 --dry_run",
+            "", "Flags:", flags.FLAGS.main_module_help()]
+  return "\n".join(lines)
 
 
 def _programs() -> list[str]:
@@ -67,6 +104,9 @@ def _check_override_keys(argv: list[str]) -> None:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
+  if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
+    print(_help_text())
+    sys.exit(0)
   try:
     _check_override_keys(argv)
   except app.UsageError as e:
@@ -107,12 +147,18 @@ def main(argv):
   logging.get_absl_handler().addFilter(_quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _DRY_RUN.value:  # before jax is even imported
+    print(_CONFIG.value)
+    return
   import jax
   from spec_jax import parallel
   parallel.maybe_initialize_distributed(
       _DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   config = _CONFIG.value
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required (where checkpoints, metrics and results go); "
+                         "--dry_run prints the resolved config without one.")
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "
                          f"{_programs()}.")

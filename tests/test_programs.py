@@ -115,6 +115,22 @@ def test_launcher_rejects_bad_config(tmp_path, args, message):
   assert re.search(message, result.stderr), result.stderr[-2000:]
 
 
+def test_help_lists_programs_and_configs_and_dry_run_runs_nothing(tmp_path):
+  result = _launch("--help", timeout=60)
+  assert result.returncode == 0, result.stderr[-2000:]
+  for name in ("train_steering", "evaluate", "configs/quickstart.py",
+               "experiments/steering/config.py", "--dry_run"):
+    assert name in result.stdout, name
+  workdir = tmp_path / "never"
+  result = _launch("--config", "configs/evaluate.py:gammas=4", "--config.eval.num_prompts=7",
+                   "--dry_run", "--workdir", str(workdir), timeout=60)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "num_prompts: 7" in result.stdout and "program: evaluate" in result.stdout
+  assert not workdir.exists()
+  result = _launch("--config", "configs/evaluate.py:smoke", timeout=60)
+  assert result.returncode != 0 and "--workdir is required" in result.stderr
+
+
 def test_config_arg_errors():
   with pytest.raises(ValueError, match="Unknown config argument 'colour'"):
     generate_config.get_config("colour=red")
