@@ -79,7 +79,8 @@ def _check_override_keys(argv: list[str]) -> None:
   config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if config_arg is None and "--config" in argv[:-1]:
     config_arg = argv[argv.index("--config") + 1]
-  overrides = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  overrides = dict(a[len("--config."):].partition("=")[::2] for a in argv
+                   if a.startswith("--config."))
   if not config_arg or not overrides:
     return
   path, _, arg = config_arg.partition(":")
@@ -101,6 +102,27 @@ def _check_override_keys(argv: list[str]) -> None:
             f"Known fields there: {known}.")
       node = node[part]
       walked.append(part)
+    _check_tuple_override(key, overrides[key], node)
+
+
+def _check_tuple_override(key: str, value: str, default) -> None:
+  """A tuple field's override must hold elements of its default's type: ml_collections would
+  parse `(2.5,)` into an int field as 2 and `abc` fail late with a bare error."""
+  if not isinstance(default, tuple) or not default or not value:
+    return
+  want = type(default[0])
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    parsed = value if want is str else None
+  items = parsed if isinstance(parsed, (tuple, list)) else (parsed,)
+  ok = parsed is not None and all(
+      isinstance(x, want) and not (want is int and isinstance(x, bool))
+      or (want is float and isinstance(x, int) and not isinstance(x, bool)) for x in items)
+  if not ok:
+    raise app.UsageError(
+        f"--config.{key}={value}: {key} is a tuple of {want.__name__} (default {default}); "
+        f"write it as a Python tuple of {want.__name__}s, e.g. --config.{key}=\"{default}\".")
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

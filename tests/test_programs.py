@@ -107,6 +107,7 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
     (["--config.nope=1"], "Unknown config key 'nope'"),
     (["--config.generation.max_new_tokens=many"], "--config.generation.max_new_tokens=many"),
     (["--config.program=fly"], "config.program='fly' is not a program"),
+    (["--config.prompts=(1,2)"], r"prompts is a tuple of str"),
 ])
 def test_launcher_rejects_bad_config(tmp_path, args, message):
   result = _launch("--config", "configs/generate.py:smoke", "--workdir", str(tmp_path), *args,
@@ -129,6 +130,18 @@ def test_help_lists_programs_and_configs_and_dry_run_runs_nothing(tmp_path):
   assert not workdir.exists()
   result = _launch("--config", "configs/evaluate.py:smoke", timeout=60)
   assert result.returncode != 0 and "--workdir is required" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "(2.5,)", "(2,'x')"])
+def test_tuple_overrides_are_type_checked(tmp_path, value):
+  result = _launch("--config", "configs/evaluate.py:smoke", "--workdir", str(tmp_path),
+                   f"--config.eval.gammas={value}", timeout=60)
+  assert result.returncode != 0
+  assert re.search(r"eval.gammas is a tuple of int \(default \(1, 3\)\)", result.stderr), (
+      result.stderr[-2000:])
+  ok = _launch("--config", "configs/evaluate.py:smoke", "--config.eval.gammas=(2,5)",
+               "--config.eval.temperatures=(0,0.5)", "--dry_run", timeout=60)
+  assert ok.returncode == 0, ok.stderr[-2000:]
 
 
 def test_config_arg_errors():
