@@ -8,7 +8,9 @@
 Writes results.json (one row per method × γ × temperature × batch size, with every metric of the
 glossary in DESIGN.md §3, the seed and the device), results.md and tau_vs_gamma.png /
 speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
---config.prompts_file=FILE, or --config.data.name=spec_jax_pystdlib for code).
+--config.prompts_file=FILE, which then replaces them: one prompt per line or JSON lines with a
+"prompt" field; --config.data.name=spec_jax_pystdlib for code). `eval.num_prompts` is the one
+count (the dataset column of results.json says where the prompts came from).
 Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
 Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens (the
 quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). GPU not measured yet.

@@ -41,6 +41,24 @@ def test_generate_prompts_file_and_errors(tmp_path):
   config.prompts_file = str(path)
   rows = generate.run(config, str(tmp_path / "out"))
   assert [r["prompt"] for r in rows] == ["first\nline", "second"]
+  # The file replaces the config's own prompts (an explicit mix keeps both); JSON lines work.
+  from spec_jax.data import prompts as prompts_lib
+  config.prompts = ("inline",)
+  assert prompts_lib.read_prompts(config, None) == ["first\nline", "second"]
+  assert prompts_lib.prompt_source(config) == "file:prompts.txt"
+  config.prompts_mix = True
+  assert prompts_lib.read_prompts(config, None) == ["inline", "first\nline", "second"]
+  config.prompts_mix = False
+  jsonl = tmp_path / "prompts.jsonl"
+  jsonl.write_text('{"prompt": "a\\nb", "id": 1}\n\n{"prompt": "c"}\n')
+  config.prompts_file = str(jsonl)
+  assert prompts_lib.read_prompts(config, None) == ["a\nb", "c"]
+  for text, message in (("\n  \n", "holds no prompts"), ('{"text": "x"}\n', 'string "prompt"'),
+                        ("{oops\n", "line 1 starts with '{' but is not valid JSON")):
+    jsonl.write_text(text)
+    with pytest.raises(ValueError, match=message):
+      prompts_lib.read_prompts(config, None)
+  config.prompts_file = ""
   config.prompts = ("x" * 100,)
   with pytest.raises(ValueError, match="Prompt 0 has 100 tokens but generation.max_prompt_tokens=64"):
     generate.run(config, str(tmp_path / "out"))

@@ -161,7 +161,13 @@ def run(config, workdir: str) -> list[dict]:
                                                     "drafter": d_cfg.n_kv_heads},
                                  batch_field=f"eval.batch_sizes entry {batch_size}: the batch size")
     v_params, d_params = parallel.place_params(v_params, mesh), parallel.place_params(d_params, mesh)
-  texts = prompts_lib.read_prompts(config, tokenizer)[:ev.num_prompts]
+  # eval.num_prompts is the one count: it sets how many data prompts are drawn too.
+  texts = prompts_lib.take(
+      prompts_lib.read_prompts(config, tokenizer,
+                               num_data_prompts=max(int(ev.num_prompts),
+                                                    int(config.get("num_data_prompts", 0)))
+                               if config.get("num_data_prompts", 0) else None),
+      int(ev.num_prompts), "eval.num_prompts")
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
   device = timing.device_description()
   rows = []
@@ -191,7 +197,7 @@ def run(config, workdir: str) -> list[dict]:
       c = timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s)
       base = dict(temperature=float(temperature), top_k=int(ev.top_k), top_p=float(ev.top_p),
                   batch_size=batch_size, num_prompts=len(texts), device=device,
-                  seed=config.seed, dataset=config.data.name, cost_ratio_c=round(c, 4),
+                  seed=config.seed, dataset=prompts_lib.prompt_source(config), cost_ratio_c=round(c, 4),
                   verifier=config.verifier.checkpoint or config.verifier.size,
                   drafter=config.drafter.checkpoint or config.drafter.size)
       rows.append(dict(base, method="autoregressive", gamma=None, new_tokens=n_ar,
