@@ -195,3 +195,30 @@ def test_evaluate_smoke_rows_and_report(tmp_path):
   config.eval.methods = ("sd", "warp")
   with pytest.raises(ValueError, match="eval.methods entry 'warp': unknown method 'warp'"):
     evaluate.run(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval.temperatures": (0.0, -1.0)}, r"eval.temperatures has -1.0: a temperature must be >= 0"),
+    ({"eval.gammas": (0,)}, r"eval.gammas has 0: a draft length must be >= 1"),
+    ({"eval.rule": "lenient", "eval.epsilon": 2.0}, r"eval.epsilon has 2.0: lenience ε"),
+    ({"eval.num_prompts": 0}, r"eval.num_prompts=0 must be >= 1"),
+    ({"eval.top_p": 0.0}, r"eval.top_p must be in \(0, 1\]"),
+    ({"eval.max_cache_len": 20}, r"The cache needs 43 slots \(padded prompt 32 tokens \+ "
+                                 r"eval.new_tokens=8 \+ 3 for the largest draft\) but "
+                                 r"eval.max_cache_len=20"),
+])
+def test_evaluate_validates_before_loading_any_model(tmp_path, monkeypatch, overrides, message):
+  from configs import evaluate as evaluate_config
+  from spec_jax import loading
+  from spec_jax.programs import evaluate
+  monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+  config = evaluate_config.get_config("smoke")
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  with pytest.raises(ValueError, match=message):
+    evaluate.run(config, str(tmp_path / "out"))
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  with pytest.raises(ValueError, match="--workdir=.* is a file"):
+    evaluate.run(evaluate_config.get_config("smoke"), str(afile))

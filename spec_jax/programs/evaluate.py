@@ -80,6 +80,53 @@ def method_runs(ev) -> list[tuple[str, str, int, object]]:
   return runs
 
 
+def check_config(config, workdir: str, runs) -> None:
+  """Every field evaluate reads, checked before any model loads (one error naming the field the
+  user set and the fix); the cache room is checked once the prompts are known (`check_room`)."""
+  ev = config.eval
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
+                     "a directory path (it is created if missing).")
+  for field in ("gammas", "temperatures", "batch_sizes"):
+    if not tuple(ev[field]):
+      raise ValueError(f"eval.{field} is empty: give at least one value.")
+  for g in ev.gammas:
+    if int(g) < 1:
+      raise ValueError(f"eval.gammas has {g}: a draft length must be >= 1.")
+  for t in ev.temperatures:
+    if float(t) < 0:
+      raise ValueError(f"eval.temperatures has {t}: a temperature must be >= 0 (0 = greedy).")
+    try:
+      sampling_lib.Sampling(float(t), int(ev.top_k), float(ev.top_p))
+    except ValueError as e:  # top_k / top_p: name the eval fields
+      raise ValueError(str(e).replace("sampling.", "eval.")) from None
+  for b in ev.batch_sizes:
+    if int(b) < 1:
+      raise ValueError(f"eval.batch_sizes has {b}: a batch size must be >= 1.")
+  for name in ("num_prompts", "new_tokens", "max_prompt_tokens", "max_cache_len"):
+    if int(ev[name]) < 1:
+      raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
+    for e in values:
+      if not 0.0 < float(e) <= 1.0:
+        raise ValueError(f"eval.{field} has {e}: lenience ε must be in (0, 1] (1 = lossless).")
+
+
+def check_room(ev, batches, runs) -> None:
+  """The cache must hold the longest padded prompt + eval.new_tokens + the widest proposal's
+  overhang; the error names the numbers and the fields to change."""
+  longest = max(p.tokens.shape[1] for p, _ in batches)
+  overhang = max([int(d) if tree is None else tree.num_nodes - 1 for _, _, d, tree in runs],
+                 default=0)
+  total = longest + int(ev.new_tokens) + overhang
+  if total > int(ev.max_cache_len):
+    raise ValueError(
+        f"The cache needs {total} slots (padded prompt {longest} tokens + eval.new_tokens="
+        f"{ev.new_tokens} + {overhang} for the largest draft) but eval.max_cache_len="
+        f"{ev.max_cache_len}. Fix: lower eval.new_tokens, eval.max_prompt_tokens or the "
+        "largest γ / tree, or raise eval.max_cache_len if the model's context allows.")
+
+
 def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   """Prompt batches of exactly batch_size rows (the last one padded by repeating its last prompt;
   padded rows are dropped from every count)."""
@@ -141,8 +188,22 @@ def _epsilons(ev, tree) -> tuple:
 def run(config, workdir: str) -> list[dict]:
   ev = config.eval
   runs = method_runs(ev)  # bad method entries fail before anything is loaded
+  check_config(config, workdir, runs)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))
   mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  texts = prompts_lib.take(
+      prompts_lib.read_prompts(config, tokenizer,
+                               num_data_prompts=max(int(ev.num_prompts),
+                                                    int(config.get("num_data_prompts", 0)))
+                               if config.get("num_data_prompts", 0) else None),
+      int(ev.num_prompts), "eval.num_prompts")
+  # Prompt batches for every batch size, and the cache room they need, before any model loads.
+  all_batches = {b: _batches(tokenizer, texts, b, ev.max_prompt_tokens) for b in ev.batch_sizes}
+  for batches in all_batches.values():
+    check_room(ev, batches, runs)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
@@ -162,12 +223,6 @@ def run(config, workdir: str) -> list[dict]:
                                  batch_field=f"eval.batch_sizes entry {batch_size}: the batch size")
     v_params, d_params = parallel.place_params(v_params, mesh), parallel.place_params(d_params, mesh)
   # eval.num_prompts is the one count: it sets how many data prompts are drawn too.
-  texts = prompts_lib.take(
-      prompts_lib.read_prompts(config, tokenizer,
-                               num_data_prompts=max(int(ev.num_prompts),
-                                                    int(config.get("num_data_prompts", 0)))
-                               if config.get("num_data_prompts", 0) else None),
-      int(ev.num_prompts), "eval.num_prompts")
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
   device = timing.device_description()
   rows = []
@@ -175,7 +230,7 @@ def run(config, workdir: str) -> list[dict]:
   for temperature in ev.temperatures:
     sampling = sampling_lib.Sampling(float(temperature), int(ev.top_k), float(ev.top_p))
     for batch_size in ev.batch_sizes:
-      batches = _batches(tokenizer, texts, batch_size, ev.max_prompt_tokens)
+      batches = all_batches[batch_size]
       prompts, reals = [p for p, _ in batches], [r for _, r in batches]
       rng = jax.random.key(config.seed)
       common = dict(sampling=sampling, max_new_tokens=ev.new_tokens, stop_ids=stop_ids,
@@ -261,9 +316,6 @@ def run(config, workdir: str) -> list[dict]:
                       else None)))
       print(tables.markdown_table([r for r in rows if r["temperature"] == float(temperature)
                                    and r["batch_size"] == batch_size]), flush=True)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))
   report.write_results(workdir, rows)
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))
