@@ -169,7 +169,7 @@ def test_config_arg_errors():
     generate_config.get_config("new_tokens=lots")
 
 
-def test_evaluate_smoke_rows_and_report(tmp_path):
+def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   from configs import evaluate as evaluate_config
   from spec_jax.programs import evaluate
   config = evaluate_config.get_config("smoke")
@@ -192,6 +192,23 @@ def test_evaluate_smoke_rows_and_report(tmp_path):
   for name in ("results.json", "results.md", "config.json", "tau_vs_gamma.png",
                "speedup_vs_gamma.png"):
     assert (tmp_path / name).stat().st_size > 0, name
+  # A rerun of the same config reads every finished row back; a run cut after its first rows
+  # redoes only the rest (and the baseline of the (T, B) they belong to).
+  def refuse(*args, **kwargs):
+    raise AssertionError("a finished row was decoded again")
+  with monkeypatch.context() as m:
+    m.setattr(evaluate.timing, "timed_pass", refuse)
+    assert evaluate.run(evaluate_config.get_config("smoke"), str(tmp_path)) == rows
+  lines = (tmp_path / "rows.jsonl").read_text().splitlines()
+  (tmp_path / "rows.jsonl").write_text("\n".join(lines[:5]) + '\n{"cut sh')
+  passes = []
+  real = evaluate.timing.timed_pass
+  monkeypatch.setattr(evaluate.timing, "timed_pass",
+                      lambda fn, prompts, desc: passes.append(desc) or real(fn, prompts, desc=desc))
+  again = evaluate.run(evaluate_config.get_config("smoke"), str(tmp_path))
+  assert passes == ["T=1 B=2 autoregressive", "T=1 B=2 drafter-only", "T=1 B=2 sd γ=3"]
+  assert [(r["method"], r["temperature"], r["gamma"]) for r in again] == [
+      (r["method"], r["temperature"], r["gamma"]) for r in rows]
   config.eval.methods = ("sd", "warp")
   with pytest.raises(ValueError, match="eval.methods entry 'warp': unknown method 'warp'"):
     evaluate.run(config, str(tmp_path))

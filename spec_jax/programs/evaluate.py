@@ -10,12 +10,18 @@ setting runs once on the first batch to compile before the timed pass. Each spec
 carries r(M), the verifier's measured cost for the M tokens of one call over one token at the same
 batch size (`verifier_cost_ratio_r`), and the theoretical speedup τ / (r(M) + d·c) it implies.
 Metrics come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
+Every field is validated, and the cache room of the actual prompts checked, before any model
+loads. Each finished row goes to `rows.jsonl` as it completes; rerunning the same config reads
+finished rows back (a (T, B) with rows left measures its autoregressive baseline again).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
+from absl import logging
 import jax
 
 from spec_jax import loading, parallel
@@ -127,6 +133,36 @@ def check_room(ev, batches, runs) -> None:
         "largest γ / tree, or raise eval.max_cache_len if the model's context allows.")
 
 
+ROWS = "rows.jsonl"  # every finished row as it completes: a rerun of the same config resumes
+
+
+class _RowLog:
+  """Finished rows in <workdir>/rows.jsonl, each under a key naming its run and tagged with a
+  digest of the whole config: a rerun of the same config reads them back instead of decoding
+  again; a different config starts afresh (its rows replace the file's)."""
+
+  def __init__(self, workdir: str, config):
+    self.path = os.path.join(workdir, ROWS)
+    self.digest = hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode()).hexdigest()
+    self.done = {}
+    if os.path.exists(self.path):
+      with open(self.path, encoding="utf-8") as f:
+        for line in f:
+          try:
+            record = json.loads(line)
+          except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+          if record.get("config") == self.digest:
+            self.done[record["key"]] = record["row"]
+    if not self.done and os.path.exists(self.path):
+      os.replace(self.path, self.path + ".previous")
+
+  def add(self, key: str, row: dict) -> None:
+    self.done[key] = row
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"key": key, "config": self.digest, "row": row}) + "\n")
+
+
 def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   """Prompt batches of exactly batch_size rows (the last one padded by repeating its last prompt;
   padded rows are dropped from every count)."""
@@ -226,6 +262,7 @@ def run(config, workdir: str) -> list[dict]:
   stop_ids = tokenizer.stop_ids if ev.stop_at_eos else ()
   device = timing.device_description()
   rows = []
+  log = _RowLog(workdir, config)
   cost_ratios = {}  # r(M) per (batch size, M): measured once, shared by every temperature
   for temperature in ev.temperatures:
     sampling = sampling_lib.Sampling(float(temperature), int(ev.top_k), float(ev.top_p))
@@ -236,6 +273,13 @@ def run(config, workdir: str) -> list[dict]:
       common = dict(sampling=sampling, max_new_tokens=ev.new_tokens, stop_ids=stop_ids,
                     mesh=mesh)
       label = f"T={temperature:g} B={batch_size}"
+      jobs = [(r, e) for r in runs for e in _epsilons(ev, r[3])]
+      keys = [f"{label} {r[0]} γ={r[2]} ε={e}" for r, e in jobs]
+      ar_key = f"{label} autoregressive"
+      if ar_key in log.done and all(k in log.done for k in keys):
+        rows += [log.done[ar_key]] + [log.done[k] for k in keys]
+        logging.info("%s: every row read back from %s.", label, log.path)
+        continue
 
       def ar(params, cfg):
         return lambda prompts, i: generate_lib.generate(
@@ -255,6 +299,7 @@ def run(config, workdir: str) -> list[dict]:
                   seed=config.seed, dataset=prompts_lib.prompt_source(config), cost_ratio_c=round(c, 4),
                   verifier=config.verifier.checkpoint or config.verifier.size,
                   drafter=config.drafter.checkpoint or config.drafter.size)
+      # A (T, B) with rows still to do measures its baseline again, in this process.
       rows.append(dict(base, method="autoregressive", gamma=None, new_tokens=n_ar,
                        block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
                        empirical_acceptance=None, per_position_acceptance=None,
@@ -264,8 +309,11 @@ def run(config, workdir: str) -> list[dict]:
                        speedup_vs_theory=None, verifier_tokens_per_call=1,
                        identical_to_greedy=True if sampling.greedy else None,
                        verifier_loglik=round(ar_quality["verifier_loglik"], 4), token_tv=None))
-      for (label_m, method, gamma, tree), epsilon in [(r, e) for r in runs
-                                                      for e in _epsilons(ev, r[3])]:
+      log.add(ar_key, rows[-1])
+      for ((label_m, method, gamma, tree), epsilon), key in zip(jobs, keys):
+        if key in log.done:
+          rows.append(log.done[key])
+          continue
         shape = trees.chain(int(gamma)) if tree is None else tree
         decode = loop.DecodeConfig(rule=ev.rule if tree is None else ev.tree_rule,
                                    lenience=ev.lenience, epsilon=float(epsilon))
@@ -314,6 +362,7 @@ def run(config, workdir: str) -> list[dict]:
             verifier_loglik=round(sd_quality["verifier_loglik"], 4),
             token_tv=(round(sd_quality["token_tv"], 5) if tree is None and s_cfg is None
                       else None)))
+        log.add(key, rows[-1])
       print(tables.markdown_table([r for r in rows if r["temperature"] == float(temperature)
                                    and r["batch_size"] == batch_size]), flush=True)
   report.write_results(workdir, rows)
