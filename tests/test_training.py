@@ -261,13 +261,15 @@ def read_events(workdir):
   (TFRecord framing: u64 length, u32 crc, payload, u32 crc)."""
   from tensorboardX.proto import event_pb2
   scalars, tags = {}, set()
-  for path in glob.glob(os.path.join(workdir, "events.out.tfevents.*")):
+  for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))):
     data = pathlib.Path(path).read_bytes()
     i = 0
     while i < len(data):
       (n,) = struct.unpack("<Q", data[i:i + 8])
       event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
       i += 12 + n + 4
+      if event.HasField("session_log") and event.session_log.status == 1:  # START: a purge
+        tags.add(f"purge@{event.step}")
       for v in event.summary.value:
         tags.add(v.tag)
         if v.HasField("simple_value"):
@@ -300,6 +302,12 @@ def test_metrics_writer_events_and_jsonl(tmp_path):
     w.write_scalars(15, {"train/loss": 1.5})
   assert [r["step"] for r in metrics_lib.read_jsonl(workdir)] == [5, 10, 15]
   assert metrics_lib.read_jsonl(workdir)[-1]["train/loss"] == 1.5
+  # TensorBoard drops the old events after step 10 too (a purge marker at step 11).
+  assert "purge@11" in read_events(workdir)[1]
+  # A fresh start over a run killed before its first checkpoint keeps nothing of it.
+  with metrics_lib.MetricsWriter(workdir) as w:
+    w.truncate_after(-1)
+  assert metrics_lib.read_jsonl(workdir) == [] and "purge@0" in read_events(workdir)[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,6 +138,8 @@ def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Calla
   directory = str(manager.directory)
   restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager)
   if restored is None:
+    # A run killed before its first checkpoint left metrics of steps that will run again.
+    writer.truncate_after(-1)
     writer.write_hparams(config)
     return fresh(), 0
   state, meta = restored

@@ -63,11 +63,16 @@ class MetricsWriter:
     return os.path.join(self.workdir, JSONL)
 
   def truncate_after(self, step: int) -> None:
-    """Drop metrics.jsonl lines with step > `step`: a resumed run recomputes the steps after its
-    checkpoint, and readers should not see two values for one step."""
+    """Drop metrics.jsonl lines with step > `step`, and have TensorBoard purge its events after
+    `step` (a new event file starting with a purge marker): a resumed run recomputes the steps
+    after its checkpoint (step -1: a fresh start over a run killed before its first checkpoint),
+    and readers should not see two values for one step."""
     if not self.enabled:
       return
     self._emit()
+    self._tb.close()
+    self._tb = tensorboardX.SummaryWriter(logdir=self.workdir, flush_secs=30,
+                                          purge_step=max(step + 1, 0))
     self._jsonl.close()
     with open(self.jsonl_path, encoding="utf-8") as f:
       lines = f.readlines()
