@@ -29,11 +29,19 @@ _NUM_PROCESSES = flags.DEFINE_integer(
     "num_processes", None, "With --distributed: the number of processes (default: auto-detect).")
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "With --distributed: this process's index (default: auto-detect).")
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False, "Print the resolved config at the start and full tracebacks on errors "
+    "(without it, a bad input ends with one line naming the field and the fix).")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print the resolved config (file, its ':args' and every --config.* "
     "override) and exit without running anything; --workdir may be left out.")
 flags.mark_flags_as_required(["config"])
 _ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+# What bad input raises; anything else is a bug and keeps its traceback.
+_USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                FileExistsError, PermissionError)
 
 
 def _first_line(path: str) -> str:
@@ -190,9 +198,22 @@ def main(argv):
   logging.info("process %d/%d, devices: %s", jax.process_index(), jax.process_count(),
                jax.devices())
   _check_same_config_everywhere(config)
-  logging.info("config:\n%s", config)
+  if _VERBOSE.value:
+    logging.info("config:\n%s", config)
+  if jax.process_index() == 0 and not os.path.isfile(_WORKDIR.value):
+    # The resolved config, for the record (printed only with --verbose).
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    with open(os.path.join(_WORKDIR.value, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=2))
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
-  module.run(config, _WORKDIR.value)
+  try:
+    module.run(config, _WORKDIR.value)
+  except _USER_ERRORS as e:
+    if _VERBOSE.value:
+      raise
+    # A bad input: its message names the field and the fix; the traceback adds nothing.
+    print(f"Error ({type(e).__name__}): {e}\n(--verbose shows the traceback)", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

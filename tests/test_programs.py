@@ -162,6 +162,20 @@ def test_tuple_overrides_are_type_checked(tmp_path, value):
   assert ok.returncode == 0, ok.stderr[-2000:]
 
 
+def test_bad_input_ends_with_one_line_and_verbose_keeps_the_traceback(tmp_path):
+  args = ("--config", "configs/evaluate.py:smoke", "--workdir", str(tmp_path / "w"),
+          "--config.eval.temperatures=(0.0,-1.0)")
+  result = _launch(*args, timeout=120)
+  assert result.returncode == 1
+  assert ("Error (ValueError): eval.temperatures has -1.0: a temperature must be >= 0"
+          in result.stderr) and "Traceback" not in result.stderr
+  assert "num_prompts: 3" not in result.stderr + result.stdout  # no config dump
+  assert '"temperatures"' in (tmp_path / "w" / "config.json").read_text()
+  verbose = _launch(*args, "--verbose", timeout=120)
+  assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+  assert "num_prompts: 3" in verbose.stderr  # the config, logged
+
+
 def test_config_arg_errors():
   with pytest.raises(ValueError, match="Unknown config argument 'colour'"):
     generate_config.get_config("colour=red")
