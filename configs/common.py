@@ -37,6 +37,12 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def given(arg: str | None) -> set[str]:
+  """The keys an `:arg` string sets explicitly: a smoke variant keeps them instead of its own
+  defaults (`configs/distill.py:smoke,divergence=rkl` trains RKL)."""
+  return {item.partition("=")[0].strip() for item in (arg or "").split(",") if item.strip()}
+
+
 def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32"):
   """A model: a size variant trained from scratch, or loaded.
 

@@ -33,6 +33,7 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
+  arg_string = arg
   # Defaults: the best cheap setting of experiments/distillspec (JSD[0.5] on the dataset's own
   # continuations: no generation cost, and the highest τ at T = 1 there).
   arg = common.parse_arg(arg, divergence="jsd", beta=0.5, source="fixed", lam=0.5, steps=40,
@@ -71,8 +72,12 @@ def get_config(arg: str | None = None):
     config.drafter.checkpoint = ""
     # FKL on on-policy data: the smoke exercises generation, refresh and resume (other
     # settings: --config.data.source=..., --config.distill.divergence=...).
-    config.data.update(source="onpolicy", prompt_tokens=8, response_tokens=8, refresh_every=2)
-    config.distill.divergence = "fkl"
+    explicit = common.given(arg_string)
+    config.data.update(prompt_tokens=8, response_tokens=8, refresh_every=2)
+    if "source" not in explicit:
+      config.data.source = "onpolicy"
+    if "divergence" not in explicit:
+      config.distill.divergence = "fkl"
     config.train.update(num_steps=6, batch_size=8, warmup_steps=1, log_every=1, eval_every=3,
                         checkpoint_every=2, lr=3e-3)
     config.eval.update(batches=2, num_prompts=2, new_tokens=8)

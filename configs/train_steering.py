@@ -27,12 +27,14 @@ from configs import distill as distill_config
 
 
 def get_config(arg: str | None = None):
+  arg_string = arg
   # SD²'s recipe: FKL on verifier-generated responses (T = 1), drafter trained with the module.
   arg = common.parse_arg(arg, divergence="fkl", source="verifier", steps=40, batch=8,
                          drafter="runs/quickstart/drafter", mode="merged", offset=4,
                          frozen=False, data="spec_jax_shakespeare", lr=1e-3, smoke=False)
   config = distill_config.get_config(
-      "smoke" if arg.smoke else
+      "smoke" + "".join(f",{k}={arg[k]}" for k in ("divergence", "source")
+                        if k in common.given(arg_string)) if arg.smoke else
       f"divergence={arg.divergence},source={arg.source},steps={arg.steps},batch={arg.batch},"
       f"drafter={arg.drafter},data={arg.data},lr={arg.lr}")
   config.program = "train_steering"
@@ -41,6 +43,6 @@ def get_config(arg: str | None = None):
       mode=arg.mode,            # merged | simple
       max_offset=arg.offset,    # staleness o ~ U{1..max_offset}: the γ it is trained for
       freeze_drafter=arg.frozen)
-  if arg.smoke:
+  if arg.smoke and "source" not in common.given(arg_string):
     config.data.source = "fixed"
   return config

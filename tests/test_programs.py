@@ -181,6 +181,10 @@ def test_config_arg_errors():
     generate_config.get_config("colour=red")
   with pytest.raises(ValueError, match="'new_tokens' must be int"):
     generate_config.get_config("new_tokens=lots")
+  # A smoke variant keeps what the argument sets (it used to train FKL whatever was asked).
+  from configs import distill as distill_config
+  assert distill_config.get_config("smoke,divergence=kl").distill.divergence == "kl"
+  assert distill_config.get_config("smoke").distill.divergence == "fkl"
 
 
 def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
