@@ -208,6 +208,12 @@ def main(argv):
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
   try:
     module.run(config, _WORKDIR.value)
+  except KeyboardInterrupt:
+    if _VERBOSE.value:
+      raise
+    print("Interrupted (training programs checkpoint their newest step first; rerun the same "
+          "command to resume).", file=sys.stderr)
+    sys.exit(130)
   except _USER_ERRORS as e:
     if _VERBOSE.value:
       raise

@@ -18,8 +18,10 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from configs import common as configs_common
 from configs import train_lm as train_lm_config
 from spec_jax import parallel
 from spec_jax.data import pipeline
@@ -424,6 +426,36 @@ def test_resume_after_sigkill_in_a_subprocess(data_dir, tmp_path):
   assert leaves_equal(checkpoints.load_model(workdir)[1], checkpoints.load_model(ref_dir)[1])
 
 
+def test_ctrl_c_in_a_subprocess_saves_a_checkpoint_to_resume_from(data_dir, tmp_path):
+  """A real SIGINT (what Ctrl-C sends) mid-run, checkpoints otherwise only at the end: the
+  process stops with the step it reached saved, and the rerun resumes there."""
+  workdir = str(tmp_path / "run")
+  script = textwrap.dedent(f"""
+      import os, signal
+      os.environ["JAX_PLATFORMS"] = "cpu"
+      from configs import train_lm as c
+      from spec_jax.programs import train_lm
+      config = c.get_config("smoke")
+      config.mesh.data = 1
+      config.data.data_dir = {data_dir!r}
+      config.train.update(num_steps=12, checkpoint_every=100, eval_every=0, log_every=2)
+      def hook(step):
+        if step == 6:
+          os.kill(os.getpid(), signal.SIGINT)
+      train_lm.run(config, {workdir!r}, step_hook=hook)
+  """)
+  env = {**os.environ, "PYTHONPATH": str(REPO)}
+  proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr[-3000:]
+  assert "Interrupted: saving step 6" in proc.stderr
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
+  resumed = []
+  config = smoke_config(data_dir, num_steps=8, checkpoint_every=100, eval_every=0, log_every=2)
+  train_lm.run(config, workdir, step_hook=resumed.append)
+  assert resumed == [7, 8]
+
+
 def test_nan_guard_raises_and_keeps_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
   real = pipeline.lm_batches
 
@@ -457,3 +489,36 @@ def test_nan_guard_raises_and_keeps_last_good_checkpoint(data_dir, tmp_path, mon
   cfg, params, meta = checkpoints.load_model(workdir)
   assert meta["step"] == 4
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+def test_ctrl_c_saves_the_newest_state_then_stops():
+  """Ctrl-C (KeyboardInterrupt) mid-run: the newest finished state is checked and saved, then
+  the interrupt goes on; before any step finished nothing is saved."""
+  tx = optax.sgd(0.1)
+  params = {"w": jnp.zeros(())}
+  state0 = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                            opt_state=tx.init(params))
+
+  def step_fn(state, batch, rng):
+    del batch, rng
+    return state.replace(step=state.step + 1), {"loss": jnp.float32(1.0)}
+
+  sharding = parallel.batch_sharding(parallel.make_mesh(configs_common.mesh(data=1)))
+
+  def run(interrupt_at):
+    saved = []
+
+    def get_batch(s):  # Ctrl-C while the host fetches batch `interrupt_at`
+      if s == interrupt_at:
+        raise KeyboardInterrupt
+      return {"x": np.zeros((8,), np.float32)}
+
+    with pytest.raises(KeyboardInterrupt):
+      train.train_loop(state=state0, step_fn=step_fn, get_batch=get_batch, num_steps=10,
+                       rng=jax.random.key(0), batch_sharding=sharding, log_every=0,
+                       checkpoint_every=100, save_fn=lambda s, st: saved.append(
+                           (s, int(st.step))), show_progress=False)
+    return saved
+
+  assert run(3) == [(3, 3)]
+  assert run(0) == []  # interrupted before the first step finished: nothing to save

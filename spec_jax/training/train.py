@@ -16,6 +16,7 @@ import math
 from typing import Any, Callable, Iterable, Mapping
 
 import flax.struct
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -192,6 +193,21 @@ def check_finite(step: int, metrics: Mapping[str, Any]) -> None:
         "and check the data (all-zero weights, token ids >= vocab_size).")
 
 
+def _save_on_interrupt(state: TrainState, start: int, pending, read, save_fn) -> None:
+  """Ctrl-C: checkpoint the newest state (its metrics checked finite first) so the run resumes
+  from it; nothing if no step finished, or if the interrupt hit while that state's buffers were
+  being donated to the next step."""
+  if save_fn is None or any(x.is_deleted() for x in jax.tree.leaves(state)):
+    return
+  done = int(jax.device_get(state.step))
+  if done <= start:
+    return
+  if pending is not None and pending[0] == done:
+    read(pending)
+  logging.warning("Interrupted: saving step %d so that the run resumes from it.", done)
+  save_fn(done, state)
+
+
 def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int], Any],
                num_steps: int, rng: jax.Array, batch_sharding, log_every: int = 10,
                eval_every: int = 0,
@@ -276,6 +292,9 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
           writer.flush()
     if pending is not None:
       read(pending)
+  except KeyboardInterrupt:
+    _save_on_interrupt(state, start, pending, read, save_fn)
+    raise
   finally:
     bar.close()
     if writer is not None:
