@@ -80,11 +80,13 @@ def _cut_tail(probs):
   return jnp.where(probs >= 1e-7 * jnp.max(probs, axis=-1, keepdims=True), probs, 0.0)
 
 
+@pytest.mark.optimized  # large laws: run time dominates
 def test_sample_is_exact_in_the_far_tail_and_the_old_sampler_is_not():
   _assert_exact(_group_pvalues(_draws(sampling.sample)))
   _assert_tail_lost(_group_pvalues(_draws(_old_sample)))
 
 
+@pytest.mark.optimized  # large laws: run time dominates
 def test_gumbel_top_k_first_draw_is_exact_in_the_far_tail():
   first = lambda key, probs: trees.gumbel_top_k(key, jnp.log(probs), 2)[0][:, 0]  # noqa: E731
   _assert_exact(_group_pvalues(_draws(first)))
@@ -104,6 +106,7 @@ def _correction(key, probs, sample_fn=None):
   return jnp.where(verdict.num_accepted == 0, verdict.next_token, -1)
 
 
+@pytest.mark.optimized  # large laws: run time dominates
 def test_correction_token_is_exact_in_the_far_tail(monkeypatch):
   tokens = _draws(_correction)
   rejected = tokens[tokens >= 0]

@@ -17,6 +17,10 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import gguf_import, llama
 
+
+# A real 135M-parameter model: run time dominates compile time (tests/conftest.py).
+pytestmark = pytest.mark.optimized
+
 REF = np.load(pathlib.Path(__file__).parent / "fixtures" / "smollm2_reference.npz")
 N_PROMPTS = 3
 

@@ -48,6 +48,7 @@ def get_config(arg=None):
       "smoke" if args.smoke else "gammas=4+8,temperatures=0+1,num_prompts=24,new_tokens=48")
   config.eval.eval.update(batch_sizes=(4,) if not args.smoke else (2,))
   config.domains = dict(inside="spec_jax_shakespeare", outside="spec_jax_pystdlib")
+  config.ablation_domains = ("inside",)  # where the steered_runs besides `steered` are evaluated
   config.overhead_batch = 4   # batch size of the steering-overhead timing
   if args.smoke:
     config.train.train.update(num_steps=4, checkpoint_every=4, eval_every=0)

@@ -73,7 +73,10 @@ def train_all(config, workdir: str) -> dict[str, str | None]:
 def evaluate_all(config, workdir: str, drafters: dict) -> list[dict]:
   rows = []
   for name, ckpt in drafters.items():
+    ablation = name not in ("pretrained", "distilled", "steered")
     for domain, dataset in config.domains.items():
+      if ablation and domain not in config.ablation_domains:
+        continue
       run_dir = os.path.join(workdir, "runs", "eval", f"{name}_{domain}")
       done = os.path.join(run_dir, "results.json")
       if os.path.exists(done):
