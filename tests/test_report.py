@@ -23,7 +23,7 @@ def _row(method, gamma, temperature=0.0, batch_size=1, alpha=0.6, **extra):
                per_position_acceptance=[alpha + 0.1 - 0.05 * i for i in range(gamma)],
                tokens_per_s=40.0 * theory * 0.9, speedup=theory * 0.9, cost_ratio_c=0.1,
                verifier_cost_ratio_r=r_m, theoretical_speedup=theory, speedup_vs_theory=0.9,
-               verifier_tokens_per_call=gamma + 1)
+               verifier_tokens_per_call=gamma + 1, tau_se=0.05)
   else:
     row = dict(method=method, gamma=None, temperature=temperature, batch_size=batch_size,
                block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
@@ -174,13 +174,16 @@ def test_tau_plot_lines_and_subplots():
   # (method, temperature) with γ > 0: sd at T=0 and T=1. Autoregressive is not a τ-vs-γ series.
   assert [ax.get_title() for ax in fig.axes] == ["batch_size = 1", "batch_size = 4"]
   assert "NVIDIA H100 x1" in fig.get_suptitle()
+  # τ carries its standard error over prompts as error bars, one set per series and panel.
+  assert all(len(ax.containers) == 2 for ax in fig.axes)
   # One figure legend: the series, then a single entry for all the dashed theory lines.
   legend, = fig.legends
   labels = [t.get_text() for t in legend.get_texts()]
   assert len(labels) == 3 and labels[:2] == ["sd, T=0", "sd, T=1"]
   assert labels[2].startswith("theory")
   for ax in fig.axes:
-    styles = sorted(line.get_linestyle() for line in ax.get_lines())
+    styles = sorted(line.get_linestyle() for line in ax.get_lines()
+                    if line.get_linestyle() != "None")  # error bar caps are markers only
     assert styles == ["-", "-", "--", "--"]
     assert ax.get_xlabel() == "gamma (γ): draft length"
     assert ax.get_ylabel().startswith("block_efficiency (τ)")

@@ -52,10 +52,21 @@ def _mean_by_gamma(rows: Sequence[dict], value_fn: Callable[[dict], Any]
   return gammas, [sum(by_gamma[g]) / len(by_gamma[g]) for g in gammas]
 
 
+def _models(rows: Sequence[dict]) -> str:
+  """'verifier V, drafter D' of the rows (each listed once), for figure titles."""
+  parts = []
+  for key in ("verifier", "drafter"):
+    names = sorted({str(r[key]) for r in rows if r.get(key)})
+    if names:
+      parts.append(f"{key} {', '.join(names)}")
+  return "; ".join(parts)
+
+
 def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
                    theory_fn: Callable[[dict], Any], theory_label: str,
-                   baseline: float | None = None):
-  """One subplot per batch size, one solid line per series and its theory dashed beside it."""
+                   baseline: float | None = None, err_key: str | None = None):
+  """One subplot per batch size, one solid line per series (± the rows' `err_key`, a standard
+  error, as error bars) and its theory dashed beside it."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   from matplotlib.lines import Line2D
@@ -91,7 +102,14 @@ def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
       if not series:
         continue
       gammas, values = _mean_by_gamma(series, lambda r: r[y_key])
+      errors = None
+      if err_key is not None:
+        err_gammas, errs = _mean_by_gamma(series, lambda r: r.get(err_key))
+        if err_gammas == gammas:
+          errors = errs
       ax.plot(gammas, values, marker="o", color=colors[key], label=_series_label(key, extras))
+      if errors is not None:
+        ax.errorbar(gammas, values, yerr=errors, fmt="none", capsize=3, ecolor=colors[key])
       gammas, values = _mean_by_gamma(series, theory_fn)
       if gammas:
         # A marker too, so a series measured at a single γ still shows its theory point.
@@ -119,7 +137,9 @@ def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
   fig.legend([legend[l] for l in labels], labels, loc="outside lower center",
              ncols=min(len(labels), 3), fontsize="small")
   devices = _devices(rows)
-  fig.suptitle(title + (f" — {', '.join(devices)}" if devices else ""))
+  models = _models(rows)
+  fig.suptitle(title + (f" — {', '.join(devices)}" if devices else "")
+               + (f"\n{models}" if models else ""), fontsize="medium")
   return fig
 
 
@@ -130,8 +150,9 @@ def plot_tau_vs_gamma(rows: Sequence[dict]):
   """
   return _plot_vs_gamma(rows, y_key="block_efficiency",
                         ylabel="block_efficiency (τ): tokens per verifier call",
-                        title="Block efficiency τ vs draft length γ", theory_fn=tau_theory,
-                        theory_label=_TAU_THEORY_LABEL)
+                        title="Block efficiency τ vs draft length γ (± standard error over "
+                        "prompts)", theory_fn=tau_theory, theory_label=_TAU_THEORY_LABEL,
+                        err_key="tau_se")
 
 
 def plot_speedup_vs_gamma(rows: Sequence[dict]):
