@@ -53,7 +53,8 @@ def get_config(arg=None):
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
       rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
       epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon
-      max_cache_len=8192)  # SmolLM2's context: prompt + new tokens + γ must fit
+      max_cache_len=8192,  # SmolLM2's context: prompt + new tokens + γ must fit
+      save_text=False)     # True: every speculative run's continuations go to texts.jsonl
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")

@@ -4,6 +4,9 @@
   python launch.py --config configs/generate.py:temperature=0.7 --workdir runs/generate \
       --config.prompts_file=my_prompts.txt
   python launch.py --config configs/generate.py:smoke --workdir /tmp/gen   # tiny random model
+  python launch.py --config configs/generate.py:method=sd,gamma=4 --workdir runs/generate_sd \
+      --config.drafter.checkpoint=runs/quickstart/distilled   # speculative, prints τ per prompt
+  python launch.py --config configs/generate.py:method=rsd_c@3,temperature=1 --workdir runs/gen_rsd
 
 Time: ~30 s on 2 CPU cores (10 s loading the GGUF, ~1 s per prompt batch); GPU not measured yet.
 """
@@ -12,7 +15,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, temperature=0.0, new_tokens=48, chat=True)
+  args = common.parse_arg(arg, smoke=False, temperature=0.0, new_tokens=48, chat=True,
+                         method="autoregressive", gamma=4, drafter="runs/quickstart/drafter")
   config = common.base("generate")
   config.mesh = common.mesh(data=1)  # one device; --config.mesh.* decodes each batch on several
   config.model = common.model(size="smollm2-135m", checkpoint="smollm2")
@@ -20,6 +24,12 @@ def get_config(arg=None):
                                         batch_size=4)
   config.generation.sampling.temperature = args.temperature
   config.chat = args.chat  # wrap prompts in the tokenizer's chat template
+  # Speculative decoding: method sd (a γ chain) or a tree NAME[:SHAPE][@L] (rsd_c, rsd_s,
+  # specinfer, spectr), drafted by `drafter` (a checkpoint; '' = a random drafter.size model).
+  config.method = args.method
+  config.gamma = args.gamma
+  config.tree_width = 3
+  config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
   config.prompts = (
       "What is speculative decoding?",
       "Write a Python function that reverses a string.",
@@ -33,6 +43,7 @@ def get_config(arg=None):
   if args.smoke:
     config.tokenizer = "bytes"
     config.model = common.model(size="test-tiny")
+    config.drafter = common.model(size="test-tiny")
     config.chat = False
     config.generation.max_new_tokens = 8
     config.generation.max_prompt_tokens = 64

@@ -31,6 +31,12 @@ def test_generate_smoke(tmp_path):
   assert all(0 < r["new_tokens"] <= 8 for r in rows)
   saved = [json.loads(l) for l in open(tmp_path / "generations.jsonl")]
   assert saved == rows
+  # With a drafter (greedy): the verifier's own text, and each prompt's τ.
+  config.method = "sd"
+  sd = generate.run(config, str(tmp_path / "sd"))
+  assert [r["completion"] for r in sd] == [r["completion"] for r in rows]
+  assert all(1.0 <= r["block_efficiency"] <= config.gamma + 1 and r["verifier_calls"] >= 1
+             for r in sd)
 
 
 def test_generate_prompts_file_and_errors(tmp_path):
@@ -191,8 +197,10 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   from configs import evaluate as evaluate_config
   from spec_jax.programs import evaluate
   config = evaluate_config.get_config("smoke")
+  config.eval.save_text = True
   rows = evaluate.run(config, str(tmp_path))
-  # 2 temperatures x 1 batch size x (autoregressive + 2 gammas)
+  texts = [json.loads(line) for line in open(tmp_path / "texts.jsonl")]
+  assert len(texts) == 2 * 2 * 3 and {"prompt", "completion", "gamma", "method"} <= set(texts[0])
   assert len(rows) == 6
   keys = {"method", "gamma", "block_efficiency", "mean_accepted_tokens", "acceptance_rate",
           "empirical_acceptance", "per_position_acceptance", "verifier_calls", "drafter_calls",
@@ -216,14 +224,16 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
     raise AssertionError("a finished row was decoded again")
   with monkeypatch.context() as m:
     m.setattr(evaluate.timing, "timed_pass", refuse)
-    assert evaluate.run(evaluate_config.get_config("smoke"), str(tmp_path)) == rows
+    again_config = evaluate_config.get_config("smoke")
+    again_config.eval.save_text = True
+    assert evaluate.run(again_config, str(tmp_path)) == rows
   lines = (tmp_path / "rows.jsonl").read_text().splitlines()
   (tmp_path / "rows.jsonl").write_text("\n".join(lines[:5]) + '\n{"cut sh')
   passes = []
   real = evaluate.timing.timed_pass
   monkeypatch.setattr(evaluate.timing, "timed_pass",
                       lambda fn, prompts, desc: passes.append(desc) or real(fn, prompts, desc=desc))
-  again = evaluate.run(evaluate_config.get_config("smoke"), str(tmp_path))
+  again = evaluate.run(again_config, str(tmp_path))
   assert passes == ["T=1 B=2 autoregressive", "T=1 B=2 drafter-only", "T=1 B=2 sd γ=3"]
   assert [(r["method"], r["temperature"], r["gamma"]) for r in again] == [
       (r["method"], r["temperature"], r["gamma"]) for r in rows]

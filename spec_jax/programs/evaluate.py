@@ -118,6 +118,14 @@ def check_config(config, workdir: str, runs) -> None:
         raise ValueError(f"eval.{field} has {e}: lenience ε must be in (0, 1] (1 = lossless).")
 
 
+def _save_text(workdir: str, texts, token_lists, tokenizer, **setting) -> None:
+  """eval.save_text: append each prompt's speculative continuation to texts.jsonl."""
+  with open(os.path.join(workdir, "texts.jsonl"), "a", encoding="utf-8") as f:
+    for prompt, ids in zip(texts, token_lists):
+      f.write(json.dumps({**setting, "prompt": prompt, "completion": tokenizer.decode(ids)})
+              + "\n")
+
+
 def check_room(ev, batches, runs) -> None:
   """The cache must hold the longest padded prompt + eval.new_tokens + the widest proposal's
   overhang; the error names the numbers and the fields to change."""
@@ -322,6 +330,9 @@ def run(config, workdir: str) -> list[dict]:
                              shape=shape, decode=decode, ev=ev, common=common)
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
         sd_tokens = metrics.token_lists(sd_out, reals)
+        if ev.get("save_text", False) and parallel.is_writer():
+          _save_text(workdir, texts, sd_tokens, tokenizer, temperature=float(temperature),
+                     batch_size=batch_size, method=label_m, gamma=int(gamma))
         summary = metrics.summarize(sd_out, reals)
         calls, tau = summary["verifier_calls"], summary["block_efficiency"]
         tokens_per_call = int(gamma) + 1 if tree is None else tree.num_nodes

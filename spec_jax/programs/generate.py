@@ -4,6 +4,12 @@ Prompts come from `config.prompts` (a tuple of strings), `config.prompts_file` (
 line, `\\n` escapes allowed), or `config.num_data_prompts` prompts from `config.data.prompt_split`
 (`spec_jax.data.prompts.read_prompts`, which evaluate and benchmark_hf share).
 Writes `workdir/generations.jsonl`.
+
+`config.method` other than "autoregressive" decodes with a drafter (`config.drafter`: a checkpoint,
+a steered one included, or a random model of `drafter.size`) and that method: "sd" (a chain of
+`gamma` drafts) or a draft tree `NAME[:SHAPE][@L]` (rsd_c, rsd_s, specinfer, spectr; see
+`programs/evaluate.py`), verified exactly; each row then also carries the prompt's τ (tokens per
+verifier call) and verifier calls.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import trees
 
 
 def run(config, workdir: str) -> list[dict]:
@@ -32,6 +41,7 @@ def run(config, workdir: str) -> list[dict]:
     parallel.check_decode_mesh(mesh, gen.batch_size, {"model": cfg.n_kv_heads},
                                "generation.batch_size")
     params = parallel.place_params(params, mesh)
+  decode = _speculative(config, tokenizer, cfg, params, sampling, mesh)
   texts = prompts_lib.read_prompts(config, tokenizer)
   if config.get("chat", False):
     if not hasattr(tokenizer, "chat_prompt"):
@@ -49,21 +59,57 @@ def run(config, workdir: str) -> list[dict]:
     padded = chunk + [chunk[-1]] * (gen.batch_size - len(chunk))
     prompts = generate_lib.encode_prompts(tokenizer, padded, gen.max_prompt_tokens)
     t0 = time.perf_counter()
-    out = generate_lib.generate(params, prompts, jax.random.fold_in(rng, start), cfg=cfg,
-                                sampling=sampling, max_new_tokens=gen.max_new_tokens,
-                                stop_ids=stop_ids, mesh=mesh)
+    key = jax.random.fold_in(rng, start)
+    if decode is None:
+      out = generate_lib.generate(params, prompts, key, cfg=cfg, sampling=sampling,
+                                  max_new_tokens=gen.max_new_tokens, stop_ids=stop_ids, mesh=mesh)
+    else:
+      out = decode(prompts, key, stop_ids)
     new = out.new_tokens()
     seconds = time.perf_counter() - t0
     for i, ids in enumerate(new[:len(chunk)]):
       stopped = bool(ids) and ids[-1] in stop_ids
-      rows.append(dict(prompt=texts[start + i],
-                       completion=tokenizer.decode(ids[:-1] if stopped else ids),
-                       new_tokens=len(ids), stopped=stopped, batch_seconds=seconds))
+      row = dict(prompt=texts[start + i], completion=tokenizer.decode(ids[:-1] if stopped else ids),
+                 new_tokens=len(ids), stopped=stopped, batch_seconds=seconds)
+      if decode is not None:
+        calls = int(out.stats.verifier_calls[i])
+        row.update(method=config.method, verifier_calls=calls,
+                   block_efficiency=round(len(ids) / calls, 4) if calls else None)
+      rows.append(row)
   if not parallel.is_writer():  # multi-host: every process decoded its rows; one writes
     return rows
   with open(os.path.join(workdir, "generations.jsonl"), "w", encoding="utf-8") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
   for row in rows:
-    print(f"\n=== prompt: {row['prompt']!r}\n{row['completion']}")
+    tau = f" (τ = {row['block_efficiency']})" if row.get("block_efficiency") else ""
+    print(f"\n=== prompt: {row['prompt']!r}{tau}\n{row['completion']}")
   return rows
+
+
+def _speculative(config, tokenizer, v_cfg, v_params, sampling, mesh):
+  """None for autoregressive decoding; else (prompts, rng, stop_ids) -> the speculative loop's
+  output with config.drafter and config.method."""
+  method = config.get("method", "autoregressive")
+  if method == "autoregressive":
+    return None
+  from spec_jax.programs import evaluate  # noqa: PLC0415 (its method grammar and drafters)
+  _, depth, tree = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
+  if depth is None or int(depth) < 1:
+    raise ValueError(f"method={method!r}: give a draft length >= 1 (config.gamma or NAME@L).")
+  d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
+                                       field="drafter.checkpoint")
+  drafter = evaluate.make_drafter(d_cfg, loading.drafter_steering(config.drafter),
+                                  trees.chain(int(depth)) if tree is None else tree)
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
+  loop.check_pair(verifier, drafter)
+  if mesh is not None:
+    d_params = parallel.place_params(d_params, mesh)
+  gen = config.generation
+
+  def decode(prompts, rng, stop_ids):
+    return loop.speculative_generate(
+        v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, sampling=sampling,
+        max_new_tokens=gen.max_new_tokens, stop_ids=stop_ids, mesh=mesh)
+
+  return decode
