@@ -310,3 +310,13 @@ def test_errors(root, tmp_path):
   with pytest.raises(ValueError, match=rf"has {n} tokens.*batch_size = 4"):
     pipeline.lm_batches(SHAKES, "validation", tok, seq_len=n // 4, batch_size=4, seed=0,
                         data_dir=root)
+
+
+def test_a_bad_gguf_tokenizer_names_its_path(tmp_path):
+  from spec_jax.data import tokenizer as tokenizer_lib
+  fake = tmp_path / "fake.gguf"
+  fake.write_bytes(b"not a gguf")
+  with pytest.raises(ValueError, match=r"tokenizer='.*fake.gguf' is not a readable GGUF file"):
+    tokenizer_lib.get_tokenizer(str(fake))
+  with pytest.raises(FileNotFoundError, match=r"tokenizer='.*missing.gguf': no such GGUF file"):
+    tokenizer_lib.get_tokenizer(str(tmp_path / "missing.gguf"))

@@ -117,7 +117,15 @@ class HFTokenizer:
 def tokenizer_from_gguf(path: str | pathlib.Path) -> HFTokenizer:
   """Rebuild a GPT-2 style byte-level BPE (`tokenizer.ggml.model == "gpt2"`) from a GGUF file."""
   import gguf  # local: only needed when a GGUF is read
-  reader = gguf.GGUFReader(str(path))
+  if not pathlib.Path(path).is_file():
+    raise FileNotFoundError(f"tokenizer={str(path)!r}: no such GGUF file. Fix: the path of a "
+                            "GGUF file, 'smollm2', 'bytes' or an HF tokenizer directory.")
+  try:
+    reader = gguf.GGUFReader(str(path))
+  except Exception as e:  # gguf raises assorted errors on truncated/corrupt files
+    raise ValueError(f"tokenizer={str(path)!r} is not a readable GGUF file ({type(e).__name__}: "
+                     f"{e}). Fix: point config.tokenizer at a complete .gguf file (or "
+                     "'smollm2', 'bytes', an HF tokenizer directory).") from None
   fields = reader.fields
 
   def get(key):
