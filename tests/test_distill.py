@@ -156,7 +156,7 @@ def test_onpolicy_refresh_and_mix(pair):
   np.testing.assert_array_equal(mix["targets"][:2], b0["targets"][:2])
 
 
-def test_verifier_data_are_cached_and_extended(tmp_path, pair):
+def test_verifier_data_are_cached_and_extended(tmp_path, pair, monkeypatch):
   v_cfg, v_params, _, _ = pair
   spec = distill_data.Spec(source="verifier", prompt_tokens=6, response_tokens=5, batch_size=4)
   calls = []
@@ -177,6 +177,20 @@ def test_verifier_data_are_cached_and_extended(tmp_path, pair):
     np.testing.assert_array_equal(first[s][0], again[s][0])
     np.testing.assert_array_equal(first[s][0], longer[s][0])
   np.testing.assert_array_equal(first[0][0][:, :6], _Windows()[0][:, :6])
+  # A run killed while generating keeps the batches it finished (the cache is saved as it goes).
+  monkeypatch.setattr(distill_data.VerifierData, "SAVE_EVERY_S", 0.0)
+
+  def dies_at_5(prompts, rng):
+    if len(calls) == 5:
+      raise Killed()
+    return gen(prompts, rng)
+  with pytest.raises(Killed):
+    distill_data.VerifierData(dies_at_5, _Windows(), spec=spec, key={"v": "tiny"},
+                              cache_dir=str(tmp_path), num_batches=8)
+  assert len(calls) == 5  # batches 3 and 4 were generated before the kill
+  resumed = make(num_batches=6)
+  assert len(calls) == 6  # only batch 5 was left
+  np.testing.assert_array_equal(resumed[2][0], longer[2][0])
 
 
 # ---------------------------------------------------------------------------------------------

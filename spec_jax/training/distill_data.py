@@ -39,6 +39,7 @@ from typing import Any, Callable
 from absl import logging
 import jax
 import numpy as np
+import tqdm
 
 from spec_jax.data import pipeline
 from spec_jax.decoding import generate as generate_lib
@@ -166,6 +167,8 @@ class VerifierData:
   weights: clear `cache_dir` after changing a checkpoint in place.
   """
 
+  SAVE_EVERY_S = 30.0
+
   def __init__(self, generate_fn: Callable[[np.ndarray, jax.Array], tuple], window_ds, *,
                num_batches: int, spec: Spec, key: dict, cache_dir: str | None):
     self.seqs, self.num_new = None, None
@@ -184,19 +187,29 @@ class VerifierData:
       return
     t0 = time.perf_counter()
     rng = source_key(spec.seed, "verifier")
-    new = [generate_fn(window_ds[s][:, :spec.prompt_tokens], jax.random.fold_in(rng, s))
-           for s in range(have, num_batches)]
-    seqs = np.stack([n[0] for n in new])
-    num_new = np.stack([n[1] for n in new])
-    self.seqs = seqs if self.seqs is None else np.concatenate([self.seqs, seqs])
-    self.num_new = num_new if self.num_new is None else np.concatenate([self.num_new, num_new])
+    seqs = [] if self.seqs is None else list(self.seqs)
+    num_new = [] if self.num_new is None else list(self.num_new)
+    last_save = time.perf_counter()
+    # Batch by batch with a progress bar; the cache is rewritten every SAVE_EVERY_S (and at the
+    # end), so a killed run keeps what it generated (the cache is a valid prefix).
+    for s in tqdm.tqdm(range(have, num_batches), desc="verifier responses", unit="batch",
+                       disable=jax.process_index() != 0):
+      seq, n = generate_fn(window_ds[s][:, :spec.prompt_tokens], jax.random.fold_in(rng, s))
+      seqs.append(np.asarray(seq))
+      num_new.append(np.asarray(n))
+      if path and (time.perf_counter() - last_save > self.SAVE_EVERY_S or s == num_batches - 1):
+        self._save(path, cache_dir, seqs, num_new, key)
+        last_save = time.perf_counter()
+    self.seqs, self.num_new = np.stack(seqs), np.stack(num_new)
     logging.info("Generated verifier responses for batches %d..%d in %.1f s.", have,
                  num_batches - 1, time.perf_counter() - t0)
-    if path:
-      os.makedirs(cache_dir, exist_ok=True)
-      tmp = f"{path}.{os.getpid()}.tmp.npz"  # atomic: a killed run leaves no truncated cache
-      np.savez(tmp, seqs=self.seqs, num_new=self.num_new, key=json.dumps(key, default=str))
-      os.replace(tmp, path)
+
+  @staticmethod
+  def _save(path: str, cache_dir: str, seqs, num_new, key: dict) -> None:
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp.npz"  # atomic: a killed run leaves no truncated cache
+    np.savez(tmp, seqs=np.stack(seqs), num_new=np.stack(num_new), key=json.dumps(key, default=str))
+    os.replace(tmp, path)
 
   def __getitem__(self, s: int) -> tuple[np.ndarray, np.ndarray]:
     return self.seqs[s], self.num_new[s]
