@@ -15,6 +15,9 @@ is query heads in the package legend).
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import fcntl
 import functools
 import hashlib
@@ -83,9 +86,12 @@ def _builder(name: str, root: str) -> tfds.core.DatasetBuilder:
       builder = tfds.builder(name, data_dir=root, file_format="array_record")
       if not builder.is_prepared():
         logging.info("Building %s into %s from local files (first use).", name, root)
-        # try_download_gcs=False: never look for a pre-built copy on GCS.
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-            try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
+        # try_download_gcs=False: never look for a pre-built copy on GCS. TFDS prints
+        # "Downloading and preparing dataset Unknown size ..." for every builder, which is
+        # wrong for local files: the line above says what happens.
+        with contextlib.redirect_stdout(io.StringIO()):
+          builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+              try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
     return builder
   try:
     builder = tfds.builder(name, data_dir=root)

@@ -1,0 +1,150 @@
+"""What launch.py does besides dispatching (kept here so the launcher stays short): reject
+unknown or mistyped `--config.*` overrides before anything runs, list programs and configs for
+`--help`, check that every process of a multi-host job resolved the same config, quiet noisy
+libraries' logs, and say at the end where a run's output is."""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib.util
+import os
+import pkgutil
+import sys
+
+from absl.app import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# What bad input raises; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               FileExistsError, PermissionError)
+
+
+def programs() -> list[str]:
+  import spec_jax.programs
+  return sorted(m.name for m in pkgutil.iter_modules(spec_jax.programs.__path__))
+
+
+def check_override_keys(argv: list[str]) -> None:
+  """Reject `--config.a.b=v` for keys the config does not have, naming the key and its siblings.
+
+  ml_collections would raise a bare AttributeError("'b'") from deep inside flag parsing.
+  """
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None and "--config" in argv[:-1]:
+    config_arg = argv[argv.index("--config") + 1]
+  overrides = dict(a[len("--config."):].partition("=")[::2] for a in argv
+                   if a.startswith("--config."))
+  if not config_arg or not overrides:
+    return
+  path, _, arg = config_arg.partition(":")
+  try:
+    spec = importlib.util.spec_from_file_location("_spec_jax_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception:  # let config_flags report problems with the file itself
+    return
+  for key in overrides:
+    node, walked = config, []
+    for part in key.split("."):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(walked) or "the top level"
+        known = sorted(node.keys()) if hasattr(node, "keys") else []
+        raise UsageError(
+            f"Unknown config key {key!r} (from --config.{key}): {where} has no field {part!r}. "
+            f"Known fields there: {known}.")
+      node = node[part]
+      walked.append(part)
+    _check_tuple_override(key, overrides[key], node)
+
+
+def _check_tuple_override(key: str, value: str, default) -> None:
+  """A tuple field's override must hold elements of its default's type: ml_collections would
+  parse `(2.5,)` into an int field as 2 and `abc` fail late with a bare error."""
+  if not isinstance(default, tuple) or not default or not value:
+    return
+  want = type(default[0])
+  try:
+    parsed = ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    parsed = value if want is str else None
+  items = parsed if isinstance(parsed, (tuple, list)) else (parsed,)
+  ok = parsed is not None and all(
+      isinstance(x, want) and not (want is int and isinstance(x, bool))
+      or (want is float and isinstance(x, int) and not isinstance(x, bool)) for x in items)
+  if not ok:
+    raise UsageError(
+        f"--config.{key}={value}: {key} is a tuple of {want.__name__} (default {default}); "
+        f"write it as a Python tuple of {want.__name__}s, e.g. --config.{key}=\"{default}\".")
+
+
+def _first_line(path: str) -> str:
+  """The first line of a Python file's module docstring, read without importing it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      doc = ast.get_docstring(ast.parse(f.read())) or ""
+  except (OSError, SyntaxError):
+    return ""
+  return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def help_text(flags_help: str, doc: str) -> str:
+  """--help: usage, every program and config with its docstring's first line, then the flags."""
+  lines = [doc.strip(), "", "Programs (config.program), spec_jax/programs/:"]
+  for name in programs():
+    path = os.path.join(ROOT, "spec_jax", "programs", name + ".py")
+    lines.append(f"  {name:24s} {_first_line(path)}")
+  lines += ["", "Configs (--config FILE[:args]; each docstring holds its command, run time and "
+            "a :smoke variant):"]
+  files = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+  files += sorted(glob.glob(os.path.join(ROOT, "experiments", "*", "config.py")))
+  for path in files:
+    rel = os.path.relpath(path, ROOT)
+    if os.path.basename(path) not in ("__init__.py", "common.py"):
+      lines.append(f"  {rel:34s} {_first_line(path)}")
+  lines += ["", "Examples:",
+            "  python launch.py --config configs/quickstart.py --workdir runs/quickstart",
+            "  python launch.py --config configs/evaluate.py:gammas=4 --dry_run",
+            "", "Flags:", flags_help]
+  return "\n".join(lines)
+
+
+def summary(program: str, workdir: str, seconds: float) -> str:
+  """The last line of every run: how long it took and what its workdir now holds."""
+  names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []
+  shown = [n + ("/" if os.path.isdir(os.path.join(workdir, n)) else "") for n in names
+           if not n.startswith("events.out.tfevents")]
+  if len(shown) > 12:
+    shown = shown[:12] + [f"... ({len(shown) - 12} more)"]
+  return (f"\n{program} finished in {seconds / 60:.1f} min. Output in {os.path.abspath(workdir)}: "
+          f"{', '.join(shown) or 'nothing'}")
+
+
+def quiet_libraries(record) -> bool:
+  """Keep INFO logs of our code; from orbax/tensorstore (hundreds of lines per checkpoint) only
+  warnings and errors."""
+  noisy = ("/orbax/", "/tensorstore/", "/etils/", "/tensorflow_datasets/")
+  return record.levelno >= 30 or not any(part in record.pathname for part in noisy)
+
+
+def check_same_config_everywhere(config) -> None:
+  """Multi-host: every process must run the same config (shapes, data and seeds must agree, or
+  the collectives mismatch or hang). Compares a digest of the resolved config across processes."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  import hashlib
+  import numpy as np
+  from jax.experimental import multihost_utils
+  digest = hashlib.sha256(config.to_json(sort_keys=True).encode()).digest()
+  mine = np.frombuffer(digest[:8], np.int32)
+  first = multihost_utils.broadcast_one_to_all(mine)
+  same = np.asarray(multihost_utils.process_allgather(np.array(np.all(mine == first))))
+  if not same.all():
+    bad = [i for i, ok in enumerate(np.ravel(same)) if not ok]
+    print(f"FATAL The processes of this multi-host run disagree on the config: process(es) {bad} "
+          "resolved a different config from process 0's. Fix: launch every process with the same "
+          "--config and the same --config.* overrides.", file=sys.stderr)
+    sys.exit(1)
