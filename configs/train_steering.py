@@ -31,7 +31,8 @@ def get_config(arg: str | None = None):
   # SD²'s recipe: FKL on verifier-generated responses (T = 1), drafter trained with the module.
   arg = common.parse_arg(arg, divergence="fkl", source="verifier", steps=40, batch=8,
                          drafter="runs/quickstart/drafter", mode="merged", offset=4,
-                         frozen=False, data="spec_jax_shakespeare", lr=1e-3, smoke=False)
+                         frozen=False, data="spec_jax_shakespeare", lr=1e-3, lr_scale=1.0,
+                         smoke=False)
   config = distill_config.get_config(
       "smoke" + "".join(f",{k}={arg[k]}" for k in ("divergence", "source")
                         if k in common.given(arg_string)) if arg.smoke else
@@ -42,7 +43,8 @@ def get_config(arg: str | None = None):
       verifier_layers=(),       # () = low/middle/high depths (SmolLM2-135M: 3, 15, 27)
       mode=arg.mode,            # merged | simple
       max_offset=arg.offset,    # staleness o ~ U{1..max_offset}: the γ it is trained for
-      freeze_drafter=arg.frozen)
+      freeze_drafter=arg.frozen,
+      lr_scale=arg.lr_scale)    # the module's lr = train.lr × lr_scale (W_g starts at zero)
   if arg.smoke and "source" not in common.given(arg_string):
     config.data.source = "fixed"
   return config

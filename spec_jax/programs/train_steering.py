@@ -7,6 +7,7 @@ mesh; configs/train_steering.py) plus `steering`:
   mode             merged (δ into the drafter's SwiGLU up projection) | simple (residual add)
   max_offset       γ of the staleness simulation: o ~ U{1..max_offset} per batch
   freeze_drafter   True: train the module alone (the ablation); False: module and drafter
+  lr_scale         the module's learning rate is train.lr × lr_scale
 It is distillation (`programs/distill.py`) with a steered student: same data sources (fixed or
 verifier-generated; on-policy sources would need steered generation and are refused), same
 objectives, checkpoints, resume and metrics; the held-out τ decodes with the steered drafter.
@@ -41,6 +42,9 @@ def check_config(config) -> None:
   if sc.mode not in steering.MODES:
     raise ValueError(f"steering.mode={sc.mode!r} is not known; choose one of "
                      f"{list(steering.MODES)}.")
+  if float(sc.get("lr_scale", 1.0)) <= 0:
+    raise ValueError(f"steering.lr_scale={sc.lr_scale} must be > 0 (the steering module's "
+                     "learning rate is train.lr × lr_scale).")
   if int(sc.max_offset) < 1:
     raise ValueError(f"steering.max_offset={sc.max_offset} must be >= 1: the draft length γ "
                      "whose staleness training simulates.")
@@ -67,13 +71,15 @@ def steered_student(config, v_cfg, d_cfg, d_params) -> distill_program.Student:
                 "steering": jax.tree.map(np.asarray, steering.init_params(s_cfg))}
   apply, context_fn = steering_train.make_student(s_cfg, d_cfg, int(sc.max_offset))
   frozen = bool(sc.freeze_drafter)
+  lr_scale = float(sc.get("lr_scale", 1.0))
   return distill_program.Student(
       cfg=d_cfg, init_fn=steering_train.init_fn(s_cfg, d_cfg), params=params, apply=apply,
       drafter=lambda shape: steered.SteeredDrafter(d_cfg, s_cfg, shape), context_fn=context_fn,
       teacher_layers=s_cfg.verifier_layers,
-      wrap_tx=lambda tx: steering_train.freeze_drafter(tx, frozen),
+      wrap_tx=lambda tx: steering_train.optimizer(tx, frozen=frozen, lr_scale=lr_scale),
       meta={"steering": dataclasses.asdict(s_cfg),
-            "steering_training": dict(max_offset=int(sc.max_offset), freeze_drafter=frozen)})
+            "steering_training": dict(max_offset=int(sc.max_offset), freeze_drafter=frozen,
+                                      lr_scale=lr_scale)})
 
 
 def run(config, workdir: str, *, step_hook=None) -> dict:

@@ -72,10 +72,16 @@ def init_fn(cfg: steering.SteeringConfig, drafter_cfg: llama.LlamaConfig) -> Cal
   return init
 
 
-def freeze_drafter(tx: optax.GradientTransformation, frozen: bool) -> optax.GradientTransformation:
-  """tx on everything, or (frozen) on the steering module alone: the drafter gets zero updates
-  (and no optimizer moments)."""
-  if not frozen:
+def optimizer(tx: optax.GradientTransformation, *, frozen: bool = False,
+              lr_scale: float = 1.0) -> optax.GradientTransformation:
+  """tx for the drafter (zero updates and no moments when `frozen`) and tx with its updates
+  scaled by `lr_scale` for the steering module: W_g starts at zero and has to grow within the
+  few hundred steps a CPU run affords, while the pretrained drafter needs only small moves."""
+  if lr_scale <= 0:
+    raise ValueError(f"steering.lr_scale={lr_scale} must be > 0.")
+  module = tx if lr_scale == 1.0 else optax.chain(tx, optax.scale(lr_scale))
+  if not frozen and lr_scale == 1.0:
     return tx
-  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()},
-                               {"drafter": "frozen", "steering": "train"})
+  return optax.multi_transform(
+      {"drafter": optax.set_to_zero() if frozen else tx, "steering": module},
+      {"drafter": "drafter", "steering": "steering"})
