@@ -1,5 +1,6 @@
 """The types the speculative loop is written against (DESIGN.md §2), and the one check of their
-contract that both sides share (`check_layers`). No algorithm.
+contract that both sides share (`check_layers`, defined with the model's residual depths in
+`models/llama.py`). No algorithm.
 
 Shape letters (the repo legend, `spec_jax/__init__.py`): B batch, M proposal nodes (root
 included), A deepest draft level (a chain's γ, a tree's depth L), V vocabulary, S cache slots,
@@ -28,6 +29,10 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.models import llama
+
+# The one check of the contract both sides share, defined beside the residual depths it checks.
+check_layers = llama.check_layers
 
 # The sampling scheme of a proposal's siblings, which decides which rules stay exact on it
 # (acceptance.check_fit). A chain has one child per node.
@@ -196,15 +201,3 @@ class Verifier(Protocol):
   def score(self, params, cache, proposal: Proposal, lengths) -> tuple[jax.Array, dict, Any]: ...
 
   def commit(self, cache, lengths, verdict: Verdict) -> Any: ...
-
-
-def check_layers(layers, num_layers: int, field: str) -> tuple[int, ...]:
-  """Residual depths as a tuple; ValueError naming `field` for a depth the verifier lacks."""
-  layers = tuple(int(x) for x in layers)
-  for layer in layers:
-    if not (layer == -1 or 0 <= layer <= num_layers):
-      raise ValueError(
-          f"{field} asks for the verifier's residual stream at layer {layer}, but the verifier "
-          f"has {num_layers} layers: use 0..{num_layers} (l = the input of block l, "
-          f"{num_layers} = the final pre-norm residual) or -1 (the same final residual).")
-  return layers

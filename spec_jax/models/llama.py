@@ -283,6 +283,18 @@ class Llama(nn.Module):
     return logits.astype(jnp.float32), hidden, new_cache
 
 
+def check_layers(layers, num_layers: int, field: str) -> tuple[int, ...]:
+  """Residual depths as a tuple; ValueError naming `field` for a depth the verifier lacks."""
+  layers = tuple(int(x) for x in layers)
+  for layer in layers:
+    if not (layer == -1 or 0 <= layer <= num_layers):
+      raise ValueError(
+          f"{field} asks for the verifier's residual stream at layer {layer}, but the verifier "
+          f"has {num_layers} layers: use 0..{num_layers} (l = the input of block l, "
+          f"{num_layers} = the final pre-norm residual) or -1 (the same final residual).")
+  return layers
+
+
 def make_apply(cfg: LlamaConfig, hidden_layers: Sequence[int] = ()):
   """The DESIGN.md §2 forward as a pure function:
   apply(params, tokens[B,T], positions[B,T], cache, mask[B,T,S] | None, slots[B,T] | None)

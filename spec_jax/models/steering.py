@@ -24,8 +24,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from spec_jax.decoding.protocols import check_layers
 from spec_jax.models import llama
+from spec_jax.models.llama import check_layers
 
 MODES = ("merged", "simple")
 
