@@ -42,7 +42,8 @@ def get_config(arg=None):
   config.steered_runs = dict(
       steered=dict(mode="merged", freeze_drafter=False),
       steered_frozen=dict(mode="merged", freeze_drafter=True),
-      steered_simple=dict(mode="simple", freeze_drafter=False))
+      steered_simple=dict(mode="simple", freeze_drafter=False),
+      steered_lr10=dict(mode="merged", freeze_drafter=False, lr_scale=10.0))
   # Evaluation: one evaluate run per (drafter, domain).
   config.eval = evaluate_config.get_config(
       "smoke" if args.smoke else "gammas=4+8,temperatures=0+1,num_prompts=24,new_tokens=48")
