@@ -122,11 +122,18 @@ def summary(program: str, workdir: str, seconds: float) -> str:
           f"{', '.join(shown) or 'nothing'}")
 
 
+# Warnings that every read-only checkpoint load prints and that call for no action.
+_EXPECTED = ("read_only=True, setting save_interval_steps=0", "Given directory is read only",
+             "has no dataset_info.json")
+
+
 def quiet_libraries(record) -> bool:
   """Keep INFO logs of our code; from orbax/tensorstore (hundreds of lines per checkpoint) only
-  warnings and errors."""
+  warnings and errors, less the ones every checkpoint load or corpus build prints."""
   noisy = ("/orbax/", "/tensorstore/", "/etils/", "/tensorflow_datasets/")
-  return record.levelno >= 30 or not any(part in record.pathname for part in noisy)
+  if not any(part in record.pathname for part in noisy):
+    return True
+  return record.levelno >= 30 and not any(e in str(record.msg) for e in _EXPECTED)
 
 
 def check_same_config_everywhere(config) -> None:

@@ -267,3 +267,15 @@ def test_evaluate_validates_before_loading_any_model(tmp_path, monkeypatch, over
   afile.write_text("x")
   with pytest.raises(ValueError, match="--workdir=.* is a file"):
     evaluate.run(evaluate_config.get_config("smoke"), str(afile))
+
+
+def test_console_filter_drops_expected_library_noise_only():
+  import logging
+  from spec_jax import cli
+  def record(path, level, msg, args=None):
+    return logging.LogRecord("absl", level, path, 1, msg, args, None)
+  orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  assert not cli.quiet_libraries(record(orbax, 30, "Given directory is read only=%s", ("/x",)))
+  assert not cli.quiet_libraries(record(orbax, 20, "Saving item"))
+  assert cli.quiet_libraries(record(orbax, 30, "Checkpoint is corrupt"))
+  assert cli.quiet_libraries(record("/spec_jax/programs/distill.py", 20, "Distilling"))
