@@ -37,6 +37,9 @@ from spec_jax.evaluation import metrics, quality, report, tables, timing
 from spec_jax.models import llama, steering
 
 
+CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acceptance_rate",
+                   "tokens_per_s", "speedup", "theoretical_speedup")
+
 # Speculative methods by name; each row of results.json names one. "sd" is chain speculative
 # decoding; every method runs in the one loop (decoding/loop.py) with an LM drafter of its shape.
 METHODS = ("sd", *trees.TREE_METHODS)
@@ -374,8 +377,11 @@ def run(config, workdir: str) -> list[dict]:
             token_tv=(round(sd_quality["token_tv"], 5) if tree is None and s_cfg is None
                       else None)))
         log.add(key, rows[-1])
-      print(tables.markdown_table([r for r in rows if r["temperature"] == float(temperature)
-                                   and r["batch_size"] == batch_size]), flush=True)
+      # A narrow table on the console; results.md has every column.
+      shown = [r for r in rows if r["temperature"] == float(temperature)
+               and r["batch_size"] == batch_size]
+      columns = [c for c in CONSOLE_COLUMNS if c != "tree" or any(r.get("tree") for r in shown)]
+      print(f"\n{label}\n" + tables.markdown_table(shown, columns), flush=True)
   report.write_results(workdir, rows)
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))
