@@ -201,7 +201,7 @@ def write_plot(config, rows, path: str) -> None:
   names = ["pretrained", "distilled", *config.steered_runs]
   panels = [(d, float(t)) for d in config.domains for t in config.eval.eval.temperatures]
   gammas = [int(g) for g in config.eval.eval.gammas]
-  fig = Figure(figsize=(4.2 * len(panels), 4.0))
+  fig = Figure(figsize=(4.2 * len(panels) + 1.2, 4.0), layout="constrained")
   FigureCanvasAgg(fig)
   colours = ["#888888", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd"]
   width = 0.8 / len(names)
@@ -221,11 +221,13 @@ def write_plot(config, rows, path: str) -> None:
     ax.set_title(f"{domain} domain, T = {t:g}")
     ax.set_ylabel("τ − 1 (accepted drafts per round)")
     ax.grid(axis="y", alpha=0.3)
-  fig.axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+  # One legend for the figure, from the colour map (a panel may lack the ablations' bars).
+  from matplotlib.patches import Patch
+  fig.legend([Patch(color=colours[j % len(colours)]) for j in range(len(names))], names,
+             fontsize=7, loc="outside right upper")
   fig.suptitle(f"verifier {config.train.verifier.checkpoint or config.train.verifier.size}, "
-               f"drafter {os.path.basename(config.train.drafter.checkpoint or 'scratch')}",
-               fontsize=9)
-  fig.tight_layout()
+               f"pretrained drafter {config.train.drafter.checkpoint or config.train.drafter.size}"
+               " (bars: ± standard error over prompts)", fontsize=9)
   fig.savefig(path, dpi=110)
 
 
