@@ -14,7 +14,8 @@ then evaluates every drafter with the evaluate program on in-domain (Shakespeare
 out-of-domain (Python code) prompts at γ ∈ eval.gammas, greedy and T = 1. Every run lives in
 <workdir>/runs/ and is read back when finished, so a killed experiment resumes.
 Needs the quickstart drafter (runs/quickstart/drafter: run the README's main command first).
-Time on 2 CPU cores: ~1 h (training ~4 min per drafter, evaluation ~3 min per drafter and
+Time on 2 CPU cores: ~1.5 h measured 2026-11-24 on cores shared with other work part of the time
+(training ~4 min per drafter when idle, evaluation ~4-7 min per drafter and
 domain); GPU not measured. Smoke: tiny random models, 1 domain, seconds of training.
 Reference numbers: experiments/steering/results.md.
 """
