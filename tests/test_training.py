@@ -432,6 +432,9 @@ def test_ctrl_c_in_a_subprocess_saves_a_checkpoint_to_resume_from(data_dir, tmp_
   workdir = str(tmp_path / "run")
   script = textwrap.dedent(f"""
       import os, signal
+      # As in a terminal: SIGINT raises KeyboardInterrupt (a child of a background job inherits
+      # SIGINT ignored, and Python then keeps it ignored).
+      signal.signal(signal.SIGINT, signal.default_int_handler)
       os.environ["JAX_PLATFORMS"] = "cpu"
       from configs import train_lm as c
       from spec_jax.programs import train_lm
