@@ -94,6 +94,14 @@ def test_rsd_ordering_check_on_synthetic_rows():
                        "| d | 1 | 3 | 2.00 | 2.10 | 1.80 | 1.90 | no |"]
 
 
+def test_rsd_plot_series_all_look_different():
+  from spec_jax.programs import rsd_experiment
+  labels = [f"{m} T={t} {d}" for m in rsd_experiment.FIXED_ORDER + ("specinfer",)
+            for t in (0, 1) for d in ("shakespeare", "pystdlib")]
+  styles = {tuple(sorted(rsd_experiment._style(label).items())) for label in labels}
+  assert len(styles) == len(labels)  # matplotlib's default cycle repeated colours past 10
+
+
 def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   from spec_jax.programs import evaluate
   monkeypatch.setattr(evaluate, "run", _refuse)

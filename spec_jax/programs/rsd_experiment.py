@@ -212,22 +212,42 @@ def render_markdown(config, rows, extra_widths, command_line: str) -> str:
   return "\n".join(md) + "\n"
 
 
+# One colour per method, one line style per temperature, one marker per dataset, so no two
+# series look alike (matplotlib's 10-colour cycle repeats past 10 series).
+_COLOURS = {"sd": "#444444", "specinfer": "#1f77b4", "spectr": "#2ca02c", "rsd_c": "#ff7f0e",
+            "rsd_s": "#d62728"}
+_MARKERS = ("o", "s", "^", "D")
+
+
+def _style(label: str) -> dict:
+  """Line style of a series labelled 'method [T=t] dataset' (see write_plots)."""
+  method, *rest = label.split(" ")
+  datasets = ("shakespeare", "pystdlib")
+  name = next((w for w in rest if w in datasets), "")
+  return dict(color=_COLOURS.get(method, "#9467bd"),
+              linestyle="--" if "T=0" in rest else "-",
+              marker=_MARKERS[datasets.index(name) if name in datasets else len(datasets)])
+
+
 def _plot(path: str, series: dict[str, tuple[list, list]], xlabel: str, title: str) -> None:
-  """One line of τ per series label (Agg canvas: no display, no pyplot state)."""
+  """One line of τ per series label, its legend outside the axes (Agg canvas: no display, no
+  pyplot state)."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
-  fig = Figure(figsize=(6.4, 4.2))
+  fig = Figure(figsize=(8.4, 4.6), layout="constrained")
   FigureCanvasAgg(fig)
   ax = fig.add_subplot()
   for label, (xs, ys) in sorted(series.items()):
-    ax.plot(xs, ys, marker="o", label=label)
+    ax.plot(xs, ys, label=label, **_style(label))
+  xs_all = sorted({x for xs, _ in series.values() for x in xs})
+  if xs_all:
+    ax.set_xticks(xs_all)  # the measured L or B, not fractional ticks
   ax.set_xlabel(xlabel)
   ax.set_ylabel("τ, block efficiency (tokens per verifier call)")
   ax.set_title(title)
   ax.grid(alpha=0.3)
   if series:  # render_only before any run finished: empty axes, no legend
-    ax.legend(fontsize=7)
-  fig.tight_layout()
+    fig.legend(fontsize=7, loc="outside right upper", handlelength=3)
   fig.savefig(path, dpi=120)
 
 
