@@ -195,6 +195,18 @@ def test_tau_plot_lines_and_subplots():
     assert list(theory.get_ydata()) == pytest.approx(list(solid.get_ydata()))
 
 
+def test_a_single_gamma_is_drawn_as_bars_with_error_bars():
+  rows = [r for r in _grid() if r.get("gamma") in (None, 4)]
+  fig = plots.plot_tau_vs_gamma(rows)
+  for ax in fig.axes:
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert len(bars) == 2  # sd at T=0 and T=1, side by side
+    assert sorted(round(b.get_x() + b.get_width() / 2, 3) for b in bars) == [3.8, 4.2]
+    kinds = sorted(type(c).__name__ for c in ax.containers)
+    assert kinds == ["BarContainer", "BarContainer", "ErrorbarContainer", "ErrorbarContainer"]
+  assert plots.plot_speedup_vs_gamma(rows) is not None
+
+
 def test_tau_theory():
   assert plots.tau_theory(dict(gamma=4, acceptance_rate=0.5)) == pytest.approx(1.9375)
   assert plots.tau_theory(dict(gamma=4, acceptance_rate=1.0)) == 5.0

@@ -94,6 +94,8 @@ def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
   for unused in axes[len(batch_sizes):]:
     fig.delaxes(unused)
   legend: dict[str, Any] = {}  # label -> handle, one figure legend so no panel's data is hidden
+  single = len(all_gammas) == 1
+  bar_width = 0.8 / max(len(keys), 1)
   for ax, batch_size in zip(axes, batch_sizes):
     in_panel = [r for r in rows if r.get("batch_size") == batch_size]
     drew_theory = False
@@ -107,10 +109,17 @@ def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
         err_gammas, errs = _mean_by_gamma(series, lambda r: r.get(err_key))
         if err_gammas == gammas:
           errors = errs
-      ax.plot(gammas, values, marker="o", color=colors[key], label=_series_label(key, extras))
+      if single:  # one γ: side-by-side bars, not lone points on an auto-zoomed axis
+        offset = (keys.index(key) - (len(keys) - 1) / 2) * bar_width
+        gammas = [g + offset for g in gammas]
+        ax.bar(gammas, values, bar_width, color=colors[key], label=_series_label(key, extras))
+      else:
+        ax.plot(gammas, values, marker="o", color=colors[key], label=_series_label(key, extras))
       if errors is not None:
-        ax.errorbar(gammas, values, yerr=errors, fmt="none", capsize=3, ecolor=colors[key])
-      gammas, values = _mean_by_gamma(series, theory_fn)
+        ax.errorbar(gammas, values, yerr=errors, fmt="none", capsize=3, ecolor="black"
+                    if single else colors[key])
+      theory_gammas, values = _mean_by_gamma(series, theory_fn)
+      gammas = gammas if single and theory_gammas else theory_gammas
       if gammas:
         # A marker too, so a series measured at a single γ still shows its theory point.
         ax.plot(gammas, values, linestyle="--", marker="x", color=colors[key], alpha=0.7)
