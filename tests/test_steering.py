@@ -231,7 +231,7 @@ def test_experiment_smoke_writes_results_and_resumes(experiment, monkeypatch):
   config, workdir, rows = experiment
   sd = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows if r["method"] == "sd"}
   assert sd == {(n, 1.0, 2) for n in ("pretrained", "distilled", "steered")}
-  assert all(r["domain"] == "inside" for r in rows)
+  assert all(r["domain"] == "in" for r in rows)
   assert all(r["tau_se"] is not None for r in rows if r["method"] == "sd")
   md = open(os.path.join(workdir, "results.md")).read()
   assert "steered vs distilled (τ−1)" in md and "| Qwen3-8B / Qwen3-0.6B, T = 1 | 3.97" in md

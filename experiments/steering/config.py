@@ -49,12 +49,13 @@ def get_config(arg=None):
   config.eval = evaluate_config.get_config(
       "smoke" if args.smoke else "gammas=4+8,temperatures=0+1,num_prompts=24,new_tokens=48")
   config.eval.eval.update(batch_sizes=(4,) if not args.smoke else (2,))
-  config.domains = dict(inside="spec_jax_shakespeare", outside="spec_jax_pystdlib")
-  config.ablation_domains = ("inside",)  # where the steered_runs besides `steered` are evaluated
+  # results.json's `domain`: in (the training corpus) and out (another domain).
+  config.domains = {"in": "spec_jax_shakespeare", "out": "spec_jax_pystdlib"}
+  config.ablation_domains = ("in",)  # where the steered_runs besides `steered` are evaluated
   config.overhead_batch = 4   # batch size of the steering-overhead timing
   if args.smoke:
     config.train.train.update(num_steps=4, checkpoint_every=4, eval_every=0)
     config.steered_runs = dict(steered=dict(mode="merged", freeze_drafter=False))
-    config.domains = dict(inside="spec_jax_shakespeare")
+    config.domains = {"in": "spec_jax_shakespeare"}
     config.eval.eval.update(gammas=(2,), temperatures=(1.0,), num_prompts=2, new_tokens=6)
   return config

@@ -174,10 +174,10 @@ def render_markdown(config, rows, overhead, command_line: str) -> str:
   for domain, t, g, base, gain, st, b in verdicts:
     se = np.hypot(st.get("tau_se") or 0, b.get("tau_se") or 0) / max(b["block_efficiency"] - 1,
                                                                      1e-9)
-    if domain == "inside" and t == 1.0 and base == "distilled":
+    if domain == "in" and t == 1.0 and base == "distilled":
       md.append(f"- In domain, T = 1, γ = {g}: steered vs distilled τ − 1 {100 * gain:+.1f}% "
                 f"(± {100 * se:.1f}%); goal ≥ +20%: {'met' if gain >= 0.2 else 'not met'}.")
-    if domain == "outside" and base == "pretrained":
+    if domain == "out" and base == "pretrained":
       md.append(f"- Out of domain, T = {t:g}, γ = {g}: steered vs pretrained τ − 1 "
                 f"{100 * gain:+.1f}% (± {100 * se:.1f}%); goal no loss: "
                 f"{'met' if gain >= -se else 'not met'}.")
@@ -218,7 +218,8 @@ def write_plot(config, rows, path: str) -> None:
           es.append(r.get("tau_se") or 0)
       ax.bar(xs, ys, width, yerr=es, capsize=3, color=colours[j % len(colours)], label=n)
     ax.set_xticks(range(len(gammas)), [f"γ = {g}" for g in gammas])
-    ax.set_title(f"{domain} domain, T = {t:g}")
+    ax.set_title(f"domain {domain} ({config.domains[domain].replace('spec_jax_', '')}), "
+                 f"T = {t:g}")
     ax.set_ylabel("τ − 1 (accepted drafts per round)")
     ax.grid(axis="y", alpha=0.3)
   # One legend for the figure, from the colour map (a panel may lack the ablations' bars).
