@@ -23,6 +23,14 @@ def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **o
   return cfg, params
 
 
+def with_overrides(config, overrides: dict):
+  """config with {"section.field": value} set (what `--config.section.field=value` does)."""
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    config[section][field] = value
+  return config
+
+
 def perturbed(params, sigma: float, seed: int = 1):
   """params + sigma * N(0, 1) noise: a drafter that agrees with its verifier often, not always."""
   leaves, treedef = jax.tree.flatten(params)

@@ -260,10 +260,7 @@ def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
      r"train.checkpoint_every=3 must be a multiple of data.refresh_every=2"),
 ])
 def test_bad_config_is_named_before_anything_loads(tmp_path, overrides, message):
-  config = distill_config.get_config("smoke")
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    config[section][field] = value
+  config = testing.with_overrides(distill_config.get_config("smoke"), overrides)
   with pytest.raises(ValueError, match=message):
     distill_program.run(config, str(tmp_path))
 

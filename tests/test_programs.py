@@ -257,10 +257,8 @@ def test_evaluate_validates_before_loading_any_model(tmp_path, monkeypatch, over
   from spec_jax import loading
   from spec_jax.programs import evaluate
   monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
-  config = evaluate_config.get_config("smoke")
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    config[section][field] = value
+  from spec_jax import testing
+  config = testing.with_overrides(evaluate_config.get_config("smoke"), overrides)
   with pytest.raises(ValueError, match=message):
     evaluate.run(config, str(tmp_path / "out"))
   afile = tmp_path / "afile"

@@ -290,9 +290,6 @@ def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experimen
 def test_bad_steering_config_is_named_before_anything_loads(tmp_path, overrides, message):
   from configs import train_steering as steering_config  # noqa: PLC0415
   from spec_jax.programs import train_steering  # noqa: PLC0415
-  config = steering_config.get_config("smoke")
-  for key, value in overrides.items():
-    section, field = key.split(".")
-    config[section][field] = value
+  config = testing.with_overrides(steering_config.get_config("smoke"), overrides)
   with pytest.raises(ValueError, match=message):
     train_steering.run(config, str(tmp_path))
