@@ -98,6 +98,7 @@ def base(program: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.program = program
   config.seed = 0
-  config.tokenizer = "smollm2"  # 'smollm2', 'bytes', an HF model dir, a tokenizer.json/.gguf path
+  # 'smollm2', 'gemma3-270m', 'bytes', an HF model dir, a tokenizer.json/.gguf path
+  config.tokenizer = "smollm2"
   config.mesh = mesh()
   return config

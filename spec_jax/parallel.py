@@ -235,8 +235,10 @@ def constrain_caches(tree: Any, mesh: Mesh | None) -> Any:
 
   def one(x):
     if isinstance(x, llama.KVCache):
+      pos = None if x.pos is None else jax.lax.with_sharding_constraint(
+          x.pos, batch_sharding(mesh))
       return llama.KVCache(k=jax.lax.with_sharding_constraint(x.k, sharding),
-                           v=jax.lax.with_sharding_constraint(x.v, sharding))
+                           v=jax.lax.with_sharding_constraint(x.v, sharding), pos=pos)
     return x
 
   return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, llama.KVCache))

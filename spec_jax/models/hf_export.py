@@ -1,8 +1,9 @@
 """Write spec_jax params as a Hugging Face checkpoint directory that transformers loads.
 
   export_hf(out_dir, cfg, params, tokenizer) writes
-    config.json             LlamaForCausalLM, or Qwen2ForCausalLM when cfg.qkv_bias (Llama's
-                            `attention_bias` would also give o_proj a bias, Qwen2 biases q/k/v only)
+    config.json             the family's architecture (`hf_model_type`): LlamaForCausalLM, Qwen2
+                            (q/k/v bias), Qwen3 (q/k norm), Mistral (one sliding window), Gemma2,
+                            Gemma3ForCausalLM
     model.safetensors       float32 (or the params' dtype, or `dtype`)
     generation_config.json  bos/eos/pad ids; eos_token_id lists every stop id of the tokenizer
     tokenizer.json, tokenizer_config.json   when the tokenizer is an HF tokenizer
@@ -23,6 +24,7 @@ import numpy as np
 
 from spec_jax.models import hf_import, llama
 
+GEMMA_TYPES = hf_import.GEMMA_TYPES
 _SAFETENSORS_NAMES = {np.dtype(v): k for k, v in hf_import.SAFETENSORS_DTYPES.items()}
 
 
@@ -75,34 +77,91 @@ def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> di
   return out
 
 
+def hf_model_type(cfg: llama.LlamaConfig) -> str:
+  """The transformers model_type that computes what `cfg` computes."""
+  if cfg.family == "gemma":
+    return "gemma3_text" if cfg.qk_norm else "gemma2"
+  if cfg.qk_norm:
+    return "qwen3"
+  if cfg.qkv_bias:
+    return "qwen2"
+  if cfg.has_windows:
+    if len(set(cfg.layer_windows)) != 1:
+      raise ValueError(f"layer_windows={cfg.layer_windows}: a Llama without q/k norm or biases "
+                       "exports as Mistral, whose sliding window covers every layer alike.")
+    return "mistral"
+  return "llama"
+
+
+def _number(x: float) -> int | float:
+  """An int where the value is integral (transformers' strict configs type some fields int)."""
+  return int(x) if float(x).is_integer() else x
+
+
+def _rope_scaling(cfg: llama.LlamaConfig) -> dict | None:
+  if cfg.rope_scaling == "linear":
+    return {"rope_type": "linear", "factor": cfg.rope_factor}
+  if cfg.rope_scaling == "llama3":
+    return {"rope_type": "llama3", "factor": cfg.rope_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_positions}
+  return None
+
+
 def config_to_hf(cfg: llama.LlamaConfig, *, dtype: str = "float32",
                  max_position_embeddings: int = 8192, bos_token_id: int | None = None,
                  eos_token_id: int | list[int] | None = None,
                  pad_token_id: int | None = None) -> dict:
-  """config.json for `cfg`. Written in the transformers 4 style (rope_theta, rope_scaling null,
+  """config.json for `cfg`. Written in the transformers 4 style (rope_theta, rope_scaling,
   torch_dtype), which transformers 5 also reads.
 
   max_position_embeddings: the context length the checkpoint advertises. With the default RoPE it
     changes no logit; it bounds transformers' generation length (SmolLM2: 8192).
   """
-  model_type = "qwen2" if cfg.qkv_bias else "llama"
+  model_type = hf_model_type(cfg)
   hf = {
       "architectures": [hf_import.ARCHITECTURES[model_type]], "model_type": model_type,
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
       "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
       "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-      "head_dim": cfg.head_dim, "hidden_act": "silu",
-      "max_position_embeddings": max_position_embeddings, "rms_norm_eps": cfg.norm_eps,
-      "rope_theta": cfg.rope_theta, "rope_scaling": None,
-      "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": dtype,
-      "bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id,
-      "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
+      "head_dim": cfg.head_dim, "max_position_embeddings": max_position_embeddings,
+      "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+      "rope_scaling": _rope_scaling(cfg), "tie_word_embeddings": cfg.tie_embeddings,
+      "torch_dtype": dtype, "bos_token_id": bos_token_id, "eos_token_id": eos_token_id,
+      "pad_token_id": pad_token_id, "initializer_range": 0.02, "attention_dropout": 0.0,
+      "use_cache": True, "attention_bias": False,
   }
-  if model_type == "qwen2":
-    hf.update(use_sliding_window=False, sliding_window=None,
-              max_window_layers=cfg.n_layers)
+  types = ["sliding_attention" if w else "full_attention" for w in cfg.windows()]
+  window = max(cfg.windows()) or None
+  if window and len({w for w in cfg.windows() if w}) != 1:
+    raise ValueError(f"layer_windows={cfg.layer_windows}: transformers has one sliding_window "
+                     "per model; these layers use several.")
+  if model_type in GEMMA_TYPES:
+    hf.update(hidden_activation="gelu_pytorch_tanh", layer_types=types,
+              sliding_window=window or max_position_embeddings,
+              query_pre_attn_scalar=_number(cfg.query_pre_attn_scalar or cfg.head_dim),
+              final_logit_softcapping=cfg.final_logit_softcap or None,
+              attn_logit_softcapping=cfg.attn_logit_softcap or None)
+    if model_type == "gemma3_text":
+      local = cfg.rope_local_theta or cfg.rope_theta
+      hf.update(rope_local_base_freq=local)
+    return hf
+  hf.update(hidden_act="silu")
+  if model_type in ("qwen2", "qwen3"):
+    hf.pop("attention_bias")
+    first_window = next((i for i, w in enumerate(cfg.windows()) if w), cfg.n_layers)
+    if window and any(not w for w in cfg.windows()[first_window:]):
+      raise ValueError(f"layer_windows={cfg.layer_windows}: Qwen puts the sliding window on "
+                       "every layer from max_window_layers on, not on these.")
+    hf.update(use_sliding_window=bool(window), sliding_window=window,
+              max_window_layers=first_window, layer_types=types)
+    if model_type == "qwen3":
+      hf.update(attention_bias=False)
+  elif model_type == "mistral":
+    hf.update(sliding_window=window)
   else:
-    hf.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    hf.update(mlp_bias=False, pretraining_tp=1)
   return hf
 
 

@@ -1,9 +1,11 @@
-"""Read Hugging Face Llama-family checkpoints (config.json + safetensors) into spec_jax params.
+"""Read Hugging Face checkpoints (config.json + safetensors) into spec_jax params.
 
-Supported `model_type`s (ARCHITECTURES): `llama` (Llama 2/3 without RoPE scaling, TinyLlama,
-SmolLM/SmolLM2), `mistral` (when no sliding window shorter than the context is in force) and
-`qwen2` (q/k/v bias). Anything the forward in `llama.py` does not compute -- RoPE scaling, a bias
-on o_proj or the MLP, another activation, sliding-window attention, quantized weights -- is
+Supported `model_type`s (ARCHITECTURES): `llama` (Llama 2, Llama 3.x with `llama3` or `linear`
+RoPE scaling, TinyLlama, SmolLM/SmolLM2), `mistral`, `qwen2` (q/k/v bias), `qwen3` (q/k norm,
+head_dim independent of the width), `gemma2` (soft-capping) and `gemma3_text` (Gemma 3's text
+decoder: q/k norm, local/global layers with two RoPE bases); sliding windows in every family.
+Anything the forward does not compute -- other RoPE scalings (yarn, dynamic, longrope), a bias on
+o_proj or the MLP, another activation, the multimodal `gemma3` wrapper, quantized weights -- is
 refused with an error naming the config field, never loaded into silently wrong logits.
 
 Weight layout. HF `nn.Linear` weights are [out, in]; our kernels are [in, out...], stacked over
@@ -27,10 +29,12 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from spec_jax.models import llama
+from spec_jax.models import gemma, llama
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA_TYPES = ("gemma2", "gemma3_text")
 SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -92,55 +96,113 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------
-# config.json -> LlamaConfig
+# config.json -> LlamaConfig / GemmaConfig
 
-def _rope(hf: dict, source: str) -> float:
-  """rope_theta from either config style: transformers < 5 (`rope_theta`, `rope_scaling`) or >= 5
-  (`rope_parameters`). Any scaling other than the default would change every position's angle."""
-  params = hf.get("rope_parameters") or {}
-  scaling = hf.get("rope_scaling") or {}
-  for field, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
-    kind = spec.get("rope_type", spec.get("type", "default"))
-    if kind != "default":
-      raise HFCheckpointError(
-          f"{source}: {field}.rope_type={kind!r} (RoPE scaling) is not implemented; spec_jax "
-          "supports only the default RoPE (rope_type 'default', no rope_scaling). Loading it "
-          "would give wrong logits.")
-    factor = spec.get("partial_rotary_factor", 1.0)
-    if factor != 1.0:
-      raise HFCheckpointError(f"{source}: {field}.partial_rotary_factor={factor} is not "
-                              "implemented (spec_jax rotates the whole head).")
+_REFUSED_ROPE = ("yarn", "dynamic", "longrope", "proportional")
+
+
+def _rope_spec(spec: dict, field: str, source: str) -> dict:
+  """LlamaConfig RoPE fields of one rope_scaling / rope_parameters dict."""
+  kind = spec.get("rope_type", spec.get("type", "default"))
+  factor = spec.get("partial_rotary_factor", 1.0)
+  if factor != 1.0:
+    raise HFCheckpointError(f"{source}: {field}.partial_rotary_factor={factor} is not "
+                            "implemented (spec_jax rotates the whole head).")
+  if kind == "default":
+    return {}
+  if kind == "linear":
+    return dict(rope_scaling="linear", rope_factor=float(spec["factor"]))
+  if kind == "llama3":
+    return dict(rope_scaling="llama3", rope_factor=float(spec["factor"]),
+                rope_low_freq_factor=float(spec["low_freq_factor"]),
+                rope_high_freq_factor=float(spec["high_freq_factor"]),
+                rope_original_max_positions=int(spec["original_max_position_embeddings"]))
+  raise HFCheckpointError(
+      f"{source}: {field}.rope_type={kind!r} is not implemented; spec_jax supports RoPE types "
+      f"'default', 'linear' and 'llama3' ({', '.join(map(repr, _REFUSED_ROPE))} are refused). "
+      "Loading it would give wrong logits.")
+
+
+def _rope(hf: dict, source: str, local: bool) -> dict:
+  """RoPE fields from either config style: transformers < 5 (`rope_theta`, `rope_scaling`,
+  Gemma 3's `rope_local_base_freq`) or >= 5 (`rope_parameters`, for Gemma keyed by layer type)."""
   if hf.get("partial_rotary_factor", 1.0) != 1.0:
     raise HFCheckpointError(f"{source}: partial_rotary_factor={hf['partial_rotary_factor']} is "
                             "not implemented (spec_jax rotates the whole head).")
-  return float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+  params = hf.get("rope_parameters") or {}
+  out = {}
+  if "full_attention" in params or "sliding_attention" in params:  # per layer type (Gemma 3)
+    full = params.get("full_attention") or {}
+    sliding = params.get("sliding_attention") or {}
+    if _rope_spec(sliding, "rope_parameters.sliding_attention", source):
+      raise HFCheckpointError(f"{source}: RoPE scaling on sliding-window layers is not "
+                              "implemented (only on the global layers, as Gemma 3 uses it).")
+    out.update(_rope_spec(full, "rope_parameters.full_attention", source))
+    theta = full.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    if local:
+      out["rope_local_theta"] = float(sliding.get("rope_theta",
+                                                  hf.get("rope_local_base_freq", 10_000.0)))
+  else:
+    scaling = hf.get("rope_scaling") or {}
+    out.update(_rope_spec(params, "rope_parameters", source) or
+               _rope_spec(scaling, "rope_scaling", source))
+    theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    if local and "rope_local_base_freq" in hf:
+      out["rope_local_theta"] = float(hf["rope_local_base_freq"])
+  out["rope_theta"] = float(theta)
+  return out
 
 
-def _check_sliding_window(hf: dict, source: str, max_context: int | None) -> None:
-  """Sliding-window attention equals full attention on sequences no longer than the window."""
+def _layer_types(hf: dict, n_layers: int) -> list[str]:
+  """Per-layer attention type ("full_attention" / "sliding_attention") as transformers derives
+  it when config.json does not list `layer_types`."""
+  if hf.get("layer_types"):
+    return list(hf["layer_types"])
   model_type = hf["model_type"]
   window = hf.get("sliding_window")
-  if model_type == "qwen2" and not hf.get("use_sliding_window", False):
-    window = None
-  context = max_context or hf.get("max_position_embeddings")
-  if window is None or (context is not None and window >= context):
-    return
-  raise HFCheckpointError(
-      f"{source}: sliding_window={window} is shorter than the context ({context} tokens); "
-      "sliding-window attention is not implemented (spec_jax attends to the whole context). "
-      f"It is exact for sequences of at most {window} tokens: pass max_context<={window} to "
-      "hf_import.read_hf (or set sliding_window to null in config.json if the model was "
-      "trained with full attention).")
+  if model_type == "gemma2":
+    return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+  if model_type == "gemma3_text":
+    pattern = int(hf.get("sliding_window_pattern", 6))
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(n_layers)]
+  if model_type in ("qwen2", "qwen3"):
+    use = hf.get("use_sliding_window", False) and window is not None
+    first = int(hf.get("max_window_layers", n_layers))
+    return ["sliding_attention" if use and i >= first else "full_attention"
+            for i in range(n_layers)]
+  if model_type == "mistral" and window is not None:
+    return ["sliding_attention"] * n_layers
+  return ["full_attention"] * n_layers
 
 
-def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.json",
-                   max_context: int | None = None) -> llama.LlamaConfig:
-  """The LlamaConfig of an HF config.json dict; HFCheckpointError for anything unsupported.
+def _windows(hf: dict, n_layers: int, source: str) -> tuple[int, ...]:
+  types = _layer_types(hf, n_layers)
+  if len(types) != n_layers or set(types) - {"full_attention", "sliding_attention"}:
+    raise HFCheckpointError(f"{source}: layer_types={types} must name 'full_attention' or "
+                            f"'sliding_attention' for each of the {n_layers} layers.")
+  if "sliding_attention" not in types:
+    return ()
+  window = hf.get("sliding_window")
+  if not window or int(window) < 1:
+    raise HFCheckpointError(f"{source}: layer_types has sliding-window layers but "
+                            f"sliding_window={window!r}.")
+  if hf.get("use_bidirectional_attention"):
+    raise HFCheckpointError(f"{source}: use_bidirectional_attention=true (an encoder) is not "
+                            "a causal decoder; spec_jax decodes causal LMs only.")
+  return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
 
-  max_context: the longest sequence the caller will run (prompt + new tokens); only needed to
-    accept a sliding-window model whose window covers it.
-  """
+
+def config_from_hf(hf: dict, *, dtype: str = "float32",
+                   source: str = "config.json") -> llama.LlamaConfig:
+  """The model config of an HF config.json dict (`gemma.GemmaConfig` for Gemma 2/3,
+  `llama.LlamaConfig` otherwise); HFCheckpointError for anything unsupported."""
   model_type = hf.get("model_type")
+  if model_type == "gemma3":
+    raise HFCheckpointError(
+        f"{source}: model_type='gemma3' is the multimodal Gemma3ForConditionalGeneration; "
+        "spec_jax reads the text decoder only (model_type 'gemma3_text', Gemma3ForCausalLM, as "
+        "google/gemma-3-1b-it and gemma-3-270m ship).")
   if model_type not in ARCHITECTURES:
     raise HFCheckpointError(
         f"{source}: model_type={model_type!r} is not supported. Supported: "
@@ -153,28 +215,42 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", source: str = "config.js
                          "num_attention_heads") if hf.get(k) is None]
   if missing:
     raise HFCheckpointError(f"{source} is missing {missing}; cannot build the model.")
-  act = hf.get("hidden_act", "silu")
-  if act != "silu":
-    raise HFCheckpointError(f"{source}: hidden_act={act!r} is not implemented (only 'silu').")
+  is_gemma = model_type in GEMMA_TYPES
+  act_field = "hidden_activation" if is_gemma and "hidden_activation" in hf else "hidden_act"
+  act = hf.get(act_field, "gelu_pytorch_tanh" if is_gemma else "silu")
+  want_act = ("gelu_pytorch_tanh", "gelu_tanh") if is_gemma else ("silu",)
+  if act not in want_act:
+    raise HFCheckpointError(f"{source}: {act_field}={act!r} is not implemented for {model_type} "
+                            f"(only {' / '.join(want_act)}).")
   if hf.get("mlp_bias"):
     raise HFCheckpointError(f"{source}: mlp_bias=true is not implemented (MLP without biases).")
-  if model_type == "llama" and hf.get("attention_bias"):
+  if model_type != "qwen2" and hf.get("attention_bias"):
     raise HFCheckpointError(
-        f"{source}: attention_bias=true gives Llama's o_proj a bias, which spec_jax does not "
-        "have (it supports q/k/v biases only, as in Qwen2).")
+        f"{source}: attention_bias=true gives {model_type}'s o_proj a bias, which spec_jax does "
+        "not have (it supports q/k/v biases only, as in Qwen2).")
   if hf.get("quantization_config"):
     raise HFCheckpointError(f"{source}: quantized checkpoints (quantization_config) are not "
                             "supported; use float32/bfloat16/float16 safetensors weights.")
-  _check_sliding_window(hf, source, max_context)
   n_heads = int(hf["num_attention_heads"])
   d_model = int(hf["hidden_size"])
-  return llama.LlamaConfig(
-      vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=int(hf["num_hidden_layers"]),
+  n_layers = int(hf["num_hidden_layers"])
+  fields = dict(
+      vocab_size=int(hf["vocab_size"]), d_model=d_model, n_layers=n_layers,
       n_heads=n_heads, n_kv_heads=int(hf.get("num_key_value_heads") or n_heads),
       head_dim=int(hf.get("head_dim") or d_model // n_heads), d_ff=int(hf["intermediate_size"]),
-      rope_theta=_rope(hf, source), norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      qkv_bias=model_type == "qwen2", dtype=dtype, param_dtype=dtype)
+      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      qkv_bias=model_type == "qwen2", qk_norm=model_type in ("qwen3", "gemma3_text"),
+      layer_windows=_windows(hf, n_layers, source), dtype=dtype, param_dtype=dtype,
+      **_rope(hf, source, local=model_type == "gemma3_text"))
+  if not is_gemma:
+    return llama.LlamaConfig(tie_embeddings=bool(hf.get("tie_word_embeddings", False)), **fields)
+  return gemma.GemmaConfig(
+      tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or 0.0),
+      # Gemma 3's modelling ignores attn_logit_softcapping (it never reaches the attention).
+      attn_logit_softcap=float(hf.get("attn_logit_softcapping") or 0.0)
+      if model_type == "gemma2" else 0.0,
+      final_logit_softcap=float(hf.get("final_logit_softcapping") or 0.0), **fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,8 +273,16 @@ def layer_tensors(cfg: llama.LlamaConfig):
   for name, shape in (("gate", (f, d)), ("up", (f, d)), ("down", (d, f))):
     yield f"mlp.{name}_proj.weight", (name, "kernel"), shape, lambda w: w.T, lambda w: w.T
   identity = lambda w: w  # noqa: E731
+  if cfg.qk_norm:
+    yield "self_attn.q_norm.weight", ("attn", "q_norm", "scale"), (hd,), identity, identity
+    yield "self_attn.k_norm.weight", ("attn", "k_norm", "scale"), (hd,), identity, identity
   yield "input_layernorm.weight", ("attn_norm", "scale"), (d,), identity, identity
-  yield "post_attention_layernorm.weight", ("mlp_norm", "scale"), (d,), identity, identity
+  if cfg.family == "gemma":  # four norms; Gemma's post_attention_layernorm follows the attention
+    yield "post_attention_layernorm.weight", ("post_attn_norm", "scale"), (d,), identity, identity
+    yield "pre_feedforward_layernorm.weight", ("mlp_norm", "scale"), (d,), identity, identity
+    yield "post_feedforward_layernorm.weight", ("post_mlp_norm", "scale"), (d,), identity, identity
+  else:
+    yield "post_attention_layernorm.weight", ("mlp_norm", "scale"), (d,), identity, identity
 
 
 def expected_tensors(cfg: llama.LlamaConfig) -> dict[str, tuple]:
@@ -274,17 +358,16 @@ def read_config(path: str | pathlib.Path) -> dict:
   return json.loads((p / "config.json").read_text())
 
 
-def read_hf(path: str | pathlib.Path, *, dtype: str = "float32",
-            max_context: int | None = None) -> tuple[llama.LlamaConfig, dict]:
-  """Load an HF Llama/Mistral/Qwen2 checkpoint directory: (LlamaConfig, params as numpy arrays
+def read_hf(path: str | pathlib.Path, *,
+            dtype: str = "float32") -> tuple[llama.LlamaConfig, dict]:
+  """Load an HF Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 checkpoint directory: (LlamaConfig, params as numpy arrays
   of `dtype`). Sharded checkpoints are read through model.safetensors.index.json.
 
   Raises HFCheckpointError naming the field, tensor or file for unsupported configs, missing or
   mismatched shards, missing, unexpected or wrongly shaped tensors.
   """
   path = pathlib.Path(path)
-  cfg = config_from_hf(read_config(path), dtype=dtype, source=str(path / "config.json"),
-                       max_context=max_context)
+  cfg = config_from_hf(read_config(path), dtype=dtype, source=str(path / "config.json"))
   files = _tensor_files(path)
   want = expected_tensors(cfg)
   missing = sorted(set(want) - set(files))

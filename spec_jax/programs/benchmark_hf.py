@@ -68,7 +68,8 @@ def _import_torch():
 
 def _check_source(model_cfg, field: str) -> None:
   ckpt = model_cfg.checkpoint
-  if ckpt and ckpt != "smollm2" and not ckpt.startswith("hf:") and not os.path.exists(ckpt):
+  if (ckpt and ckpt not in loading.PACKAGED and not ckpt.startswith("hf:")
+      and not os.path.exists(ckpt)):
     raise FileNotFoundError(f"{field}={ckpt!r} does not exist: {QUICKSTART_HINT}.")
 
 

@@ -24,7 +24,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-from spec_jax.models import llama, steering
+from spec_jax.models import families, llama, steering
 
 FORMAT = 1
 _ITEMS = ("params", "train", "meta")
@@ -181,22 +181,25 @@ def _resolve(path: str) -> tuple[str, int]:
 
 
 def model_config_from_meta(meta: dict, path: str = "") -> llama.LlamaConfig:
-  fields = {f.name for f in dataclasses.fields(llama.LlamaConfig)}
   saved = dict(meta.get("model", {}))
-  unknown = sorted(set(saved) - fields)
+  family = saved.get("family", "llama")
+  if family not in families.CONFIGS:
+    raise CheckpointError(f"Checkpoint {path} holds a model of family {family!r}, which this "
+                          f"version of spec_jax does not know ({', '.join(families.CONFIGS)}).")
+  unknown = sorted(set(saved) - families.field_names(family))
   if not saved or unknown:
     raise CheckpointError(
         f"Checkpoint {path} has no usable model config in its meta (missing, or unknown fields "
         f"{unknown}); it was written by another version of spec_jax.")
-  return llama.LlamaConfig(**saved)
+  return families.config_from_dict(saved)
 
 
 def check_model_config(saved: llama.LlamaConfig, requested: llama.LlamaConfig, path: str) -> None:
   """Raise CheckpointError listing every field where the checkpoint's model differs."""
   diffs = [f"{f.name}: checkpoint {getattr(saved, f.name)!r} vs requested "
            f"{getattr(requested, f.name)!r}"
-           for f in dataclasses.fields(llama.LlamaConfig)
-           if getattr(saved, f.name) != getattr(requested, f.name)]
+           for f in dataclasses.fields(saved)
+           if getattr(saved, f.name) != getattr(requested, f.name, None)]
   if diffs:
     raise CheckpointError(
         f"Checkpoint {path} holds a different model than requested ({'; '.join(diffs)}). Fix: "

@@ -382,5 +382,8 @@ def move_path(cache, lengths: jax.Array, path: jax.Array, num_accepted: jax.Arra
   src = jnp.clip(last + path, 0, size - 1)
   d = jnp.arange(depth)[None]
   dst = jnp.where(d < num_accepted[:, None], last + 1 + d, size)        # size = dropped write
-  return cache.replace(k=cache.k.at[:, rows, dst].set(cache.k[:, rows, src], mode="drop"),
-                       v=cache.v.at[:, rows, dst].set(cache.v[:, rows, src], mode="drop"))
+  cache = cache.replace(k=cache.k.at[:, rows, dst].set(cache.k[:, rows, src], mode="drop"),
+                        v=cache.v.at[:, rows, dst].set(cache.v[:, rows, src], mode="drop"))
+  if getattr(cache, "pos", None) is not None:  # sliding-window models: slot = position again
+    cache = cache.replace(pos=cache.pos.at[rows, dst].set(dst, mode="drop"))
+  return cache

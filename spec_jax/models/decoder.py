@@ -1,0 +1,112 @@
+"""The decoder every family shares: embedding, a scan over the family's blocks, final norm, output
+head and one cache write (DESIGN.md §2). The block comes from the config (`cfg.block()`:
+`llama.Block`, `gemma.Block`), so one forward contract serves every family and everything built on
+it (chain SD, trees, every drafter) works with any of them unchanged.
+
+One forward serves every use: training (no cache, causal mask over the T tokens), prefill,
+one-token decode, chain verification and tree verification. The caller chooses
+  * `positions[B,T]`: RoPE positions of the new tokens,
+  * `slots[B,T]`: cache slots the new tokens' K/V are written to (defaults to `positions`;
+    tree verification writes to a scratch region; a slot >= S drops the write),
+  * `mask[B,T,S]`: which cache slots each new token may attend to, after the write.
+Caches are never cropped: rejected drafts leave stale K/V that the mask hides until a later
+write overwrites them, so every shape stays static. Sliding-window layers add one term to the mask
+from the positions (`layers.window_terms`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from spec_jax.models import layers as L
+
+
+class Decoder(nn.Module):
+  cfg: object
+  # Residual-stream depths returned as `hidden`: index l is the input of block l, and l = n_layers
+  # (or -1) the final pre-norm residual. Static, so unused depths cost nothing.
+  hidden_layers: tuple[int, ...] = ()
+
+  @nn.compact
+  def __call__(self, tokens, positions, cache: L.KVCache | None = None, mask=None, slots=None,
+               steer=None):
+    cfg = self.cfg
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                     embedding_init=nn.initializers.normal(0.02), name="embed")
+    x = embed(tokens)
+    if cfg.embed_scale != 1.0:  # Gemma: embeddings times sqrt(d_model), in the weights' dtype
+      x = x * jnp.asarray(cfg.embed_scale, cfg.param_dtype).astype(x.dtype)
+    if mask is None:
+      if cache is not None:
+        mask = L.causal_mask(positions, cache.size)
+      else:
+        mask = positions[:, None, :] <= positions[:, :, None]  # causal over the T tokens
+    if slots is None:
+      slots = positions
+    if cache is not None:
+      mask_old, mask_new = L.split_mask(mask, slots, cache.size)
+      layer_caches = (cache.k, cache.v)
+      key_pos = cache.pos
+    else:
+      mask_old, mask_new, layer_caches, key_pos = None, mask, None, None
+    freqs = jnp.asarray(cfg.rope_table())  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
+    windows = jnp.asarray(cfg.windows(), jnp.int32) if cfg.has_windows else None  # [L]
+    layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
+                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, 0, nn.broadcast),
+                     length=cfg.n_layers)
+    # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
+    x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
+        x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
+    hidden = {}
+    for layer in self.hidden_layers:
+      depth = cfg.n_layers if layer == -1 else layer
+      if not 0 <= depth <= cfg.n_layers:
+        raise ValueError(f"hidden layer {layer} outside [0, {cfg.n_layers}] (or -1).")
+      hidden[layer] = x if depth == cfg.n_layers else residuals[depth]
+    x = L.RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="final_norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(x)
+    else:
+      logits = L.dense(cfg, cfg.vocab_size, "lm_head")(x)
+    logits = L.softcap(logits.astype(jnp.float32), cfg.final_softcap)
+    new_cache = None
+    if cache is not None:
+      # One scatter of every layer's new K/V [L,B,T,K,H] into their slots; mode="drop" lets a
+      # caller park writes it does not want (padding) at an out-of-range slot.
+      rows = jnp.arange(tokens.shape[0])[:, None]
+      pos = None if cache.pos is None else cache.pos.at[rows, slots].set(positions, mode="drop")
+      new_cache = L.KVCache(k=cache.k.at[:, rows, slots].set(new_k, mode="drop"),
+                            v=cache.v.at[:, rows, slots].set(new_v, mode="drop"), pos=pos)
+    return logits, hidden, new_cache
+
+
+def make_apply(cfg, hidden_layers: Sequence[int] = ()):
+  """The DESIGN.md §2 forward as a pure function, for a config of any family:
+  apply(params, tokens[B,T], positions[B,T], cache, mask[B,T,S] | None, slots[B,T] | None)
+    -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache).
+  An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})
+  injects SD² steering deltas into every layer (the family's `Block`)."""
+  model = Decoder(cfg, tuple(hidden_layers))
+
+  def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None):
+    return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer)
+
+  return apply
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_params(cfg, rng: jax.Array):
+  """Random initial parameters (normal(0.02) weights, unit norms). Jitted: eager init of the
+  scanned layers dispatches op by op and is several times slower."""
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return Decoder(cfg).init(rng, tokens, tokens)["params"]
+
+
+def param_shapes(cfg):
+  """Parameter shapes/dtypes without allocating (for sharding and checkpoint restore)."""
+  return jax.eval_shape(lambda rng: init_params(cfg, rng), jax.random.key(0))

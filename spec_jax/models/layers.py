@@ -1,0 +1,206 @@
+"""Pieces every decoder family shares: the explicit KV cache, masks, RoPE variants, RMSNorm and
+attention (DESIGN.md §2). Written once; `llama.py` and `gemma.py` build their blocks from them and
+`decoder.py` stacks the blocks.
+
+Shape legend (capital-letter einsums; the package legend in `spec_jax/__init__.py`):
+  B batch, T new tokens in this call, S cache slots, D model width, L layers,
+  N query heads, K key/value heads, G = N // K query heads per kv head, H head dim,
+  F feed-forward width, V vocabulary; J is the same T new tokens on the key side of an einsum.
+
+A model config (`llama.LlamaConfig` or a subclass) is passed whole; the attention reads its fields
+n_heads, n_kv_heads, head_dim, qkv_bias, qk_norm, norm_eps, norm_offset, query_scale, attn_softcap,
+dtype and param_dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROPE_SCALINGS = ("none", "linear", "llama3")
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys and values: k, v float[L, B, S, K, H]. Slot s holds whatever was last
+  written there; validity is the caller's mask, never a field of the cache.
+
+  pos int32[B, S]: the position of the token last written to each slot, kept only by models with
+  sliding-window layers (None otherwise): a window is one more term of the mask, "key position >
+  query position − window", and tree drafts sit at slots that are not their positions."""
+  k: jax.Array
+  v: jax.Array
+  pos: jax.Array | None = None
+
+  @property
+  def size(self) -> int:
+    return self.k.shape[2]
+
+
+def init_cache(cfg, batch: int, size: int) -> KVCache:
+  shape = (cfg.n_layers, batch, size, cfg.n_kv_heads, cfg.head_dim)
+  pos = jnp.full((batch, size), -1, jnp.int32) if cfg.has_windows else None
+  return KVCache(k=jnp.zeros(shape, cfg.dtype), v=jnp.zeros(shape, cfg.dtype), pos=pos)
+
+
+def causal_mask(positions: jax.Array, size: int) -> jax.Array:
+  """bool[B,T,S]: slot s visible to the token at position p iff s <= p (slot = position layout)."""
+  return jnp.arange(size)[None, None, :] <= positions[:, :, None]
+
+
+def split_mask(mask: jax.Array, slots: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+  """Split a post-write mask[B,T,S] into (old[B,T,S], new[B,T,T]).
+
+  old: cache slots as they were, minus the slots this call overwrites;
+  new[b,t,j]: whether token t sees new token j, i.e. mask[b,t,slots[b,j]] (False when slot j
+  is out of range, since that write is dropped).
+  """
+  b, t = slots.shape
+  rows = jnp.arange(b)[:, None]
+  written = jnp.zeros((b, size), bool).at[rows, slots].set(True, mode="drop")
+  old = mask & ~written[:, None, :]
+  idx = jnp.broadcast_to(jnp.clip(slots, 0, size - 1)[:, None, :], (b, t, t))
+  new = jnp.take_along_axis(mask, idx, axis=2) & (slots < size)[:, None, :]
+  return old, new
+
+
+def inv_freq(head_dim: int, theta: float, scaling: str = "none", factor: float = 1.0,
+             low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+             original_max_positions: int = 8192) -> np.ndarray:
+  """RoPE inverse frequencies float32[H/2], computed in float32 as transformers does.
+
+  scaling "linear": every frequency divided by `factor` (positions interpolated);
+  "llama3" (Llama 3.1/3.2): wavelengths longer than original/low_freq_factor divided by `factor`,
+  shorter than original/high_freq_factor kept, smoothly interpolated in between."""
+  base = np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim))
+  freq = (np.float32(1.0) / base).astype(np.float32)
+  if scaling == "none":
+    return freq
+  if scaling == "linear":
+    return (freq / np.float32(factor)).astype(np.float32)
+  if scaling != "llama3":
+    raise ValueError(f"RoPE scaling {scaling!r} is not implemented; supported: {ROPE_SCALINGS}.")
+  wavelen = np.float32(2 * math.pi) / freq
+  low_wavelen = original_max_positions / low_freq_factor
+  high_wavelen = original_max_positions / high_freq_factor
+  scaled = np.where(wavelen > low_wavelen, freq / np.float32(factor), freq)
+  smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+  smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope(x: jax.Array, positions: jax.Array, freq: jax.Array | float) -> jax.Array:
+  """Rotary embedding in the rotate-half layout (HF Llama), x[B,T,*,H], positions[B,T].
+  freq: inverse frequencies f32[H/2] (`inv_freq`), or a base theta for the default RoPE."""
+  h = x.shape[-1]
+  if not hasattr(freq, "shape"):
+    freq = inv_freq(h, freq)
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(freq, jnp.float32)  # [B,T,H/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last axis, computed in float32: y = x / rms(x) · (offset + scale).
+  Llama stores the gain (offset 0, scale initialised to 1); Gemma stores gain − 1 (offset 1, scale
+  initialised to 0)."""
+  eps: float
+  param_dtype: str
+  offset: float = 0.0
+
+  @nn.compact
+  def __call__(self, x):
+    init = nn.initializers.zeros if self.offset else nn.initializers.ones
+    scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    gain = scale.astype(jnp.float32)
+    if self.offset:
+      gain = gain + self.offset
+    return (y * gain).astype(x.dtype)
+
+
+def dense(cfg, features, name, use_bias=False):
+  return nn.DenseGeneral(features, use_bias=use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                         kernel_init=nn.initializers.normal(0.02), name=name)
+
+
+def softcap(x: jax.Array, cap: float) -> jax.Array:
+  """cap · tanh(x / cap) (Gemma 2's logit soft-capping); x unchanged when cap is 0."""
+  return x if not cap else jnp.tanh(x / cap) * cap
+
+
+def window_terms(window, positions, key_pos):
+  """Sliding-window terms of the masks: (old[B,T,S] | None, new[B,T,T]) with key position >
+  query position − window; all True where window is 0 (a global layer). window: traced int32
+  scalar (this layer's), positions[B,T], key_pos int32[B,S] | None (the cache's `pos`)."""
+  low = positions[:, :, None] - window
+  full = window <= 0
+  new = full | (positions[:, None, :] > low)
+  old = None if key_pos is None else full | (key_pos[:, None, :] > low)
+  return old, new
+
+
+class Attention(nn.Module):
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x, layer_cache, positions, mask_old, mask_new, freq, window=None,
+               key_pos=None):
+    """Attend to the cache as it was before this call (mask_old[B,T,S]) and to the T new tokens
+    (mask_new[B,T,T]) as two parts of one softmax. Reading the cache without writing it first
+    avoids copying the whole [B,S,K,H] buffer per layer; the new K/V are returned and written
+    once, after all layers (`decoder.Decoder`), which XLA does in place inside decode loops.
+
+    freq: this layer's RoPE inverse frequencies f32[H/2]; window: this layer's sliding window
+    (int32 scalar, 0 = global) or None when the model has none; key_pos: the cache's slot
+    positions (int32[B,S]) for the window term."""
+    cfg = self.cfg
+    k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
+    q = dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x)  # [B,T,N,H]
+    k = dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x)      # [B,T,K,H]
+    v = dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x)
+    if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
+      q = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="q_norm")(q)
+      k = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="k_norm")(k)
+    q = rope(q, positions, freq)
+    k = rope(k, positions, freq).astype(cfg.dtype)
+    v = v.astype(cfg.dtype)
+    if window is not None:
+      old_window, new_window = window_terms(window, positions, key_pos)
+      mask_new = mask_new & new_window
+      if mask_old is not None and old_window is not None:
+        mask_old = mask_old & old_window
+    b, t = x.shape[:2]
+    q = q.reshape(b, t, k_heads, g, cfg.head_dim) * jnp.asarray(cfg.query_scale, q.dtype)
+    neg = jnp.finfo(jnp.float32).min
+    logits = jnp.einsum("BTKGH,BJKH->BKGTJ", q, k, preferred_element_type=jnp.float32)
+    logits = jnp.where(mask_new[:, None, None], softcap(logits, cfg.attn_softcap), neg)
+    if layer_cache is not None:
+      cache_k, cache_v = layer_cache
+      old = jnp.einsum("BTKGH,BSKH->BKGTS", q, cache_k, preferred_element_type=jnp.float32)
+      old = jnp.where(mask_old[:, None, None], softcap(old, cfg.attn_softcap), neg)
+      logits = jnp.concatenate([old, logits], axis=-1)
+    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("BKGTJ,BJKH->BTKGH", weights[..., -t:], v)
+    if layer_cache is not None:
+      out = out + jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :-t], cache_v)
+    out = out.reshape(b, t, cfg.n_heads, cfg.head_dim)
+    out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                          param_dtype=cfg.param_dtype, kernel_init=nn.initializers.normal(0.02),
+                          name="o")(out)
+    return out, (k, v)
+
+
+def per_token(delta: jax.Array) -> jax.Array:
+  """[B, X] → [B, 1, X] (one delta for all T tokens); [B, T, X] unchanged."""
+  return delta[:, None] if delta.ndim == 2 else delta
