@@ -25,6 +25,7 @@ def get_config(arg=None):
   config = evaluate.get_config(",".join(i for i in items
                                         if i.partition("=")[0] not in ("gpu", "dtype")) or None)
   config.title = "benchmark_sd: SmolLM2-135M verifier, quickstart drafter"
+  config.print_json = True  # a benchmark prints its rows (results.json) as one JSON document
   if not config.tokenizer == "bytes":  # not the smoke variant
     config.eval.update(gammas=(2, 4, 6), temperatures=(0.0, 1.0), batch_sizes=(1, 8),
                        num_prompts=8, new_tokens=128)

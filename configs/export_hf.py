@@ -2,6 +2,7 @@
 
   python launch.py --config configs/export_hf.py --workdir runs/hf/drafter  # quickstart drafter
   python launch.py --config configs/export_hf.py:source=smollm2 --workdir runs/hf/smollm2
+  python launch.py --config configs/export_hf.py:source=gemma3-270m --workdir runs/hf/gemma3
   python launch.py --config configs/export_hf.py:source=PATH --workdir DIR  # any train_lm workdir
   python launch.py --config configs/export_hf.py:smoke --workdir /tmp/hf_tiny   # random tiny model
 
@@ -23,6 +24,8 @@ def get_config(arg=None):
   config = common.base("export_hf")
   size = "smollm2-135m" if args.source == "smollm2" else "drafter-s"
   config.model = common.model(size=size, checkpoint=args.source)
+  if args.source == "gemma3-270m":  # the packaged Gemma 3 with its own tokenizer
+    config.tokenizer = "gemma3-270m"
   # dtype: tensor dtype in model.safetensors ('' = the model's own, float32 for every source here).
   # max_position_embeddings: the context length written to config.json (SmolLM2's is 8192).
   config.export = dict(dtype="", max_position_embeddings=8192)

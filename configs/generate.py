@@ -7,8 +7,11 @@
   python launch.py --config configs/generate.py:method=sd,gamma=4 --workdir runs/generate_sd \
       --config.drafter.checkpoint=runs/quickstart/distilled   # speculative, prints τ per prompt
   python launch.py --config configs/generate.py:method=rsd_c@3,temperature=1 --workdir runs/gen_rsd
+  python launch.py --config configs/generate.py:chat=False --workdir runs/gemma3 \
+      --config.model.checkpoint=gemma3-270m --config.tokenizer=gemma3-270m   # Gemma 3 270M (base)
 
-Time: ~30 s on 2 CPU cores (10 s loading the GGUF, ~1 s per prompt batch); GPU not measured yet.
+Time: ~30 s on 2 CPU cores (a few seconds loading the GGUF, ~1 s per prompt batch); Gemma 3 270M
+~40 s. GPU not measured yet.
 """
 
 from configs import common

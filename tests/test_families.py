@@ -195,3 +195,59 @@ def test_llama3_tokenizer_bos_chat_template_and_stops(tmp_path):
   assert ours.chat_prompt("What light?") == prompt
   assert ours.encode(prompt) == hf(prompt, add_special_tokens=False)["input_ids"]  # one BOS
   assert set(ours.stop_ids) == {1, 4} and ours.eos_id == 4
+
+
+def _write_gguf(path, arch, tensors, **meta):
+  import gguf
+  w = gguf.GGUFWriter(str(path), arch)
+  for key, value in meta.items():
+    (w.add_float32 if isinstance(value, float) else w.add_uint32)(f"{arch}.{key}", value)
+  for name, (arr, qtype) in tensors.items():
+    w.add_tensor(name, arr, raw_dtype=qtype)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def test_bad_gguf_files_fail_clearly(tmp_path):
+  """An architecture we do not read, a quantization type gguf-py cannot dequantize and a
+  truncated file: errors naming the file and the problem, never wrong weights."""
+  import gguf
+
+  from spec_jax.models import gguf_import
+  f32 = lambda *shape: (np.ones(shape, np.float32), None)  # noqa: E731
+  _write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": f32(8, 4)})
+  with pytest.raises(ValueError, match="gpt2.gguf: GGUF architecture 'gpt2' is not supported; "
+                                       "supported: 'llama' .* and 'gemma3'"):
+    gguf_import.read_gguf(tmp_path / "gpt2.gguf")
+  # A one-layer Gemma 3 whose q projection is Q8_1 (blocks of 32 values in 40 bytes).
+  d, f, hd = 32, 64, 16
+  names = {"attn_q.weight": (2 * hd, d), "attn_k.weight": (hd, d), "attn_v.weight": (hd, d),
+           "attn_output.weight": (d, 2 * hd), "attn_q_norm.weight": (hd,),
+           "attn_k_norm.weight": (hd,), "attn_norm.weight": (d,), "post_attention_norm.weight": (d,),
+           "ffn_norm.weight": (d,), "post_ffw_norm.weight": (d,), "ffn_gate.weight": (f, d),
+           "ffn_up.weight": (f, d), "ffn_down.weight": (d, f)}
+  tensors = {f"blk.0.{n}": f32(*s) for n, s in names.items()}
+  tensors["blk.0.attn_q.weight"] = (np.zeros((2 * hd, d // 32 * 40), np.uint8),
+                                    gguf.GGMLQuantizationType.Q8_1)
+  tensors.update({"token_embd.weight": f32(VOCAB, d), "output_norm.weight": f32(d)})
+  meta = dict(block_count=1, embedding_length=d, feed_forward_length=f, **{
+      "attention.head_count": 2, "attention.head_count_kv": 1, "attention.key_length": hd,
+      "attention.layer_norm_rms_epsilon": 1e-6, "rope.freq_base": 1e6,
+      "attention.sliding_window": 4})
+  _write_gguf(tmp_path / "q81.gguf", "gemma3", tensors, **meta)
+  with pytest.raises(ValueError, match="tensor 'blk.0.attn_q.weight' is stored as Q8_1, which "
+                                       "gguf-py cannot dequantize"):
+    gguf_import.read_gguf(tmp_path / "q81.gguf")
+  # The same file with F32 weights reads, with the Gemma 3 defaults llama.cpp assumes.
+  tensors["blk.0.attn_q.weight"] = f32(2 * hd, d)
+  _write_gguf(tmp_path / "ok.gguf", "gemma3", tensors, **meta)
+  cfg, params = gguf_import.read_gguf(tmp_path / "ok.gguf")
+  assert isinstance(cfg, gemma.GemmaConfig) and cfg.layer_windows == (4,)
+  assert cfg.query_pre_attn_scalar == hd and cfg.rope_local_theta == 1e4
+  np.testing.assert_array_equal(params["final_norm"]["scale"], 0.0)  # llama.cpp's 1 + w, undone
+  data = (tmp_path / "ok.gguf").read_bytes()
+  (tmp_path / "cut.gguf").write_bytes(data[:len(data) - 100])
+  with pytest.raises(ValueError, match="cut.gguf is not a readable GGUF file .*truncated"):
+    gguf_import.read_gguf(tmp_path / "cut.gguf")

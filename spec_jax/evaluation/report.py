@@ -18,16 +18,17 @@ from spec_jax import parallel
 from spec_jax.evaluation import glossary, plots, tables
 
 
-def write_results(workdir: str, rows: list[dict]) -> str:
-  """Write rows to `workdir/results.json` and print them as one JSON document (process 0 only,
-  in a multi-host run)."""
+def write_results(workdir: str, rows: list[dict], echo: bool = True) -> str:
+  """Write rows to `workdir/results.json` and, with `echo` (benchmarks), print them as one JSON
+  document (process 0 only, in a multi-host run)."""
   path = os.path.join(workdir, "results.json")
   if not parallel.is_writer():
     return path
   os.makedirs(workdir, exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
-  print(json.dumps(rows, indent=2))
+  if echo:
+    print(json.dumps(rows, indent=2))
   return path
 
 

@@ -382,7 +382,8 @@ def run(config, workdir: str) -> list[dict]:
                and r["batch_size"] == batch_size]
       columns = [c for c in CONSOLE_COLUMNS if c != "tree" or any(r.get("tree") for r in shown)]
       print(f"\n{label}\n" + tables.markdown_table(shown, columns), flush=True)
-  report.write_results(workdir, rows)
+  # The rows are in results.json and the tables above; benchmarks (benchmark_sd) also print them.
+  report.write_results(workdir, rows, echo=config.get("print_json", False))
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))
   return rows
