@@ -81,17 +81,22 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
 
 
 def test_rsd_ordering_check_on_synthetic_rows():
+  """Verdicts from τ and its standard error: in order → holds; a pair reversed by more than
+  2 SE → does not hold; out of order within noise → within noise."""
   from spec_jax.programs import rsd_experiment
-  def row(method, tau, depth=2, dataset="d"):
-    return dict(method=method, block_efficiency=tau, dataset=dataset, temperature=1.0,
-                gamma=depth)
-  rows = ([row(m, t) for m, t in zip(rsd_experiment.FIXED_ORDER, (2.0, 1.9, 1.8, 1.5))]
-          + [row(m, t, depth=3) for m, t in zip(rsd_experiment.FIXED_ORDER, (2.0, 2.1, 1.8, 1.9))]
-          + [row("sd", 1.4, depth=4)])  # an incomplete setting is skipped
-  lines, held, total, trees_win = rsd_experiment.ordering_checks(rows)
-  assert (held, total, trees_win) == (1, 2, 1)
-  assert lines[2:] == ["| d | 1 | 2 | 2.00 | 1.90 | 1.80 | 1.50 | yes |",
-                       "| d | 1 | 3 | 2.00 | 2.10 | 1.80 | 1.90 | no |"]
+  def rows(taus, depth, se):
+    return [dict(method=m, block_efficiency=t, tau_se=se, dataset="d", temperature=1.0,
+                 gamma=depth) for m, t in zip(rsd_experiment.FIXED_ORDER, taus)]
+  synthetic = (rows((2.0, 1.9, 1.8, 1.5), 2, 0.01) + rows((2.0, 2.1, 1.8, 1.9), 3, 0.01)
+               + rows((2.0, 2.05, 1.8, 1.5), 4, 0.05)
+               + [dict(method="sd", block_efficiency=1.4, tau_se=0.01, dataset="d",
+                       temperature=1.0, gamma=5)])  # an incomplete setting is skipped
+  lines, counts, trees_win = rsd_experiment.ordering_checks(synthetic)
+  assert counts == {"holds": 1, "within noise": 1, "does not hold": 1} and trees_win == 2
+  assert lines[2:] == [
+      "| d | 1 | 2 | 2.00 ± 0.01 | 1.90 ± 0.01 | 1.80 ± 0.01 | 1.50 ± 0.01 | > > > | holds |",
+      "| d | 1 | 3 | 2.00 ± 0.01 | 2.10 ± 0.01 | 1.80 ± 0.01 | 1.90 ± 0.01 | < > < | does not hold |",
+      "| d | 1 | 4 | 2.00 ± 0.05 | 2.05 ± 0.05 | 1.80 ± 0.05 | 1.50 ± 0.05 | ≈ > > | within noise |"]
 
 
 def test_rsd_plot_series_all_look_different():
@@ -108,7 +113,7 @@ def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   config = rsd_config.get_config("smoke")
   config.render_only = True
   assert _dispatch(config, str(tmp_path)) == []
-  assert "The full order held in 0 of 0 settings" in open(tmp_path / "results.md").read()
+  assert "The order holds in 0 of 0 settings" in open(tmp_path / "results.md").read()
   assert not os.path.exists(tmp_path / "runs" / "fixed_length_L1_spec_jax_shakespeare_T1")
 
 
