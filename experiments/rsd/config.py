@@ -14,10 +14,14 @@ chains), RSD-C (b = (3, 1, ..., 1): three first tokens without replacement, then
 RSD-S (beam width W = 3), temperature 1 and greedy (where SpecInfer/SpecTr reduce to SD and are
 skipped), on Shakespeare and Python-code prompts. All tree methods then spend the same 3L + 1
 verifier tokens per call. Part (b), fixed verifier budget B ∈ {6, 10, 14, 20, 30} tokens per call
-at temperature 1, Shakespeare prompts: for each method the best of its candidate shapes with at
+at temperature 1, on both datasets: for each method the best of its candidate shapes with at
 most B nodes (`budget_entries`: width 3 and 2, depth as deep as the budget allows; SD γ = B - 1),
-stored in the config as `budget_methods["K{width}_B{budget}"]`.
-Time on 2 CPU cores: ~60 min (most of it compiling one decoding loop per tree shape); GPU not
+stored in the config as `budget_methods["K{width}_B{budget}"]`; shapes part (a) already decoded
+at the same temperature are read from its rows, not run again. 64 prompts × 128 new tokens per
+setting at batch 16, so that τ's standard error is ~0.03 (results.md states the largest).
+Verdicts compare τ with its standard error: a difference counts beyond 2 standard errors.
+Time on 2 CPU cores: several hours (~15 min per part-(a) setting of 5 methods; the 4-prompt ×
+32-token version took ~60 min, most of it compiling); it resumes run by run after a kill. GPU not
 measured. Smoke: tiny random models, Shakespeare only, 80 s on 2 CPU cores (20 s with a warm
 compilation cache).
 Reference numbers: experiments/rsd/results.md.
@@ -56,10 +60,13 @@ def get_config(arg=None):
   # so they compile once), then K = W = 2.
   config.budget_widths = (3, 2)
   config.budget_temperature = 1.0
-  config.budget_datasets = ("spec_jax_shakespeare",)
-  config.eval.update(tree_width=3, batch_sizes=(4,), num_prompts=4, new_tokens=32,
+  config.budget_datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
+  # Sized for τ's standard error ≤ 0.03 at T = 1: a 16-prompt × 64-token pilot gave per-prompt
+  # standard deviations of 0.21 (SD, L = 4) and 0.28 (RSD-C, L = 4) on Shakespeare; 128 tokens
+  # roughly halve the within-prompt part of that variance, so 64 prompts reach ~0.03.
+  config.eval.update(tree_width=3, batch_sizes=(16,), num_prompts=64, new_tokens=128,
                      max_prompt_tokens=64)
-  config.num_data_prompts = 4
+  config.num_data_prompts = 64
   config.data_prompt_tokens = 48
   if args.smoke:
     # Every code path (both parts, greedy and sampled) at the fewest shapes (one width, two
