@@ -98,7 +98,7 @@ def main(argv):
       raise
     # A bad input: its message names the field and the fix; the traceback adds nothing.
     print(f"Error ({type(e).__name__}): {e}\n(--verbose shows the traceback)", file=sys.stderr)
-    sys.exit(1)
+    cli.exit_now(1)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,13 @@ def check_same_config_everywhere(config) -> None:
           "resolved a different config from process 0's. Fix: launch every process with the same "
           "--config and the same --config.* overrides.", file=sys.stderr)
     sys.exit(1)
+
+
+def exit_now(code: int) -> None:
+  """Exit without the interpreter's teardown, after a user error has been reported. The program
+  has unwound by then (its `finally` blocks closed checkpoints and writers); what teardown would
+  add is noise: tensorstore callbacks of a failed checkpoint read print dozens of "Event loop is
+  closed" tracebacks into the threads' closed asyncio loops."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)

@@ -24,10 +24,13 @@ def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **o
 
 
 def with_overrides(config, overrides: dict):
-  """config with {"section.field": value} set (what `--config.section.field=value` does)."""
+  """config with {"a.b.field": value} set, at any depth (what `--config.a.b.field=value` does)."""
   for key, value in overrides.items():
-    section, field = key.split(".")
-    config[section][field] = value
+    *path, field = key.split(".")
+    node = config
+    for name in path:
+      node = node[name]
+    node[field] = value
   return config
 
 

@@ -267,6 +267,20 @@ def test_evaluate_validates_before_loading_any_model(tmp_path, monkeypatch, over
     evaluate.run(evaluate_config.get_config("smoke"), str(afile))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"generation.sampling.temperature": -1.0}, r"generation.sampling.temperature must be >= 0"),
+    ({"generation.max_new_tokens": 0}, r"generation.max_new_tokens=0 must be >= 1"),
+    ({"generation.batch_size": 0}, r"generation.batch_size=0 must be >= 1"),
+    ({"method": "sd", "gamma": 0}, r"method='sd': give a draft length >= 1"),
+])
+def test_generate_validates_before_loading_any_model(tmp_path, monkeypatch, overrides, message):
+  from spec_jax import loading, testing
+  monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+  config = testing.with_overrides(generate_config.get_config("smoke"), overrides)
+  with pytest.raises(ValueError, match=message):
+    generate.run(config, str(tmp_path / "out"))
+
+
 def test_console_filter_drops_expected_library_noise_only():
   import logging
   from spec_jax import cli

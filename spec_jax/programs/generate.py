@@ -30,11 +30,35 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import trees
 
 
+def check_config(config, workdir: str) -> sampling_lib.Sampling:
+  """Every field generate reads, checked before any model loads (one error naming the field and
+  the fix); returns the sampling law."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
+                     "a directory path (it is created if missing).")
+  gen = config.generation
+  for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
+    if int(gen[name]) < 1:
+      raise ValueError(f"generation.{name}={gen[name]} must be >= 1.")
+  try:
+    sampling = sampling_lib.Sampling.from_config(gen.sampling)
+  except ValueError as e:  # name the field as the user sets it
+    raise ValueError(str(e).replace("sampling.", "generation.sampling.")) from None
+  method = config.get("method", "autoregressive")
+  if method != "autoregressive":
+    from spec_jax.programs import evaluate  # noqa: PLC0415 (its method grammar)
+    _, depth, _ = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
+    if depth is None or int(depth) < 1:
+      raise ValueError(f"method={method!r}: give a draft length >= 1 (config.gamma or NAME@L).")
+  return sampling
+
+
 def run(config, workdir: str) -> list[dict]:
+  sampling = check_config(config, workdir)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   gen = config.generation
-  sampling = sampling_lib.Sampling.from_config(gen.sampling)
+  texts = prompts_lib.read_prompts(config, tokenizer)  # a bad prompts_file fails before loading
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
   mesh = parallel.decode_mesh(config.mesh)
   if mesh is not None:
@@ -42,7 +66,6 @@ def run(config, workdir: str) -> list[dict]:
                                "generation.batch_size")
     params = parallel.place_params(params, mesh)
   decode = _speculative(config, tokenizer, cfg, params, sampling, mesh)
-  texts = prompts_lib.read_prompts(config, tokenizer)
   if config.get("chat", False):
     if not hasattr(tokenizer, "chat_prompt"):
       raise ValueError(f"chat=True but tokenizer {tokenizer.name!r} has no chat template; set "

@@ -80,8 +80,9 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
 
 def _unreadable(path: str, err: Exception) -> CheckpointError:
   # tensorstore appends its whole JSON spec (kilobytes) to every error: keep the cause only.
-  cause = str(err).split(" [tensorstore_spec")[0]
-  cause = cause if len(cause) <= 400 else cause[:400] + "..."
+  cause = str(err).split(" [tensorstore_spec")[0].split(" See full TensorStore")[0]
+  cause = cause.splitlines()[0] if cause else ""
+  cause = cause if len(cause) <= 300 else cause[:300] + "..."
   return CheckpointError(
       f"Checkpoint {path} could not be read ({type(err).__name__}: {cause}). It is probably "
       "truncated or corrupt (disk full, a copy that did not finish, or files edited by hand). "
