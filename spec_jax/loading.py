@@ -103,3 +103,14 @@ def drafter_steering(model_cfg):
     return None
   from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
   return checkpoints.steering_from_meta(checkpoints.read_meta(ckpt), ckpt)
+
+
+def drafter_bpd(model_cfg):
+  """The BPD heads' config (`models.bpd_heads.BPDConfig`) of a checkpoint saved by train_bpd, or
+  None for any other model. `load_model` then returns (the verifier's config, the heads)."""
+  ckpt = model_cfg.checkpoint
+  if (not ckpt or ckpt in PACKAGED or ckpt.endswith(".gguf") or ckpt.startswith("hf:")
+      or hf_import.is_hf_checkpoint(ckpt)):
+    return None
+  from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
+  return checkpoints.bpd_from_meta(checkpoints.read_meta(ckpt), ckpt)

@@ -75,6 +75,7 @@ def get_config(arg=None):
     config.fixed_methods = ("sd", "rsd_s")
     config.greedy_methods = ("sd", "rsd_s")
     config.datasets = ("spec_jax_shakespeare",)
+    config.budget_datasets = ("spec_jax_shakespeare",)
     config.fixed_depths = (1,)
     config.budgets = (4,)
     config.budget_widths = (3,)

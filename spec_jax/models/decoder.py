@@ -110,3 +110,24 @@ def init_params(cfg, rng: jax.Array):
 def param_shapes(cfg):
   """Parameter shapes/dtypes without allocating (for sharding and checkpoint restore)."""
   return jax.eval_shape(lambda rng: init_params(cfg, rng), jax.random.key(0))
+
+
+def final_norm(cfg, params, x: jax.Array) -> jax.Array:
+  """The decoder's final RMSNorm on a residual x[..., D], in cfg.dtype (as `Decoder` computes
+  it), from params holding "final_norm"."""
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
+  gain = params["final_norm"]["scale"].astype(jnp.float32) + cfg.norm_offset
+  return (y * gain).astype(cfg.dtype)
+
+
+def output_logits(cfg, params, x: jax.Array) -> jax.Array:
+  """Logits f32[..., V] of a final pre-norm residual x[..., D]: the final norm, the output
+  projection (the embedding when tied) and soft-capping, exactly the tail of `Decoder`. params
+  need only "final_norm" and "embed" or "lm_head" (BPD heads share them with the verifier)."""
+  y = final_norm(cfg, params, x)
+  if cfg.tie_embeddings:
+    logits = jnp.dot(y, params["embed"]["embedding"].astype(cfg.dtype).T)
+  else:
+    logits = jnp.dot(y, params["lm_head"]["kernel"].astype(cfg.dtype))
+  return L.softcap(logits.astype(jnp.float32), cfg.final_softcap)

@@ -31,7 +31,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm, steered
+from spec_jax.decoding.drafters import bpd, lm, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
 from spec_jax.models import llama, steering
@@ -187,17 +187,27 @@ def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   return out
 
 
-def make_drafter(d_cfg, s_cfg, shape):
-  """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg)."""
+def make_drafter(d_cfg, s_cfg, shape, b_cfg=None):
+  """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
+  heads (b_cfg, d_cfg then the verifier's config) draft chains of up to h tokens."""
+  if b_cfg is not None:
+    if not shape.is_chain or shape.depth > b_cfg.num_heads:
+      raise ValueError(
+          f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains of at most "
+          f"{b_cfg.num_heads} tokens, not {shape}. Fix: eval.methods=('sd',) with eval.gammas "
+          f"<= {b_cfg.num_heads} (tree drafts from the heads' top-k lattice are not built yet).")
+    return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth)
   if s_cfg is None:
     return lm.LMDrafter(d_cfg, shape)
   return steered.SteeredDrafter(d_cfg, s_cfg, shape)
 
 
-def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, shape, decode, ev, common):
+def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, b_cfg, shape, decode, ev,
+                    common):
   """(prompts, batch index) -> the decoding loop's output for one run: the one place evaluate
-  calls the speculative loop (an LM drafter of `shape`, a chain or a tree, steered or not)."""
-  drafter = make_drafter(d_cfg, s_cfg, shape)
+  calls the speculative loop (an LM drafter of `shape`, a chain or a tree, steered or not; or
+  BPD heads)."""
+  drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   return lambda prompts, i: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
@@ -258,10 +268,18 @@ def run(config, workdir: str) -> list[dict]:
   s_cfg = loading.drafter_steering(config.drafter)
   if s_cfg is not None:
     steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
-  probe = make_drafter(d_cfg, s_cfg, trees.chain(1))
+  b_cfg = loading.drafter_bpd(config.drafter)
+  if b_cfg is not None:  # BPD heads: no drafter model; they share the verifier's projection
+    d_params = bpd.BPDDrafter(b_cfg, v_cfg).params(d_params, v_params)
+    d_cfg = v_cfg
+  probe = make_drafter(d_cfg, s_cfg, trees.chain(1), b_cfg)
+  if b_cfg is not None:  # every draft shape asked for must fit the heads, before any decoding
+    for run in runs:
+      make_drafter(d_cfg, s_cfg, run[3] or trees.chain(int(run[2])), b_cfg)
   loop.check_pair(verifier_lib.lm_verifier(v_cfg, probe.verifier_layers), probe)
   # The drafter alone (its cost c, its teacher-forced law for token_tv): a steered drafter's
   # module is left out of both (its cost is in the measured speedup; token_tv is not reported).
+  # BPD heads have no drafter model: c = 0 (their cost is in the measured speedup).
   lm_params = d_params["drafter"] if s_cfg is not None else d_params
   if mesh is not None:  # every batch size and both models fit the mesh, before any decoding
     for batch_size in ev.batch_sizes:
@@ -301,10 +319,13 @@ def run(config, workdir: str) -> list[dict]:
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
-      d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts, desc=f"{label} drafter-only")
+      if b_cfg is None:
+        d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts,
+                                       desc=f"{label} drafter-only")
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
                             drafter_cfg=None, sampling=sampling)
-      c = timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s)
+      c = 0.0 if b_cfg is not None else (
+          timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s))
       base = dict(temperature=float(temperature), top_k=int(ev.top_k), top_p=float(ev.top_p),
                   batch_size=batch_size, num_prompts=len(texts), device=device,
                   seed=config.seed, dataset=prompts_lib.prompt_source(config), cost_ratio_c=round(c, 4),
@@ -330,6 +351,7 @@ def run(config, workdir: str) -> list[dict]:
                                    lenience=ev.lenience, epsilon=float(epsilon))
         rule_name, _ = decode.resolve(shape, sampling)
         fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
+                             b_cfg=b_cfg,
                              shape=shape, decode=decode, ev=ev, common=common)
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
         sd_tokens = metrics.token_lists(sd_out, reals)
@@ -345,14 +367,16 @@ def run(config, workdir: str) -> list[dict]:
         r_m = cost_ratios[batch_size, tokens_per_call]
         # Measured τ for chains and trees alike; one drafter call per draft depth (chain γ, tree
         # L levels). plots.tau_theory shows the i.i.d.-α prediction of τ beside it.
-        theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=int(gamma))
+        d_calls = 1 if b_cfg is not None else int(gamma)  # BPD: one call of all the heads
+        theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d_calls)
         tps = summary["new_tokens"] / sd_s
         measured = tps / ar_tps
         lenient = rule_name == "lenient"
         # Quality cost of lossy decoding: the one-step law of the chain rule vs p (trees: their
         # rules are lossless, so only the log-likelihood is reported).
-        sd_quality = _quality(v_params, lm_params, sd_out, batches, verifier_cfg=v_cfg,
-                              drafter_cfg=d_cfg if s_cfg is None else None, sampling=sampling,
+        sd_quality = _quality(v_params, lm_params if b_cfg is None else None, sd_out, batches,
+                              verifier_cfg=v_cfg, sampling=sampling,
+                              drafter_cfg=d_cfg if s_cfg is None and b_cfg is None else None,
                               **(dict(lenience=decode.lenience, epsilon=decode.epsilon)
                                  if lenient else {}))
         rows.append(dict(
@@ -366,8 +390,8 @@ def run(config, workdir: str) -> list[dict]:
             empirical_acceptance=_round(summary["empirical_acceptance"]),
             per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],
             candidates_per_call=_round(summary["candidates_per_call"]),
-            verifier_calls=calls, drafter_calls=calls * int(gamma),
-            drafter_calls_per_round=int(gamma),
+            verifier_calls=calls, drafter_calls=calls * d_calls,
+            drafter_calls_per_round=d_calls,
             tokens_per_s=round(tps, 2), speedup=round(measured, 4),
             verifier_cost_ratio_r=round(r_m, 4), theoretical_speedup=_round(theoretical),
             speedup_vs_theory=_round(measured / theoretical if theoretical else None),

@@ -24,7 +24,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-from spec_jax.models import families, llama, steering
+from spec_jax.models import bpd_heads, families, llama, steering
 
 FORMAT = 1
 _ITEMS = ("params", "train", "meta")
@@ -231,6 +231,19 @@ def steering_from_meta(meta: dict, path: str = "") -> steering.SteeringConfig | 
                           f"({e}); it was written by another version of spec_jax.") from e
 
 
+def bpd_from_meta(meta: dict, path: str = "") -> bpd_heads.BPDConfig | None:
+  """The BPD heads' config a checkpoint carries (saved by train_bpd), or None. Such a checkpoint
+  holds the heads alone; its "model" is the verifier they were trained on."""
+  saved = meta.get("bpd")
+  if not saved:
+    return None
+  try:
+    return bpd_heads.BPDConfig(**saved)
+  except (TypeError, ValueError) as e:
+    raise CheckpointError(f"Checkpoint {path} has an unusable bpd config in its meta ({e}); it "
+                          "was written by another version of spec_jax.") from e
+
+
 def read_meta(path: str) -> dict:
   """The meta item of the newest checkpoint under `path` (see `load_model` for the paths)."""
   workdir, step = _resolve(path)
@@ -248,7 +261,8 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
                ) -> tuple[llama.LlamaConfig, Any, dict]:
   """(LlamaConfig, params, meta) of a trained model, without the optimizer state. A steered
   drafter (train_steering) comes as params {"drafter", "steering"}, its module's config in
-  `steering_from_meta(meta)`.
+  `steering_from_meta(meta)`; BPD heads (train_bpd) as the heads' params with the config of the
+  verifier they sit on, their own config in `bpd_from_meta(meta)`.
 
   path: a train_lm workdir (newest checkpoint), its `checkpoints/` folder, or a specific
     `checkpoints/<step>` folder.
@@ -271,6 +285,13 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
     s_cfg = steering_from_meta(meta, step_path)
     if s_cfg is not None:  # a train_steering checkpoint: the drafter and its steering module
       shapes = {"drafter": shapes, "steering": steering.param_shapes(s_cfg)}
+    b_cfg = bpd_from_meta(meta, step_path)
+    if b_cfg is not None:  # a train_bpd checkpoint: the heads alone (cfg is their verifier's)
+      shapes = jax.eval_shape(lambda: bpd_heads.init_params(
+          dataclasses.replace(b_cfg, own_projection=False), jax.random.key(0)))
+      if b_cfg.own_projection:
+        shapes["out"] = jax.ShapeDtypeStruct((b_cfg.num_heads, b_cfg.d_model, b_cfg.vocab_size),
+                                             "float32")
     if shardings is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, shapes)

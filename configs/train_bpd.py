@@ -1,0 +1,40 @@
+"""Train blockwise-parallel-decoding heads on a frozen verifier (program: train_bpd).
+
+  python launch.py --config configs/train_bpd.py --workdir runs/bpd_h3           # SmolLM2, h = 3
+  python launch.py --config configs/train_bpd.py:heads=5,loss=ce,steps=2000 --workdir runs/bpd_h5
+  python launch.py --config configs/train_bpd.py:smoke --workdir /tmp/bpd       # tiny, seconds
+Then decode with the heads as a drafter (BPD, no drafter model):
+  python launch.py --config configs/evaluate.py:gammas=3 --workdir runs/eval_bpd \
+      --config.drafter.checkpoint=runs/bpd_h3
+
+Arguments (`:key=value,...`): heads (h), hidden (each head's width; 0 = the verifier's), loss
+(fkl: distil the verifier's own next-token laws, Medusa-2 style; ce: corpus tokens), steps,
+batch, seq_len, lr, data, smoke. Head k predicts the token k + 1 positions after the verifier's
+position (the verifier's own head is position 1) and weighs decay^(k-1) in the loss.
+Re-running the same command resumes from the newest checkpoint in the workdir.
+
+Time on 2 CPU cores (SmolLM2-135M verifier, h = 3, batch 8 × 128 tokens): the verifier's forward
+and the heads' three 49,152-way projections dominate, ~5 s per step; the τ ≥ 2 this issue aims at
+needs thousands of steps, i.e. a GPU. Smoke: the test-tiny verifier, byte tokenizer, 20 steps.
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, heads=3, hidden=0, loss="fkl", steps=1000, batch=8, seq_len=128,
+                          lr=1e-3, data="spec_jax_shakespeare", smoke=False)
+  config = common.base("train_bpd")
+  config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
+  config.data = common.data(name=args.data, seq_len=args.seq_len)
+  config.bpd = dict(num_heads=args.heads, hidden=args.hidden, own_projection=False,
+                    loss=args.loss, decay=0.8, top_k=5)
+  config.train = common.train(num_steps=args.steps, batch_size=args.batch)
+  config.train.update(lr=args.lr, warmup_steps=min(50, max(args.steps // 10, 1)))
+  if args.smoke:
+    config.tokenizer = "bytes"
+    config.verifier = common.model(size="test-tiny", checkpoint="")
+    config.data.seq_len = 32
+    config.train.update(num_steps=20, batch_size=8, warmup_steps=5, log_every=5, eval_every=10,
+                        eval_batches=2, checkpoint_every=10)
+  return config

@@ -1,0 +1,131 @@
+"""Blockwise parallel decoding heads (Stern et al. 2018; Medusa, Cai et al. 2024) on a verifier.
+
+Shape letters (repo legend): B batch, T tokens, D the verifier's width, F a head's hidden width,
+V vocabulary, A = h heads.
+
+Head k (k = 1..h) reads the verifier's final pre-norm residual x at a position t (the stream whose
+output, through the verifier's own head, is the token at t + 1) and predicts the token at
+t + 1 + k:
+    u_k = x + W2_k · SiLU(W1_k · x + b1_k)                    (a residual feed-forward block)
+    logits_k = output(u_k)                                     (the verifier's final norm and
+                                                                output projection, shared)
+W2 starts at zero, so a fresh head is exactly the verifier's next-token prediction. With
+`own_projection` each head has its own [D, V] projection (initialised from the verifier's) and
+the final norm stays shared. The h heads are one parallel map (`jax.vmap`) over parameters stacked
+on a leading head axis A; on a mesh that axis is sharded over `HEAD_AXIS` (`shard_params`), so
+each device evaluates its own heads (the design card's "pmapped BPD heads", with jit + shardings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from spec_jax.models import decoder
+
+HEAD_AXIS = "tensor"  # the mesh axis (configs/common.py: mesh) the stacked heads are split over
+
+
+@dataclasses.dataclass(frozen=True)
+class BPDConfig:
+  """h = num_heads heads of width `hidden` (0 = the verifier's d_model) on a verifier of width
+  d_model and vocabulary vocab_size."""
+  num_heads: int
+  d_model: int
+  vocab_size: int
+  hidden: int = 0
+  own_projection: bool = False
+
+  def __post_init__(self):
+    if self.num_heads < 1:
+      raise ValueError(f"bpd.num_heads={self.num_heads}: give at least one head (h >= 1).")
+    if self.hidden < 0:
+      raise ValueError(f"bpd.hidden={self.hidden} must be >= 0 (0 = the verifier's width).")
+    if self.d_model < 1 or self.vocab_size < 1:
+      raise ValueError(f"BPDConfig needs d_model, vocab_size >= 1, got {self.d_model}, "
+                       f"{self.vocab_size}.")
+
+  @property
+  def width(self) -> int:
+    return self.hidden or self.d_model
+
+  @classmethod
+  def for_verifier(cls, v_cfg, num_heads: int, hidden: int = 0, own_projection: bool = False):
+    return cls(num_heads, v_cfg.d_model, v_cfg.vocab_size, hidden, own_projection)
+
+
+def verifier_output(v_cfg, v_params) -> dict:
+  """The verifier parameters the heads share: its final norm and output projection (the
+  embedding when tied). A view of `v_params`, not a copy."""
+  out = {"final_norm": v_params["final_norm"]}
+  if v_cfg.tie_embeddings:
+    out["embed"] = v_params["embed"]
+  else:
+    out["lm_head"] = v_params["lm_head"]
+  return out
+
+
+def init_params(cfg: BPDConfig, rng: jax.Array, v_cfg=None, v_params=None) -> dict:
+  """{"w1" f32[A, D, F] ~ N(0, 0.02), "b1" f32[A, F] = 0, "w2" f32[A, F, D] = 0} and, with
+  own_projection, "out" f32[A, D, V] = the verifier's projection (v_cfg, v_params needed)."""
+  a, d, f = cfg.num_heads, cfg.d_model, cfg.width
+  params = {"w1": 0.02 * jax.random.normal(rng, (a, d, f), jnp.float32),
+            "b1": jnp.zeros((a, f), jnp.float32), "w2": jnp.zeros((a, f, d), jnp.float32)}
+  if cfg.own_projection:
+    if v_params is None:
+      raise ValueError("bpd.own_projection=True initialises each head's projection from the "
+                       "verifier's: pass v_cfg and v_params.")
+    w = (v_params["embed"]["embedding"].T if v_cfg.tie_embeddings
+         else v_params["lm_head"]["kernel"])
+    params["out"] = jnp.broadcast_to(w.astype(jnp.float32), (a, *w.shape))
+  return params
+
+
+def check(cfg: BPDConfig, params, v_cfg, field: str = "drafter") -> None:
+  """ValueError naming `field` when heads do not fit the verifier (width, vocabulary, count)."""
+  if (cfg.d_model, cfg.vocab_size) != (v_cfg.d_model, v_cfg.vocab_size):
+    raise ValueError(
+        f"{field}: BPD heads for a verifier of width {cfg.d_model} and {cfg.vocab_size} tokens "
+        f"cannot run on this verifier (width {v_cfg.d_model}, {v_cfg.vocab_size} tokens). Train "
+        "heads for this verifier (train_bpd) or use the verifier they were trained on.")
+  shapes = {k: tuple(v.shape) for k, v in params.items()}
+  want = {"w1": (cfg.num_heads, cfg.d_model, cfg.width), "b1": (cfg.num_heads, cfg.width),
+          "w2": (cfg.num_heads, cfg.width, cfg.d_model)}
+  if cfg.own_projection:
+    want["out"] = (cfg.num_heads, cfg.d_model, cfg.vocab_size)
+  if shapes != want:
+    raise ValueError(f"{field}: BPD head parameters have shapes {shapes}, but the config "
+                     f"{cfg} needs {want}.")
+
+
+def head_states(params, x: jax.Array) -> jax.Array:
+  """u f32[..., A, D]: every head's residual block applied to x f32[..., D], one vmap over A."""
+  def one(w1, b1, w2):
+    return x + jax.nn.silu(x @ w1 + b1) @ w2
+  return jnp.moveaxis(jax.vmap(one)(params["w1"], params["b1"], params["w2"]), 0, -2)
+
+
+def head_logits(cfg: BPDConfig, params, v_cfg, v_out, x: jax.Array) -> jax.Array:
+  """logits f32[..., A, V] of the h heads at the verifier residual x f32[..., D] (float32)."""
+  u = head_states(params, x.astype(jnp.float32))
+  if not cfg.own_projection:
+    return decoder.output_logits(v_cfg, v_out, u)
+  y = decoder.final_norm(v_cfg, v_out, u).astype(jnp.float32)
+  return jnp.einsum("...AD,ADV->...AV", y, params["out"])
+
+
+def shard_params(params, mesh) -> dict:
+  """The stacked heads placed with their head axis split over HEAD_AXIS (replicated when the
+  axis size does not divide h); None mesh: unchanged."""
+  if mesh is None:
+    return params
+  n = mesh.shape.get(HEAD_AXIS, 1)
+
+  def place(x):
+    spec = P(HEAD_AXIS) if n > 1 and x.shape[0] % n == 0 else P()
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+  return jax.tree.map(place, params)

@@ -1,0 +1,127 @@
+"""Program `train_bpd`: train blockwise-parallel-decoding heads on a frozen verifier.
+
+`run(config, workdir)` reads configs/train_bpd.py's sections: tokenizer, verifier (the model the
+heads sit on), data (a corpus, packed windows of seq_len tokens), bpd (num_heads, hidden,
+own_projection, loss ce | fkl, decay, top_k), train, mesh, seed. The verifier stays frozen: only
+the heads train (`training/bpd.py`). Checkpoints hold the heads alone, with the verifier's config
+and tokenizer fingerprint and the heads' config in their meta; the run resumes from its newest
+checkpoint; metrics (per-head loss and top-1 agreement with the verifier's greedy token; held-out
+top-1 / top-k) go to TensorBoard and metrics.jsonl. `evaluate --config.drafter.checkpoint=WORKDIR`
+decodes with the heads as a BPD drafter (on the verifier they were trained for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Callable
+
+from absl import logging
+import jax
+
+from spec_jax import loading, parallel
+from spec_jax.data import pipeline
+from spec_jax.data.tokenizer import get_tokenizer
+from spec_jax.models import bpd_heads, llama
+from spec_jax.training import bpd, checkpoints, metrics as metrics_lib, optim, train
+
+
+def check_config(config) -> tuple[bpd.Objective, int]:
+  """(objective, num_heads), every bpd field checked before any model loads."""
+  b = config.bpd
+  if int(b.num_heads) < 1:
+    raise ValueError(f"bpd.num_heads={b.num_heads}: give at least one head (h >= 1).")
+  if int(b.hidden) < 0:
+    raise ValueError(f"bpd.hidden={b.hidden} must be >= 0 (0 = the verifier's width).")
+  if int(config.data.seq_len) <= int(b.num_heads) + 1:
+    raise ValueError(f"data.seq_len={config.data.seq_len} leaves no target for the last of "
+                     f"bpd.num_heads={b.num_heads} heads: use seq_len > num_heads + 1.")
+  return bpd.Objective(str(b.loss), float(b.decay), int(b.top_k)), int(b.num_heads)
+
+
+def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None) -> dict:
+  """Train the heads for `config.train.num_steps` steps in `workdir`; returns the final metrics
+  {"step", "train_loss", "eval", "steps_per_sec", "num_params"}."""
+  objective, num_heads = check_config(config)
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  tc = config.train
+  tokenizer = get_tokenizer(config.tokenizer)
+  v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
+                                       field="verifier.checkpoint")
+  v_cfg = dataclasses.replace(v_cfg, dtype=config.verifier.dtype)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads, int(config.bpd.hidden),
+                                         bool(config.bpd.own_projection))
+  mesh = parallel.make_mesh(config.mesh)
+  v_shardings = parallel.param_shardings(mesh, v_params)
+  v_params = jax.device_put(v_params, v_shardings)
+  v_apply = llama.make_apply(v_cfg, (-1,))
+  tx, schedule = optim.make_optimizer(tc)
+  rng = jax.random.key(config.seed)
+  init_rng, train_rng = jax.random.split(rng)
+  init_fn = functools.partial(bpd_heads.init_params, cfg, v_cfg=v_cfg, v_params=v_params)
+  num_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_fn, init_rng)))
+  logging.info("BPD: %d heads (%.2fM params) on %s, loss %s.", num_heads, num_params / 1e6,
+               config.verifier.checkpoint or config.verifier.size, objective.loss)
+  abstract, shardings = train.abstract_state(init_fn, tx, init_rng, mesh)
+
+  manager = checkpoints.make_manager(workdir, max_to_keep=tc.keep_checkpoints)
+  writer = metrics_lib.MetricsWriter(workdir)
+  try:
+    # The initial heads are computed eagerly (own_projection copies the verifier's projection;
+    # a jitted init would bake it in as a constant).
+    state, start = checkpoints.resume_or_start(
+        manager, abstract,
+        functools.partial(train.fresh_state, init_fn, tx, init_rng, shardings, abstract,
+                          init_fn(init_rng)),
+        num_steps=tc.num_steps, model_cfg=v_cfg, tokenizer=tokenizer, writer=writer,
+        config=config)
+    result = {"step": start, "train_loss": None, "eval": None, "steps_per_sec": None,
+              "num_params": num_params}
+    if start >= tc.num_steps:
+      return result
+    meta = checkpoints.make_meta(v_cfg, tokenizer, config, bpd=dataclasses.asdict(cfg))
+    data = config.data
+    common = dict(seq_len=data.seq_len, batch_size=tc.batch_size, seed=config.seed,
+                  data_dir=data.data_dir or None, text_key=data.text_key)
+    train_ds = pipeline.lm_batches(data.name, data.train_split, tokenizer, **common)
+    batch_sh = parallel.batch_sharding(mesh)
+    eval_fn = None
+    if tc.eval_every and tc.eval_batches:
+      eval_ds = pipeline.lm_batches(data.name, data.eval_split, tokenizer, num_epochs=1, **common)
+      jitted_eval = bpd.jit_eval_step(cfg, v_cfg, v_apply, objective, shardings.params,
+                                      v_shardings, mesh)
+      eval_fn = functools.partial(
+          _held_out, jitted_eval, v_params, [eval_ds[i] for i in range(
+              min(tc.eval_batches, len(eval_ds)))], batch_sh, num_heads)
+
+    step = bpd.jit_bpd_step(cfg, v_cfg, v_apply, tx, objective, shardings, v_shardings, mesh)
+    t0 = time.perf_counter()
+    state, last, last_eval = train.train_loop(
+        state=state, step_fn=lambda st, batch, r: step(st, batch, r, v_params),
+        get_batch=lambda s: train_ds[s], num_steps=tc.num_steps, rng=train_rng,
+        batch_sharding=batch_sh, log_every=tc.log_every, eval_every=tc.eval_every,
+        eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
+        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta), writer=writer,
+        lr_fn=lambda s: float(schedule(s)), step_hook=step_hook)
+    seconds = time.perf_counter() - t0
+    steps_run = max(tc.num_steps - start, 0)
+    result.update(step=int(jax.device_get(state.step)), train_loss=last.get("loss"),
+                  eval=last_eval or None, steps_per_sec=steps_run / seconds if steps_run else None)
+    return result
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    writer.close()
+
+
+def _held_out(jitted_eval, v_params, batches, batch_sh, num_heads: int, state) -> dict:
+  """Per-head held-out loss, top-1 and top-k agreement with the verifier's greedy token."""
+  sums = None
+  for batch in batches:
+    out = jax.device_get(jitted_eval(state.params, v_params,
+                                     parallel.shard_batch(batch, batch_sh)))
+    sums = out if sums is None else {k: sums[k] + out[k] for k in out}
+  return bpd.summarize(sums, num_heads)

@@ -1,0 +1,162 @@
+"""BPD heads (models/bpd_heads.py) and BPD decoding as a drafter (decoding/drafters/bpd.py):
+shapes and the shared projection, zero-initialised heads = the verifier's next-token logits,
+greedy output = verifier greedy at batch > 1, sampling lossless (chi-square, with a planted bug
+that must fail), heads sharded over a mesh = unsharded, bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import parallel, testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import bpd
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import bpd_heads, llama
+
+V = 8
+PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
+
+
+def _verifier(tie=True, vocab=V, seed=0):
+  return testing.tiny_model(seed=seed, vocab_size=vocab, sharpness=3.0, tie_embeddings=tie)
+
+
+def _random_heads(cfg, v_cfg, v_params, seed=1, scale=1.0):
+  """Heads that are not the identity (W2 random), so each head has its own law."""
+  params = bpd_heads.init_params(cfg, jax.random.key(seed), v_cfg, v_params)
+  k1, k2 = jax.random.split(jax.random.key(seed + 100))
+  params["w1"] = scale * jax.random.normal(k1, params["w1"].shape) / np.sqrt(cfg.d_model)
+  params["w2"] = scale * jax.random.normal(k2, params["w2"].shape) / np.sqrt(cfg.width)
+  return params
+
+
+@pytest.mark.parametrize("tie, own", [(True, False), (False, False), (True, True)])
+def test_zero_initialised_heads_are_the_verifiers_next_token_logits(tie, own):
+  v_cfg, v_params = _verifier(tie=tie, vocab=64)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=3, hidden=16, own_projection=own)
+  params = bpd_heads.init_params(cfg, jax.random.key(0), v_cfg, v_params)
+  assert {k: v.shape for k, v in params.items()} == {
+      "w1": (3, 32, 16), "b1": (3, 16), "w2": (3, 16, 32), **({"out": (3, 32, 64)} if own else {})}
+  tokens = jnp.asarray([[5, 9, 2, 33, 7]])
+  logits, hidden, _ = llama.make_apply(v_cfg, (-1,))(v_params, tokens, jnp.arange(5)[None])
+  heads = bpd_heads.head_logits(cfg, params, v_cfg, bpd_heads.verifier_output(v_cfg, v_params),
+                                hidden[-1])                            # [1, 5, 3, 64]
+  for k in range(3):
+    np.testing.assert_allclose(heads[:, :, k], logits, atol=1e-5)
+  # The shared projection is the verifier's own arrays, not a copy.
+  out = bpd_heads.verifier_output(v_cfg, v_params)
+  assert out["final_norm"] is v_params["final_norm"]
+
+
+def _drafter(num_heads=3, tie=True, seed=1):
+  v_cfg, v_params = _verifier(tie=tie)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=num_heads, hidden=16)
+  drafter = bpd.BPDDrafter(cfg, v_cfg)
+  d_params = drafter.params(_random_heads(cfg, v_cfg, v_params, seed=seed), v_params)
+  return v_cfg, v_params, drafter, d_params
+
+
+def _run(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed),
+      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
+      sampling=sampling, max_new_tokens=n)
+
+
+def test_greedy_bpd_equals_verifier_greedy_at_batch_4():
+  v_cfg, v_params, drafter, d_params = _drafter()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  out = _run(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 12)
+  assert out.new_tokens() == ar.new_tokens()
+  accepted = np.asarray(out.stats.accepted)
+  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShiftedLawDrafter(bpd.BPDDrafter):
+  """Planted bug: drafts from each head's law but reports head k + 1's law as q."""
+
+  def propose(self, params, x, tokens, lengths, rng, sampling):
+    proposal, x = super().propose(params, x, tokens, lengths, rng, sampling)
+    return dataclasses.replace(proposal, q=jnp.roll(proposal.q, 1, axis=1)), x
+
+
+@pytest.mark.parametrize("buggy", [False, True])
+def test_sampled_bpd_is_lossless(buggy):
+  """T = 1: 3000 continuations of 2 tokens against the verifier's enumerated law (chi-square);
+  a drafter whose q is not the law its drafts came from must fail the same test."""
+  v_cfg, v_params, drafter, d_params = _drafter(num_heads=2)
+  if buggy:
+    drafter = _ShiftedLawDrafter(drafter.heads, drafter.v_cfg)
+  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, Sampling(1.0))
+  many = generate_lib.pad_prompts([[1, 4, 2]] * 3000, 3, pad_id=0)
+  out = _run(v_cfg, v_params, drafter, d_params, many, Sampling(1.0), 2, seed=1)
+  p = testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+  assert np.sum(out.stats.accepted) > 300  # drafts were accepted, not just bonus tokens
+  assert (p < 1e-4) if buggy else (p > 1e-3)
+
+
+def test_heads_sharded_over_the_mesh_equal_unsharded():
+  """h = 4 heads split over the mesh's tensor axis (2) compute the same logits as on one device."""
+  v_cfg, v_params = _verifier(vocab=64)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=4, hidden=16)
+  params = _random_heads(cfg, v_cfg, v_params)
+  x = jax.random.normal(jax.random.key(3), (8, v_cfg.d_model))
+  out = bpd_heads.verifier_output(v_cfg, v_params)
+  want = bpd_heads.head_logits(cfg, params, v_cfg, out, x)
+  mesh = parallel.make_mesh(dict(data=4, fsdp=1, tensor=2))
+  sharded = bpd_heads.shard_params(params, mesh)
+  assert sharded["w1"].sharding.spec == jax.sharding.PartitionSpec("tensor")
+  got = jax.jit(lambda p, x: bpd_heads.head_logits(cfg, p, v_cfg, out, x))(sharded, x)
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_bad_input_names_the_field():
+  v_cfg, v_params = _verifier()
+  with pytest.raises(ValueError, match=r"bpd.num_heads=0: give at least one head"):
+    bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=0)
+  other_cfg, _ = _verifier(vocab=16)
+  cfg = bpd_heads.BPDConfig.for_verifier(other_cfg, num_heads=2)
+  heads = bpd_heads.init_params(cfg, jax.random.key(0))
+  with pytest.raises(ValueError, match=r"BPD heads for a verifier of width 32 and 16 tokens "
+                                       r"cannot run on this verifier \(width 32, 8 tokens\)"):
+    bpd.BPDDrafter(cfg, v_cfg).params(heads, v_params)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=3)
+  with pytest.raises(ValueError, match=r"head parameters have shapes"):
+    bpd_heads.check(cfg, bpd_heads.init_params(
+        bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=2), jax.random.key(0)), v_cfg)
+
+
+def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
+  """train_bpd end to end on the tiny verifier (loss falls, per-head held-out metrics, resume),
+  then evaluate with the checkpoint as the drafter: greedy output equals the verifier's, one
+  drafter call per round, γ up to h; γ > h is refused before decoding."""
+  from configs import evaluate as evaluate_config
+  from configs import train_bpd as train_bpd_config
+  from spec_jax.programs import evaluate, train_bpd
+  from spec_jax.training import metrics as metrics_lib
+  heads_dir = str(tmp_path / "heads")
+  result = train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)
+  assert result["step"] == 20
+  assert {f"head{k}_{m}" for k in (1, 2, 3) for m in ("loss", "top1", "topk")} <= set(
+      result["eval"])
+  losses = [r["train/loss"] for r in metrics_lib.read_jsonl(f"{heads_dir}/metrics.jsonl")
+            if "train/loss" in r]
+  assert losses[-1] < losses[0]
+  assert train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)["step"] == 20  # resumed
+  config = evaluate_config.get_config("smoke")
+  config.drafter.checkpoint = heads_dir
+  config.eval.update(gammas=(2, 3), temperatures=(0.0,))
+  rows = [r for r in evaluate.run(config, str(tmp_path / "eval")) if r["method"] == "sd"]
+  assert [r["gamma"] for r in rows] == [2, 3]
+  assert all(r["identical_to_greedy"] and r["drafter_calls_per_round"] == 1 for r in rows)
+  config.eval.gammas = (4,)
+  with pytest.raises(ValueError, match="holds 3 BPD heads: they draft chains of at most 3"):
+    evaluate.run(config, str(tmp_path / "eval4"))
