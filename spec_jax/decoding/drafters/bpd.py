@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import trees
-from spec_jax.decoding.protocols import chain_proposal
+from spec_jax.decoding.drafters import hidden, trees
 from spec_jax.models import bpd_heads
 
 
@@ -66,9 +64,7 @@ class BPDDrafter:
 
   def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
     del params, prompt_tokens, size
-    x = v_hidden[-1]                                                   # [B, P, D]
-    pos = jnp.maximum(prompt_lengths - 2, 0)
-    return jnp.take_along_axis(x, pos[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return hidden.prompt_state(v_hidden[-1], prompt_lengths)
 
   def logits(self, params, x: jax.Array) -> jax.Array:
     """f32[B, γ, V]: the first γ heads' logits at the residual x f32[B, D]."""
@@ -78,16 +74,8 @@ class BPDDrafter:
     return bpd_heads.head_logits(self.heads, heads, self.v_cfg, params["out"], x)
 
   def propose(self, params, x, tokens, lengths, rng, sampling: sampling_lib.Sampling):
-    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-    q = sampling_lib.probs_from_logits(self.logits(params, x), sampling)  # [B, A, V]
-    if sampling.greedy:
-      drafts = jnp.argmax(q, axis=-1).astype(jnp.int32)
-    else:
-      drafts = sampling_lib.sample(rng, q)
-    return chain_proposal(root, drafts, q), x
+    return hidden.draft_chain(tokens, lengths, self.logits(params, x), rng, sampling), x
 
   def commit(self, params, x, proposal, verdict, lengths, v_hidden):
     del params, x, proposal, lengths
-    node = verdict.last_node()                                         # int32[B]
-    return jnp.take_along_axis(v_hidden[-1], node[:, None, None], axis=1)[:, 0].astype(
-        jnp.float32)
+    return hidden.accepted_state(v_hidden[-1], verdict)

@@ -49,22 +49,40 @@ class HiddenStateDrafter:
 
   def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
     del params, prompt_tokens, size
-    h = v_hidden[self.layer]                                           # [B, P, D]
-    pos = jnp.maximum(prompt_lengths - 2, 0)
-    return jnp.take_along_axis(h, pos[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return prompt_state(v_hidden[self.layer], prompt_lengths)
 
   def propose(self, params, h, tokens, lengths, rng, sampling: sampling_lib.Sampling):
-    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
     logits = jnp.einsum("BD,ADV->BAV", h, params["w"]) + params["b"][None]
-    q = sampling_lib.probs_from_logits(logits, sampling)               # [B, γ, V]
-    if sampling.greedy:
-      drafts = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    else:
-      drafts = sampling_lib.sample(rng, q)
-    return chain_proposal(root, drafts, q), h
+    return draft_chain(tokens, lengths, logits, rng, sampling), h
 
   def commit(self, params, h, proposal, verdict, lengths, v_hidden):
     del params, h, proposal, lengths
-    node = verdict.last_node()                                         # int32[B]
-    hidden = v_hidden[self.layer]                                      # [B, M, D]
-    return jnp.take_along_axis(hidden, node[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+    return accepted_state(v_hidden[self.layer], verdict)
+
+
+# The pieces every drafter fed by the verifier's hidden state shares (this one, BPD heads).
+
+def prompt_state(hidden: jax.Array, prompt_lengths: jax.Array) -> jax.Array:
+  """f32[B, D]: the residual hidden[B, P, D] at position L − 2, whose output is the last prompt
+  token (position 0 for a one-token prompt: a harmless approximation, q stays exact)."""
+  pos = jnp.maximum(prompt_lengths - 2, 0)
+  return jnp.take_along_axis(hidden, pos[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def accepted_state(hidden: jax.Array, verdict) -> jax.Array:
+  """f32[B, D]: the residual hidden[B, M, D] of the verify call at the deepest accepted node,
+  whose output produced the round's correction/bonus token."""
+  node = verdict.last_node()                                           # int32[B]
+  return jnp.take_along_axis(hidden, node[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+
+
+def draft_chain(tokens, lengths, logits: jax.Array, rng, sampling: sampling_lib.Sampling):
+  """A chain proposal after the last committed token from independent per-position laws:
+  logits f32[B, γ, V] → x_k = argmax (greedy) or a draw from q_k, with q the exact laws."""
+  root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+  q = sampling_lib.probs_from_logits(logits, sampling)                 # [B, γ, V]
+  if sampling.greedy:
+    drafts = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  else:
+    drafts = sampling_lib.sample(rng, q)
+  return chain_proposal(root, drafts, q)
