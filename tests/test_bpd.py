@@ -14,7 +14,7 @@ from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd
+from spec_jax.decoding.drafters import bpd, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, llama
 
@@ -77,6 +77,29 @@ def test_greedy_bpd_equals_verifier_greedy_at_batch_4():
   assert out.new_tokens() == ar.new_tokens()
   accepted = np.asarray(out.stats.accepted)
   assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
+
+
+TREES = {"rsd_c": trees.TreeSpec("rsd_c", depth=3, branching=(2, 2, 1)),
+         "specinfer": trees.TreeSpec("specinfer", depth=2, width=3)}
+
+
+@pytest.mark.parametrize("method", sorted(TREES))
+def test_lattice_trees_greedy_and_lossless(method):
+  """Draft trees from the heads' lattice (children at depth d from head d's law): greedy output
+  equals the verifier's at batch 4; sampled output follows the verifier's exact law."""
+  v_cfg, v_params, chain_drafter, d_params = _drafter()
+  drafter = bpd.BPDDrafter(chain_drafter.heads, v_cfg, tree=TREES[method])
+  assert drafter.shape == TREES[method]
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  assert _run(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 12).new_tokens() == (
+      ar.new_tokens())
+  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, Sampling(1.0))
+  many = generate_lib.pad_prompts([[1, 4, 2]] * 2000, 3, pad_id=0)
+  out = _run(v_cfg, v_params, drafter, d_params, many, Sampling(1.0), 2, seed=2)
+  assert testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law) > 1e-3
+  assert np.sum(out.stats.accepted) > 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,5 +181,6 @@ def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
   assert [r["gamma"] for r in rows] == [2, 3]
   assert all(r["identical_to_greedy"] and r["drafter_calls_per_round"] == 1 for r in rows)
   config.eval.gammas = (4,)
-  with pytest.raises(ValueError, match="holds 3 BPD heads: they draft chains of at most 3"):
+  with pytest.raises(ValueError,
+                     match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):
     evaluate.run(config, str(tmp_path / "eval4"))

@@ -191,12 +191,12 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None):
   """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
   heads (b_cfg, d_cfg then the verifier's config) draft chains of up to h tokens."""
   if b_cfg is not None:
-    if not shape.is_chain or shape.depth > b_cfg.num_heads:
+    if shape.depth > b_cfg.num_heads:
       raise ValueError(
-          f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains of at most "
-          f"{b_cfg.num_heads} tokens, not {shape}. Fix: eval.methods=('sd',) with eval.gammas "
-          f"<= {b_cfg.num_heads} (tree drafts from the heads' top-k lattice are not built yet).")
-    return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth)
+          f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains and trees "
+          f"of depth at most {b_cfg.num_heads}, not {shape.describe()} (depth {shape.depth}). "
+          f"Fix: eval.gammas / the methods' @L <= {b_cfg.num_heads}.")
+    return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth, tree=shape)
   if s_cfg is None:
     return lm.LMDrafter(d_cfg, shape)
   return steered.SteeredDrafter(d_cfg, s_cfg, shape)

@@ -8,10 +8,13 @@ V vocabulary, M = h + 1 proposal nodes.
 State: x f32[B, D], the verifier's final pre-norm residual at the deepest accepted node of the
 last verify call: the position whose output produced the round's correction/bonus token y (the
 last committed token). At the prompt, the residual at position L − 2, whose output is the last
-prompt token. `propose` drafts x_k (k = 1..h) from head k's law q_k, the token k positions after y:
-argmax when greedy, else a draw from q_k. The drafts are drawn independently given x, and q_k is
+prompt token. `propose` drafts x_k (k = 1..γ) from head k's law q_k, the token k positions after
+y: argmax when greedy, else a draw from q_k. The drafts are drawn independently given x, and q_k is
 exactly the law x_k came from, so every exact rule stays lossless (a head's draft ignores the
-earlier drafts, which rejection sampling allows); greedy output equals the verifier's.
+earlier drafts, which rejection sampling allows); greedy output equals the verifier's. With a tree
+spec the heads' top-k lattice becomes a draft tree: the children of every node at depth d − 1
+come from head d's law, drawn as the spec says (RSD-C's Gumbel-top-k without replacement, beams,
+i.i.d. chains; top-k at T = 0), and the verifier checks the whole tree in one call.
 
 Params: {"heads": the stacked head params, "out": `bpd_heads.verifier_output(v_cfg, v_params)`}
 (a view of the verifier's final norm and projection, passed again so the drafter stays a pure
@@ -23,20 +26,26 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import hidden, trees
+from spec_jax.decoding.protocols import Proposal
 from spec_jax.models import bpd_heads
 
 
 @dataclasses.dataclass(frozen=True)
 class BPDDrafter:
-  """Chain drafts of length h from BPD heads. Implements `protocols.Drafter`."""
+  """Chain drafts of γ ≤ h tokens, or a tree of depth L ≤ h (any `trees.TreeSpec`: RSD-C
+  top-k lattices, RSD-S beams, i.i.d. chains), from BPD heads. Implements `protocols.Drafter`."""
   heads: bpd_heads.BPDConfig
   v_cfg: object  # the verifier's model config (its final norm, projection, soft-capping)
   gamma: int = 0  # draft length: the first γ heads (0 = all h)
+  tree: trees.TreeSpec | None = None  # a tree of depth L ≤ h from the heads' lattice, or a chain
 
   def __post_init__(self):
+    if self.tree is not None and not self.tree.is_chain:
+      object.__setattr__(self, "gamma", self.tree.depth)
     if not 0 <= self.gamma <= self.heads.num_heads:
       raise ValueError(f"BPD draft length γ={self.gamma} needs γ heads; these are "
                        f"{self.heads.num_heads}.")
@@ -51,7 +60,8 @@ class BPDDrafter:
 
   @property
   def shape(self) -> trees.TreeSpec:
-    return trees.chain(self.depth)
+    return self.tree if self.tree is not None and not self.tree.is_chain else trees.chain(
+        self.depth)
 
   @property
   def verifier_layers(self) -> tuple[int, ...]:
@@ -74,7 +84,32 @@ class BPDDrafter:
     return bpd_heads.head_logits(self.heads, heads, self.v_cfg, params["out"], x)
 
   def propose(self, params, x, tokens, lengths, rng, sampling: sampling_lib.Sampling):
-    return hidden.draft_chain(tokens, lengths, self.logits(params, x), rng, sampling), x
+    logits = self.logits(params, x)                                    # [B, L, V]
+    if self.shape.is_chain:
+      return hidden.draft_chain(tokens, lengths, logits, rng, sampling), x
+    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    return self._tree(logits, root, rng, sampling), x
+
+  def _tree(self, logits, root, rng, sampling):
+    """A draft tree from the heads' lattice: every node at depth d − 1 draws its children from
+    head d's law (the heads do not condition on earlier drafts), with the tree's own scheme
+    (`trees.expand`: Gumbel-top-k without replacement for rsd_c, i.i.d. chains, beams), so q
+    is the exact law of every node's children and the tree rules stay exact."""
+    spec = self.shape
+    b, _, v = logits.shape
+    levels, q_levels = [trees.root_level(root)], []
+    for d in range(1, spec.depth + 1):
+      width = 1 if d == 1 else spec.level_widths[d - 2]
+      level_logits = jnp.broadcast_to(logits[:, d - 1][:, None], (b, width, v))
+      q = sampling_lib.probs_from_logits(level_logits, sampling)
+      q_levels.append(q)
+      levels.append(trees.expand(spec, d, jax.random.fold_in(rng, d), level_logits, q,
+                                 levels[-1], spec.level_offsets[d - 1], sampling))
+    q_levels.append(jnp.zeros((b, spec.level_widths[-1], v), jnp.float32))
+    tree = trees.assemble(spec, levels)
+    return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
+                    q=jnp.concatenate(q_levels, axis=1), chain=False, scheme=spec.scheme,
+                    max_depth=spec.depth, max_candidates=spec.max_candidates)
 
   def commit(self, params, x, proposal, verdict, lengths, v_hidden):
     del params, x, proposal, lengths
