@@ -184,3 +184,23 @@ def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
   with pytest.raises(ValueError,
                      match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):
     evaluate.run(config, str(tmp_path / "eval4"))
+
+
+def test_head_analysis_oracle_at_k1_is_greedy_bpd_tau():
+  """The lattice oracle with k = 1 is exactly greedy BPD decoding (chains of h): same τ as the
+  loop measures; larger k can only help; statistics are in range."""
+  from spec_jax.evaluation import bpd_analysis
+  v_cfg, v_params, drafter, d_params = _drafter()
+  n = 12
+  stats = bpd_analysis.analyse(drafter.heads, d_params["heads"], v_cfg, v_params, PROMPTS, n,
+                               ks=(1, 2, 8))
+  out = _run(v_cfg, v_params, drafter, d_params, generate_lib.pad_prompts(PROMPTS, 8, 0),
+             Sampling(), n)
+  tau = len(PROMPTS) * n / int(np.sum(out.stats.verifier_calls))
+  assert stats["oracle_tau"][1] == pytest.approx(tau, abs=1e-4)
+  assert stats["oracle_tau"][1] <= stats["oracle_tau"][2] <= stats["oracle_tau"][8]
+  assert stats["oracle_tau"][8] > stats["oracle_tau"][1]  # 8 of 8 tokens: every draft is in
+  assert all(0 <= e <= np.log(V) + 1e-6 for e in stats["head_entropy"])
+  assert 0 <= stats["repetition_rate"] <= 1
+  assert all(a <= b for a, b in zip(stats["topk_accuracy"][1], stats["topk_accuracy"][2]))
+  assert stats["topk_accuracy"][8] == [1.0, 1.0, 1.0]
