@@ -54,7 +54,17 @@ def get_config(arg=None):
       rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
       epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon
       max_cache_len=8192,  # SmolLM2's context: prompt + new tokens + γ must fit
-      save_text=False)     # True: every speculative run's continuations go to texts.jsonl
+      save_text=False,     # True: every speculative run's continuations go to texts.jsonl
+      # With BPD heads as the drafter (a train_bpd workdir): the refinements bpd_ngram[:P] and
+      # bpd_neural (Kim et al. 2024). Each head's top_k candidates; bpd_ngram keeps the `paths`
+      # best of the k^h lattice paths under (1 - w)·log q_head + w·log p_ngram (w =
+      # ngram_weight; the n-gram is counted on `ngram`'s train split, or read from a .npz);
+      # bpd_neural rescores each head's top k left to right with the `rescorer` LM (weight a =
+      # rescorer_weight).
+      bpd=dict(top_k=4, paths=16, ngram="spec_jax_shakespeare", ngram_order=4,
+               ngram_weight=0.5,
+               rescorer=common.model(size="drafter-s", checkpoint="runs/quickstart/drafter"),
+               rescorer_weight=0.5))
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")
@@ -63,4 +73,5 @@ def get_config(arg=None):
     config.data_prompt_tokens = 16
     config.eval.update(gammas=(1, 3), temperatures=(0.0, 1.0), batch_sizes=(2,), num_prompts=3,
                        new_tokens=8, max_prompt_tokens=32)
+    config.eval.bpd.rescorer = common.model(size="test-tiny")
   return config

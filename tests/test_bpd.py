@@ -176,10 +176,19 @@ def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
   assert train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)["step"] == 20  # resumed
   config = evaluate_config.get_config("smoke")
   config.drafter.checkpoint = heads_dir
-  config.eval.update(gammas=(2, 3), temperatures=(0.0,))
-  rows = [r for r in evaluate.run(config, str(tmp_path / "eval")) if r["method"] == "sd"]
+  config.eval.update(gammas=(2, 3), temperatures=(0.0,),
+                     methods=("sd", "bpd_ngram:3@3", "bpd_neural@2"))
+  all_rows = evaluate.run(config, str(tmp_path / "eval"))
+  rows = [r for r in all_rows if r["method"] == "bpd"]
   assert [r["gamma"] for r in rows] == [2, 3]
   assert all(r["identical_to_greedy"] and r["drafter_calls_per_round"] == 1 for r in rows)
+  # The refinements: n-gram-rescored lattice paths (a tree of 3 paths) and LM-rescored chains.
+  refined = {r["method"]: r for r in all_rows if r["method"].startswith("bpd_")}
+  assert set(refined) == {"bpd_ngram", "bpd_neural"}
+  assert all(r["identical_to_greedy"] for r in refined.values())
+  assert refined["bpd_ngram"]["verifier_tokens_per_call"] == 1 + 3 * 3
+  assert refined["bpd_neural"]["drafter_calls_per_round"] == 2
+  assert refined["bpd_neural"]["cost_ratio_c"] > 0
   config.eval.gammas = (4,)
   with pytest.raises(ValueError,
                      match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):

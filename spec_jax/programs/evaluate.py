@@ -23,6 +23,8 @@ import os
 
 from absl import logging
 import jax
+import ml_collections
+import numpy as np
 
 from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib
@@ -31,7 +33,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd, lm, steered
+from spec_jax.decoding.drafters import bpd, bpd_neural, lattice, lm, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
 from spec_jax.models import llama, steering
@@ -42,17 +44,23 @@ CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acc
 
 # Speculative methods by name; each row of results.json names one. "sd" is chain speculative
 # decoding; every method runs in the one loop (decoding/loop.py) with an LM drafter of its shape.
-METHODS = ("sd", *trees.TREE_METHODS)
+# With BPD heads as the drafter (a train_bpd checkpoint), rows are named bpd (chains) and
+# bpd_tree (trees from the heads' lattice), and two refinements run (eval.bpd): bpd_ngram[:P]
+# verifies the P best lattice paths under an n-gram rescoring (greedy only), bpd_neural drafts
+# a chain whose per-head top-k is rescored by a small LM.
+BPD_METHODS = ("bpd_ngram", "bpd_neural")
+METHODS = ("sd", *trees.TREE_METHODS, *BPD_METHODS)
 
 
-def parse_method(entry: str, depth: int | None, default_width: int):
+def parse_method(entry: str, depth: int | None, default_width: int, default_paths: int = 16):
   """One eval.methods entry → (method, draft depth, TreeSpec or None for a chain).
 
   Grammar: NAME[:SHAPE][@L]. SHAPE is K (chains for specinfer/spectr), W (rsd_s beam width) or
   b1-b2-... (rsd_c branching, padded with 1s to depth L); without it K = W = eval.tree_width and
   rsd_c branches eval.tree_width ways at the root only, so all tree methods spend the same
   1 + width·L verifier tokens per call. @L fixes the depth for this entry; otherwise the depth is
-  each of eval.gammas in turn (`depth`)."""
+  each of eval.gammas in turn (`depth`). bpd_ngram:P keeps P lattice paths (default
+  eval.bpd.paths, `default_paths`); bpd_neural takes no shape."""
   head, _, at = entry.partition("@")
   name, _, shape = head.partition(":")
   if name not in METHODS:
@@ -64,10 +72,16 @@ def parse_method(entry: str, depth: int | None, default_width: int):
   except ValueError:
     raise ValueError(f"eval.methods entry {entry!r} does not parse; write NAME[:SHAPE][@L], e.g. "
                      "'rsd_c:3-2@4', 'rsd_s:4', 'spectr:3@2', 'sd@6'.") from None
-  if name == "sd":
+  if name in ("sd", "bpd_neural"):
     if shape:
-      raise ValueError(f"eval.methods entry {entry!r}: chain SD takes no shape, only @γ.")
+      raise ValueError(f"eval.methods entry {entry!r}: {name} drafts a chain: no shape, only "
+                       "@γ.")
     return name, depth, None
+  if name == "bpd_ngram":
+    if len(ints) > 1:
+      raise ValueError(f"eval.methods entry {entry!r}: bpd_ngram takes one number, the kept "
+                       "lattice paths P (e.g. 'bpd_ngram:16@3').")
+    return name, depth, lattice.shape(ints[0] if ints else int(default_paths), depth)
   if name != "rsd_c" and len(ints) > 1:
     raise ValueError(f"eval.methods entry {entry!r}: {name} takes one width, got {shape!r}.")
   if name == "rsd_c":
@@ -84,7 +98,7 @@ def method_runs(ev) -> list[tuple[str, str, int, object]]:
   for entry in ev.methods:
     depths = [None] if "@" in entry else list(ev.gammas)
     for depth in depths:
-      name, d, spec = parse_method(entry, depth, ev.tree_width)
+      name, d, spec = parse_method(entry, depth, ev.tree_width, _bpd_options(ev).paths)
       runs.append((entry.partition("@")[0], name, d, spec))
   return runs
 
@@ -115,6 +129,15 @@ def check_config(config, workdir: str, runs) -> None:
   for name in ("num_prompts", "new_tokens", "max_prompt_tokens", "max_cache_len"):
     if int(ev[name]) < 1:
       raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  if {r[1] for r in runs} & set(BPD_METHODS):
+    opts = _bpd_options(ev)
+    for name in ("top_k", "paths", "ngram_order"):
+      if isinstance(opts[name], bool) or not isinstance(opts[name], int) or opts[name] < 1:
+        raise ValueError(f"eval.bpd.{name}={opts[name]!r} must be an integer >= 1.")
+    for name in ("ngram_weight", "rescorer_weight"):
+      if not 0.0 <= float(opts[name]) <= 1.0:
+        raise ValueError(f"eval.bpd.{name}={opts[name]} must be in [0, 1] (0 = the heads' "
+                         "own scores).")
   for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
     for e in values:
       if not 0.0 < float(e) <= 1.0:
@@ -187,15 +210,35 @@ def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
   return out
 
 
-def make_drafter(d_cfg, s_cfg, shape, b_cfg=None):
+def _bpd_options(ev):
+  """eval.bpd with its defaults (configs/evaluate.py): the BPD refinements' knobs."""
+  return ml_collections.ConfigDict(dict(
+      dict(top_k=4, paths=16, ngram="", ngram_order=4, ngram_weight=0.5, rescorer=None,
+           rescorer_weight=0.5), **(ev.get("bpd") or {})))
+
+
+def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=None,
+                 rescorer_cfg=None):
   """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
-  heads (b_cfg, d_cfg then the verifier's config) draft chains of up to h tokens."""
+  heads (b_cfg, d_cfg then the verifier's config) draft chains and lattice trees of up to h
+  tokens, refined by `method` bpd_ngram / bpd_neural (options `bpd_opts`, eval.bpd)."""
+  if method in BPD_METHODS and b_cfg is None:
+    raise ValueError(f"eval.methods has {method}, which refines the drafts of BPD heads, but "
+                     "drafter.checkpoint is not a train_bpd checkpoint. Fix: "
+                     "--config.drafter.checkpoint=<a train_bpd workdir>, or drop the entry.")
   if b_cfg is not None:
     if shape.depth > b_cfg.num_heads:
       raise ValueError(
           f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains and trees "
           f"of depth at most {b_cfg.num_heads}, not {shape.describe()} (depth {shape.depth}). "
           f"Fix: eval.gammas / the methods' @L <= {b_cfg.num_heads}.")
+    if method == "bpd_ngram":
+      return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth, rescore=bpd.LatticeRescoring(
+          int(bpd_opts.top_k), shape.width, float(bpd_opts.ngram_weight)))
+    if method == "bpd_neural":
+      return bpd_neural.NeuralRescoredBPD(b_cfg, d_cfg, rescorer_cfg, gamma=shape.depth,
+                                          top_k=int(bpd_opts.top_k),
+                                          weight=float(bpd_opts.rescorer_weight))
     return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth, tree=shape)
   if s_cfg is None:
     return lm.LMDrafter(d_cfg, shape)
@@ -203,15 +246,48 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None):
 
 
 def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, b_cfg, shape, decode, ev,
-                    common):
+                    common, method="sd", rescorer_cfg=None):
   """(prompts, batch index) -> the decoding loop's output for one run: the one place evaluate
   calls the speculative loop (an LM drafter of `shape`, a chain or a tree, steered or not; or
-  BPD heads)."""
-  drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg)
+  BPD heads, refined or not)."""
+  drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg, method, _bpd_options(ev), rescorer_cfg)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   return lambda prompts, i: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
       drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common)
+
+
+def _row_method(method: str, tree, b_cfg) -> str:
+  """The results.json name: BPD heads' plain chains are `bpd`, their lattice trees `bpd_tree`."""
+  if b_cfg is None or method in BPD_METHODS:
+    return method
+  return "bpd" if tree is None else "bpd_tree"
+
+
+def _ngram_lm(opts, tokenizer, vocab_size: int):
+  """The n-gram LM of eval.bpd.ngram: a .npz saved by `models.ngram.save`, or a dataset name
+  whose train split is counted once with this tokenizer (order eval.bpd.ngram_order) and cached
+  beside the token cache."""
+  from spec_jax.data import pipeline  # noqa: PLC0415  (TFDS only when an n-gram is counted)
+  from spec_jax.models import ngram  # noqa: PLC0415
+  src = str(opts.ngram or "")
+  if not src:
+    raise ValueError("eval.methods has bpd_ngram with eval.bpd.ngram_weight > 0, but "
+                     "eval.bpd.ngram is empty. Fix: a dataset whose train split is counted "
+                     "(e.g. --config.eval.bpd.ngram=spec_jax_shakespeare) or a saved .npz.")
+  if src.endswith(".npz"):
+    return ngram.load(src)
+  order = int(opts.ngram_order)
+  path = os.path.join(pipeline.data_dir(), "spec_jax_ngram_cache",
+                      f"{src}_{tokenizer.fingerprint}_order{order}.npz")
+  if os.path.exists(path):
+    return ngram.load(path)
+  logging.info("Counting a %d-gram LM on %s (train split) into %s.", order, src, path)
+  lm = ngram.build(np.asarray(pipeline.token_stream(src, "train", tokenizer)), order=order,
+                   vocab_size=vocab_size)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  ngram.save(lm, path)
+  return lm
 
 
 def _verifier_cost_ratio(v_params, v_cfg, prompts, new_tokens: int, m: int) -> float:
@@ -261,6 +337,13 @@ def run(config, workdir: str) -> list[dict]:
   all_batches = {b: _batches(tokenizer, texts, b, ev.max_prompt_tokens) for b in ev.batch_sizes}
   for batches in all_batches.values():
     check_room(ev, batches, runs)
+  b_cfg = loading.drafter_bpd(config.drafter)
+  methods = {run[1] for run in runs}
+  for run in runs:  # BPD methods need BPD heads, and every shape must fit them: before loading
+    if b_cfg is not None or run[1] in BPD_METHODS:
+      make_drafter(None, None, run[3] or trees.chain(int(run[2])), b_cfg,
+                   "sd" if run[1] == "bpd_neural" and b_cfg is not None else run[1],
+                   _bpd_options(ev))
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
@@ -268,14 +351,24 @@ def run(config, workdir: str) -> list[dict]:
   s_cfg = loading.drafter_steering(config.drafter)
   if s_cfg is not None:
     steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
-  b_cfg = loading.drafter_bpd(config.drafter)
+  opts, rescorer_cfg = _bpd_options(ev), None
   if b_cfg is not None:  # BPD heads: no drafter model; they share the verifier's projection
-    d_params = bpd.BPDDrafter(b_cfg, v_cfg).params(d_params, v_params)
+    lm = (_ngram_lm(opts, tokenizer, v_cfg.vocab_size)
+          if "bpd_ngram" in methods and float(opts.ngram_weight) > 0 else None)
+    d_params = bpd.BPDDrafter(b_cfg, v_cfg).params(d_params, v_params, lm)
+    if "bpd_neural" in methods:
+      if not opts.rescorer:
+        raise ValueError("eval.methods has bpd_neural but eval.bpd.rescorer is not set. Fix: "
+                         "a model section, e.g. --config.eval.bpd.rescorer.checkpoint="
+                         "runs/quickstart/drafter (a train_lm or distill workdir).")
+      rescorer_cfg, d_params["lm"] = loading.load_model(
+          opts.rescorer, tokenizer, seed=config.seed + 2, field="eval.bpd.rescorer.checkpoint")
     d_cfg = v_cfg
   probe = make_drafter(d_cfg, s_cfg, trees.chain(1), b_cfg)
   if b_cfg is not None:  # every draft shape asked for must fit the heads, before any decoding
     for run in runs:
-      make_drafter(d_cfg, s_cfg, run[3] or trees.chain(int(run[2])), b_cfg)
+      make_drafter(d_cfg, s_cfg, run[3] or trees.chain(int(run[2])), b_cfg, run[1], opts,
+                   rescorer_cfg)
   loop.check_pair(verifier_lib.lm_verifier(v_cfg, probe.verifier_layers), probe)
   # The drafter alone (its cost c, its teacher-forced law for token_tv): a steered drafter's
   # module is left out of both (its cost is in the measured speedup; token_tv is not reported).
@@ -322,6 +415,12 @@ def run(config, workdir: str) -> list[dict]:
       if b_cfg is None:
         d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts,
                                        desc=f"{label} drafter-only")
+      c_rescorer = 0.0  # bpd_neural's LM, one call per draft: its cost relative to the verifier
+      if rescorer_cfg is not None:
+        r_out, r_s = timing.timed_pass(ar(d_params["lm"], rescorer_cfg), prompts,
+                                       desc=f"{label} rescorer-only")
+        c_rescorer = (timing.seconds_per_step(r_out, r_s)
+                      / timing.seconds_per_step(ar_out, ar_s))
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
                             drafter_cfg=None, sampling=sampling)
       c = 0.0 if b_cfg is not None else (
@@ -351,8 +450,8 @@ def run(config, workdir: str) -> list[dict]:
                                    lenience=ev.lenience, epsilon=float(epsilon))
         rule_name, _ = decode.resolve(shape, sampling)
         fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
-                             b_cfg=b_cfg,
-                             shape=shape, decode=decode, ev=ev, common=common)
+                             b_cfg=b_cfg, shape=shape, decode=decode, ev=ev, common=common,
+                             method=method, rescorer_cfg=rescorer_cfg)
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
         sd_tokens = metrics.token_lists(sd_out, reals)
         if ev.get("save_text", False) and parallel.is_writer():
@@ -367,8 +466,13 @@ def run(config, workdir: str) -> list[dict]:
         r_m = cost_ratios[batch_size, tokens_per_call]
         # Measured τ for chains and trees alike; one drafter call per draft depth (chain γ, tree
         # L levels). plots.tau_theory shows the i.i.d.-α prediction of τ beside it.
-        d_calls = 1 if b_cfg is not None else int(gamma)  # BPD: one call of all the heads
-        theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d_calls)
+        # BPD: one call of all the heads, at no drafter cost (c = 0); bpd_neural adds its LM's
+        # γ calls (catch-up window, then one per draft but the last).
+        d_calls = 1 if b_cfg is not None else int(gamma)
+        c_run = c
+        if method == "bpd_neural":
+          d_calls, c_run = int(gamma), c_rescorer
+        theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c_run, drafter_calls=d_calls)
         tps = summary["new_tokens"] / sd_s
         measured = tps / ar_tps
         lenient = rule_name == "lenient"
@@ -380,7 +484,8 @@ def run(config, workdir: str) -> list[dict]:
                               **(dict(lenience=decode.lenience, epsilon=decode.epsilon)
                                  if lenient else {}))
         rows.append(dict(
-            base, method=method, gamma=int(gamma),
+            base, method=_row_method(method, tree, b_cfg), gamma=int(gamma),
+            cost_ratio_c=round(c_run, 4),
             rule=rule_name, tree=None if tree is None else tree.describe(),
             lenience=decode.lenience if lenient else None,
             epsilon=decode.epsilon if lenient else None, new_tokens=summary["new_tokens"],

@@ -29,9 +29,27 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import hidden, trees
+from spec_jax.decoding.drafters import hidden, lattice, trees
 from spec_jax.decoding.protocols import Proposal
 from spec_jax.models import bpd_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class LatticeRescoring:
+  """Global rescoring of the heads' top-k lattice (Kim et al. 2024): the `paths` best of the k^h
+  paths under (1 − w)·log q_head + w·log p_ngram (w = `weight`, summed over positions) are
+  verified together as one prefix tree (`lattice.py`). The kept set is deterministic, with no
+  exact law, so only greedy decoding verifies it. params["ngram"] holds the n-gram LM
+  (`models.ngram`); weight 0 ranks by the heads alone (paths = 1 then is plain BPD)."""
+  top_k: int = 4
+  paths: int = 16
+  weight: float = 0.5
+
+  def check(self, num_heads: int, field: str = "bpd") -> None:
+    lattice.check_shape(num_heads, self.top_k, self.paths, field=field)
+    if not 0.0 <= float(self.weight) <= 1.0:
+      raise ValueError(f"{field}.ngram_weight={self.weight} must be in [0, 1] (0 = the heads' "
+                       "ranking alone, 1 = the n-gram alone).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +60,7 @@ class BPDDrafter:
   v_cfg: object  # the verifier's model config (its final norm, projection, soft-capping)
   gamma: int = 0  # draft length: the first γ heads (0 = all h)
   tree: trees.TreeSpec | None = None  # a tree of depth L ≤ h from the heads' lattice, or a chain
+  rescore: LatticeRescoring | None = None  # global n-gram rescoring of the lattice (greedy only)
 
   def __post_init__(self):
     if self.tree is not None and not self.tree.is_chain:
@@ -49,6 +68,11 @@ class BPDDrafter:
     if not 0 <= self.gamma <= self.heads.num_heads:
       raise ValueError(f"BPD draft length γ={self.gamma} needs γ heads; these are "
                        f"{self.heads.num_heads}.")
+    if self.rescore is not None:
+      if self.tree is not None and not self.tree.is_chain:
+        raise ValueError("BPD lattice rescoring builds its own tree of the p best paths; give "
+                         "a depth (γ), not a tree shape.")
+      self.rescore.check(self.depth)
 
   @property
   def vocab_size(self) -> int:
@@ -60,6 +84,8 @@ class BPDDrafter:
 
   @property
   def shape(self) -> trees.TreeSpec:
+    if self.rescore is not None:
+      return lattice.shape(self.rescore.paths, self.depth)
     return self.tree if self.tree is not None and not self.tree.is_chain else trees.chain(
         self.depth)
 
@@ -67,10 +93,16 @@ class BPDDrafter:
   def verifier_layers(self) -> tuple[int, ...]:
     return (-1,)
 
-  def params(self, head_params, v_params) -> dict:
-    """The drafter's params from trained heads and the verifier they were trained on."""
+  def params(self, head_params, v_params, ngram_lm=None) -> dict:
+    """The drafter's params from trained heads and the verifier they were trained on (and the
+    n-gram LM that rescores the lattice, when `rescore` is set)."""
     bpd_heads.check(self.heads, head_params, self.v_cfg)
-    return {"heads": head_params, "out": bpd_heads.verifier_output(self.v_cfg, v_params)}
+    out = {"heads": head_params, "out": bpd_heads.verifier_output(self.v_cfg, v_params)}
+    if ngram_lm is not None:
+      from spec_jax.models import ngram  # noqa: PLC0415
+      ngram.check(ngram_lm, self.heads.vocab_size, "eval.bpd.ngram")
+      out["ngram"] = ngram_lm
+    return out
 
   def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
     del params, prompt_tokens, size
@@ -85,6 +117,8 @@ class BPDDrafter:
 
   def propose(self, params, x, tokens, lengths, rng, sampling: sampling_lib.Sampling):
     logits = self.logits(params, x)                                    # [B, L, V]
+    if self.rescore is not None:
+      return self._rescored(params, logits, tokens, lengths, sampling), x
     if self.shape.is_chain:
       return hidden.draft_chain(tokens, lengths, logits, rng, sampling), x
     root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
@@ -110,6 +144,27 @@ class BPDDrafter:
     return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
                     q=jnp.concatenate(q_levels, axis=1), chain=False, scheme=spec.scheme,
                     max_depth=spec.depth, max_candidates=spec.max_candidates)
+
+  def _rescored(self, params, logits, tokens, lengths, sampling):
+    """The p best lattice paths as one prefix tree (`LatticeRescoring`); q = None: greedy only."""
+    if not sampling.greedy:
+      raise ValueError(
+          "BPD lattice rescoring (bpd_ngram) verifies a deterministic set of p best paths, "
+          "which has no exact law: it runs at temperature 0 only. Fix: set the temperature to "
+          "0, or sample with plain BPD or bpd_neural (whose draft law is exact).")
+    r = self.rescore
+    lm = params.get("ngram")
+    if lm is None and r.weight > 0:
+      raise ValueError("BPD lattice rescoring with weight > 0 needs params['ngram'] (pass the "
+                       "n-gram LM to BPDDrafter.params).")
+    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    hist = lattice.history(tokens, lengths, lm.order - 1) if lm is not None else None
+    tree = lattice.rescored_tree(logits, root, hist, lm, top_k=r.top_k, paths=r.paths,
+                                 weight=float(r.weight))
+    spec = self.shape
+    return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
+                    q=None, chain=False, scheme=spec.scheme, max_depth=spec.depth,
+                    max_candidates=min(r.paths, r.top_k))
 
   def commit(self, params, x, proposal, verdict, lengths, v_hidden):
     del params, x, proposal, lengths

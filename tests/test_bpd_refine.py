@@ -1,0 +1,200 @@
+"""BPD draft refinement (decoding/drafters/lattice.py, bpd.LatticeRescoring, bpd_neural.py):
+the p best lattice paths against brute-force enumeration, their prefix tree, greedy output equal
+to verifier greedy with global n-gram rescoring and with local neural rescoring, neural
+rescoring lossless when sampling (chi-square), weight 0 = plain BPD, bad input."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.acceptance import tree as tree_acceptance
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.drafters import bpd, bpd_neural, lattice
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import bpd_heads, ngram
+
+V = 8
+PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
+
+
+def test_best_paths_match_brute_force_and_form_a_prefix_tree():
+  """Exhaustive lattice search under a score with a pairwise term (what an n-gram adds): the
+  kept paths are exactly the p best of the k^h by brute force, best first, and the prefix tree
+  holds each of them as a root-to-leaf path with every shared prefix once."""
+  rng = np.random.default_rng(0)
+  b, a, k, v, p = 2, 3, 3, 7, 5
+  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
+  pair = rng.normal(size=(v, v))                                       # bonus(x_{i-1}, x_i)
+  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  index = lattice.path_index(k, a)
+  assert index.shape == (k ** a, a) and (index[0] == 0).all()
+  cand = lattice.lattice_paths(lat_tokens, index)
+  score = jnp.sum(lattice.lattice_paths(lat_logp, index), -1) + jnp.sum(
+      jnp.asarray(pair)[cand[..., :-1], cand[..., 1:]], -1)
+  kept, top = lattice.best_paths(score, cand, p)
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  for row in range(b):
+    heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
+    brute = sorted(((sum(logp[row, i, x[i]] for i in range(a))
+                     + sum(pair[x[i - 1], x[i]] for i in range(1, a)), x)
+                    for x in itertools.product(*heads_top)), key=lambda t: -t[0])[:p]
+    assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == [x for _, x in brute]
+    np.testing.assert_allclose(np.asarray(top[row]), [s for s, _ in brute], rtol=1e-5)
+  root = jnp.asarray([11, 12])
+  tree = lattice.prefix_tree(root, kept)
+  tree_acceptance.check_tree(tree.tokens, tree.parent, tree.depth, tree.valid, max_depth=a,
+                             max_candidates=min(p, k))
+  toks, par, val = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid))
+  for row in range(b):
+    paths = {tuple(int(t) for t in x) for x in np.asarray(kept[row])}
+    leaves = set()
+    for node in np.flatnonzero(val[row]):
+      path, n = [], node
+      while n > 0:
+        path.append(int(toks[row, n]))
+        n = par[row, n]
+      if len(path) == a:
+        leaves.add(tuple(reversed(path)))
+    assert leaves == paths
+    prefixes = {x[:d] for x in paths for d in range(1, a + 1)}
+    assert val[row, 1:].sum() == len(prefixes)
+
+
+def _setup(num_heads=3, seed=1):
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=V, sharpness=3.0)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=num_heads, hidden=16)
+  params = bpd_heads.init_params(cfg, jax.random.key(seed), v_cfg, v_params)
+  k1, k2 = jax.random.split(jax.random.key(seed + 100))
+  params["w1"] = jax.random.normal(k1, params["w1"].shape) / np.sqrt(cfg.d_model)
+  params["w2"] = jax.random.normal(k2, params["w2"].shape) / np.sqrt(cfg.width)
+  return v_cfg, v_params, cfg, params
+
+
+def _ngram(v_cfg, v_params, order=3):
+  """An n-gram LM counted on the verifier's own sampled text (so it helps the heads)."""
+  prompts = generate_lib.pad_prompts([[i % V] for i in range(32)], 1, pad_id=0)
+  out = generate_lib.generate(v_params, prompts, jax.random.key(5), cfg=v_cfg,
+                              sampling=Sampling(1.0), max_new_tokens=48)
+  return ngram.build([np.asarray(t) for t in out.new_tokens()], order=order, vocab_size=V)
+
+
+def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(seed),
+      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
+      sampling=sampling, max_new_tokens=n)
+
+
+def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
+  v_cfg, v_params, cfg, heads = _setup()
+  lm = _ngram(v_cfg, v_params)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  plain_drafter = bpd.BPDDrafter(cfg, v_cfg)
+  plain = _decode(v_cfg, v_params, plain_drafter, plain_drafter.params(heads, v_params), prompts,
+                  Sampling(), 12)
+  for rescore in (bpd.LatticeRescoring(top_k=3, paths=6, weight=0.5),
+                  bpd.LatticeRescoring(top_k=2, paths=1, weight=0.0)):
+    drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=rescore)
+    out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm), prompts,
+                  Sampling(), 12)
+    assert out.new_tokens() == ar.new_tokens()
+    if rescore.paths == 1:  # weight 0, one path: the heads' own argmax chain, call for call
+      np.testing.assert_array_equal(out.stats.accepted, plain.stats.accepted)
+      np.testing.assert_array_equal(out.stats.verifier_calls, plain.stats.verifier_calls)
+    else:  # six paths hold the argmax chain's first token and more: never fewer accepted
+      assert np.sum(out.stats.accepted) >= np.sum(plain.stats.accepted)
+
+
+def test_rescoring_bad_input_names_the_field():
+  v_cfg, v_params, cfg, heads = _setup()
+  with pytest.raises(ValueError, match=r"bpd.paths=28 exceeds .* 3\^3 = 27"):
+    bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=28))
+  with pytest.raises(ValueError, match=r"bpd.top_k=0 must be an integer >= 1"):
+    bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=0))
+  with pytest.raises(ValueError, match=r"ngram_weight=1.5 must be in \[0, 1\]"):
+    bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(weight=1.5))
+  lm8 = _ngram(v_cfg, v_params, order=2)
+  drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=2, paths=2))
+  other = ngram.build([np.arange(20) % 5], order=2, vocab_size=5)
+  with pytest.raises(ValueError, match="eval.bpd.ngram"):
+    drafter.params(heads, v_params, other)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  with pytest.raises(ValueError, match="temperature 0 only"):
+    _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm8), prompts,
+            Sampling(1.0), 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _HeadLawRescored(bpd_neural.NeuralRescoredBPD):
+  """Planted bug: drafts from the rescored law but reports the plain heads' law as q."""
+
+  def propose(self, params, state, tokens, lengths, rng, sampling):
+    proposal, state = super().propose(params, state, tokens, lengths, rng, sampling)
+    heads = self._bpd().logits(params, state[0])
+    q = jnp.concatenate([sampling_lib.probs_from_logits(heads, sampling),
+                         jnp.zeros_like(proposal.q[:, :1])], axis=1)
+    return dataclasses.replace(proposal, q=q), state
+
+
+def _rescorer(v_cfg):
+  return testing.tiny_model(seed=7, vocab_size=V, sharpness=3.0)
+
+
+def test_neural_rescoring_greedy_exact_and_weight_0_is_plain_bpd():
+  v_cfg, v_params, cfg, heads = _setup()
+  lm_cfg, lm_params = _rescorer(v_cfg)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  plain_drafter = bpd.BPDDrafter(cfg, v_cfg)
+  plain = _decode(v_cfg, v_params, plain_drafter, plain_drafter.params(heads, v_params), prompts,
+                  Sampling(), 12)
+  for weight in (0.6, 0.0):
+    drafter = bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, top_k=3, weight=weight)
+    out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm_params), prompts,
+                  Sampling(), 12)
+    assert out.new_tokens() == ar.new_tokens()
+    same = [np.array_equal(getattr(out.stats, f), getattr(plain.stats, f))
+            for f in ("accepted", "verifier_calls", "candidates")]
+    # a = 0 drafts the heads' argmax chain call for call; a = 0.6 changes the drafts (else this
+    # test could not tell the two apart).
+    assert all(same) if weight == 0 else not all(same)
+
+
+@pytest.mark.parametrize("buggy", [False, True])
+def test_sampled_neural_rescoring_is_lossless(buggy):
+  """T = 1: 3000 continuations of 2 tokens against the verifier's enumerated law; a drafter that
+  reports the heads' law instead of the rescored one it drew from must fail."""
+  v_cfg, v_params, cfg, heads = _setup(num_heads=2)
+  lm_cfg, lm_params = _rescorer(v_cfg)
+  kind = _HeadLawRescored if buggy else bpd_neural.NeuralRescoredBPD
+  drafter = kind(cfg, v_cfg, lm_cfg, top_k=3, weight=0.7)
+  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, Sampling(1.0))
+  many = generate_lib.pad_prompts([[1, 4, 2]] * 3000, 3, pad_id=0)
+  out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm_params), many,
+                Sampling(1.0), 2, seed=1)
+  p = testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+  assert np.sum(out.stats.accepted) > 300
+  assert (p < 1e-4) if buggy else (p > 1e-3)
+
+
+def test_neural_rescorer_bad_input():
+  v_cfg, _, cfg, _ = _setup()
+  lm_cfg, _ = testing.tiny_model(seed=7, vocab_size=16)
+  with pytest.raises(ValueError, match=r"bpd.rescorer: the rescoring LM has a vocabulary of 16"):
+    bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg)
+  lm_cfg, _ = _rescorer(v_cfg)
+  with pytest.raises(ValueError, match=r"rescorer_weight=-0.1 must be in \[0, 1\]"):
+    bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, weight=-0.1)
+  with pytest.raises(ValueError, match=r"γ=4 needs γ heads; these are 3"):
+    bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, gamma=4)
