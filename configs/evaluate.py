@@ -52,6 +52,7 @@ def get_config(arg=None):
       batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
       rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
+      relaxed_top_k=2,  # with rule='top_k_relaxed' (greedy, lossy): keep drafts in the top k
       epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon
       max_cache_len=8192,  # SmolLM2's context: prompt + new tokens + γ must fit
       save_text=False,     # True: every speculative run's continuations go to texts.jsonl

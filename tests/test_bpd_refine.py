@@ -1,7 +1,9 @@
-"""BPD draft refinement (decoding/drafters/lattice.py, bpd.LatticeRescoring, bpd_neural.py):
-the p best lattice paths against brute-force enumeration, their prefix tree, greedy output equal
-to verifier greedy with global n-gram rescoring and with local neural rescoring, neural
-rescoring lossless when sampling (chi-square), weight 0 = plain BPD, bad input."""
+"""BPD draft refinement (decoding/drafters/lattice.py, bpd.LatticeRescoring, bpd_neural.py)
+and Stern et al.'s top-k relaxed acceptance: the p best lattice paths against brute-force
+enumeration, their prefix tree, greedy output equal to verifier greedy with global n-gram
+rescoring and with local neural rescoring, neural rescoring lossless when sampling (chi-square,
+with a planted bug that must fail), weight 0 = plain BPD, the relaxed rule on hand-written laws
+and end to end, bad input."""
 
 import dataclasses
 import itertools
@@ -17,7 +19,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.acceptance import tree as tree_acceptance
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import bpd, bpd_neural, lattice
+from spec_jax.decoding.drafters import bpd, bpd_neural, lattice, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, ngram
 
@@ -78,12 +80,10 @@ def _setup(num_heads=3, seed=1):
   return v_cfg, v_params, cfg, params
 
 
-def _ngram(v_cfg, v_params, order=3):
-  """An n-gram LM counted on the verifier's own sampled text (so it helps the heads)."""
-  prompts = generate_lib.pad_prompts([[i % V] for i in range(32)], 1, pad_id=0)
-  out = generate_lib.generate(v_params, prompts, jax.random.key(5), cfg=v_cfg,
-                              sampling=Sampling(1.0), max_new_tokens=48)
-  return ngram.build([np.asarray(t) for t in out.new_tokens()], order=order, vocab_size=V)
+def _ngram(order=3):
+  """An n-gram LM of a random corpus: it reorders the lattice paths, which is all greedy
+  exactness has to survive."""
+  return ngram.build(np.random.default_rng(5).integers(0, V, 600), order=order, vocab_size=V)
 
 
 def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
@@ -95,24 +95,28 @@ def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
 
 def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
   v_cfg, v_params, cfg, heads = _setup()
-  lm = _ngram(v_cfg, v_params)
+  lm = _ngram()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=12)
   plain_drafter = bpd.BPDDrafter(cfg, v_cfg)
   plain = _decode(v_cfg, v_params, plain_drafter, plain_drafter.params(heads, v_params), prompts,
                   Sampling(), 12)
+  stats = {}
   for rescore in (bpd.LatticeRescoring(top_k=3, paths=6, weight=0.5),
+                  bpd.LatticeRescoring(top_k=3, paths=6, weight=0.0),
                   bpd.LatticeRescoring(top_k=2, paths=1, weight=0.0)):
     drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=rescore)
     out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm), prompts,
                   Sampling(), 12)
     assert out.new_tokens() == ar.new_tokens()
-    if rescore.paths == 1:  # weight 0, one path: the heads' own argmax chain, call for call
-      np.testing.assert_array_equal(out.stats.accepted, plain.stats.accepted)
-      np.testing.assert_array_equal(out.stats.verifier_calls, plain.stats.verifier_calls)
-    else:  # six paths hold the argmax chain's first token and more: never fewer accepted
-      assert np.sum(out.stats.accepted) >= np.sum(plain.stats.accepted)
+    stats[rescore.paths, rescore.weight] = np.asarray(
+        [out.stats.accepted, out.stats.verifier_calls, out.stats.candidates])
+  # Weight 0, one path: the heads' own argmax chain, call for call.
+  np.testing.assert_array_equal(stats[1, 0.0][:2], np.asarray(
+      [plain.stats.accepted, plain.stats.verifier_calls]))
+  # The n-gram reorders the kept paths (a rescoring that ignored it would match weight 0).
+  assert not np.array_equal(stats[6, 0.5], stats[6, 0.0])
 
 
 def test_rescoring_bad_input_names_the_field():
@@ -123,7 +127,7 @@ def test_rescoring_bad_input_names_the_field():
     bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=0))
   with pytest.raises(ValueError, match=r"ngram_weight=1.5 must be in \[0, 1\]"):
     bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(weight=1.5))
-  lm8 = _ngram(v_cfg, v_params, order=2)
+  lm8 = _ngram(order=2)
   drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=2, paths=2))
   other = ngram.build([np.arange(20) % 5], order=2, vocab_size=5)
   with pytest.raises(ValueError, match="eval.bpd.ngram"):
@@ -198,3 +202,63 @@ def test_neural_rescorer_bad_input():
     bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, weight=-0.1)
   with pytest.raises(ValueError, match=r"γ=4 needs γ heads; these are 3"):
     bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, gamma=4)
+
+
+def test_top_k_relaxed_rule_on_hand_written_laws():
+  """Stern et al.'s relaxed acceptance: a draft in the verifier's top k is kept (k = 1 is
+  greedy); the first draft outside it ends the block with the verifier's argmax there."""
+  from spec_jax.decoding.acceptance import chain
+  p = jnp.asarray([[[0.5, 0.3, 0.2, 0.0], [0.1, 0.2, 0.3, 0.4], [0.0, 0.0, 1.0, 0.0]]])
+  draft = jnp.asarray([[1, 0]])
+  for k, n, nxt in ((1, 0, 0), (2, 1, 3), (4, 2, 2)):
+    v = chain.top_k_relaxed(p, None, draft, jax.random.key(0), k=k)
+    assert (int(v.num_accepted[0]), int(v.next_token[0])) == (n, nxt), k
+  g = chain.greedy(p, None, draft, jax.random.key(0))
+  assert int(g.num_accepted[0]) == 0 and int(g.next_token[0]) == 0
+
+
+def test_top_k_relaxed_decoding_is_lossy_with_longer_blocks():
+  """End to end with BPD heads: k = 1 reproduces verifier greedy; k = 3 keeps more drafts per
+  call and leaves the greedy path (lossy, as the paper reports); T > 0 and trees are refused."""
+  v_cfg, v_params, cfg, heads = _setup()
+  drafter = bpd.BPDDrafter(cfg, v_cfg)
+  d_params = drafter.params(heads, v_params)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=16)
+
+  def run(k, sampling=Sampling(), d=drafter):
+    return loop.speculative_generate(
+        v_params, d_params, prompts, jax.random.key(0), verifier=verifier, drafter=d,
+        decode=loop.DecodeConfig("top_k_relaxed", relaxed_top_k=k), sampling=sampling,
+        max_new_tokens=16)
+
+  one, three = run(1), run(3)
+  assert one.new_tokens() == ar.new_tokens()
+  assert np.sum(three.stats.accepted) / np.sum(three.stats.verifier_calls) > (
+      np.sum(one.stats.accepted) / np.sum(one.stats.verifier_calls))
+  assert three.new_tokens() != ar.new_tokens()
+  with pytest.raises(ValueError, match="relaxes greedy decoding"):
+    run(2, Sampling(1.0))
+  with pytest.raises(ValueError, match="relaxed_top_k=0 must be an integer >= 1"):
+    run(0)
+  tree = bpd.BPDDrafter(cfg, v_cfg, tree=trees.TreeSpec("rsd_c", 2, (2, 1)))
+  with pytest.raises(ValueError, match="verifies chains"):
+    run(2, d=tree)
+
+
+def test_heads_refuse_a_verifier_of_the_same_shape_with_other_weights():
+  """The verifier's probe fingerprint (recorded by train_bpd) tells two verifiers of one shape
+  apart, and survives a bfloat16 copy of the right one."""
+  import dataclasses as dc
+  v_cfg, v_params, cfg, heads = _setup()
+  cfg = dc.replace(cfg, verifier_probe=bpd_heads.verifier_probe(v_cfg, v_params))
+  drafter = bpd.BPDDrafter(cfg, v_cfg)
+  drafter.params(heads, v_params)  # the right verifier
+  bf16 = dc.replace(v_cfg, dtype="bfloat16")
+  bpd_heads.check_verifier(cfg, bf16, jax.tree.map(lambda a: a.astype(jnp.bfloat16), v_params))
+  _, other = testing.tiny_model(seed=3, vocab_size=V, sharpness=3.0)
+  with pytest.raises(ValueError, match="drafter.checkpoint: these BPD heads were trained on "
+                                       "another verifier"):
+    drafter.params(heads, other)

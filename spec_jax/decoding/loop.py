@@ -46,11 +46,13 @@ class DecodeConfig:
   lenience, epsilon: the lossy lenient rule's f and ε (DistillSpec §5.3); ε = 1 is lossless.
   allow_inexact: run a rule that does not fit the proposal's sampling scheme (to measure the
     loss in tests and experiments); off, such a rule is refused before anything compiles.
+  relaxed_top_k: k of the lossy greedy rule top_k_relaxed (Stern et al. 2018).
   """
   rule: str = "auto"
   lenience: str = "lin"
   epsilon: float = 1.0
   allow_inexact: bool = False
+  relaxed_top_k: int = 2
 
   def __post_init__(self):
     if self.rule not in ("auto", *acceptance.RULES):
@@ -62,7 +64,8 @@ class DecodeConfig:
   def resolve(self, shape, sampling: sampling_lib.Sampling):
     """(rule name, rule function) for proposals of `shape` under `sampling`."""
     return acceptance.resolve(self.rule, shape, sampling, lenience=self.lenience,
-                              epsilon=self.epsilon, allow_inexact=self.allow_inexact)
+                              epsilon=self.epsilon, allow_inexact=self.allow_inexact,
+                              relaxed_top_k=self.relaxed_top_k)
 
 
 @flax.struct.dataclass
@@ -145,7 +148,7 @@ def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule
   if proposal.chain != shape.is_chain:
     raise ValueError(f"proposal.chain={proposal.chain} but drafter.shape is {shape.describe()}.")
   if proposal.q is None:
-    if rule != "greedy":
+    if rule not in acceptance.GREEDY_RULES:
       raise ValueError(f"proposal.q is None (the drafter gives no exact law), so only greedy "
                        f"decoding can verify it, not decode.rule={rule!r} (DESIGN §6).")
     return
@@ -199,7 +202,10 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
                                         sampling)
     _check_proposal(proposal, shape, verifier.vocab_size, b, rule_name)
     logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
-    p = sampling_lib.probs_from_logits(logits, sampling)
+    if rule_name == "top_k_relaxed":  # ranks of the full law (greedy's p is one-hot)
+      p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    else:
+      p = sampling_lib.probs_from_logits(logits, sampling)
     verdict: Verdict = rule(p, proposal, accept_key)
     # A row whose verifier or drafter law broke this round stops here, emitting nothing of it.
     status = law_errors(logits, p, proposal)

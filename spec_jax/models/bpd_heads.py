@@ -22,9 +22,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from spec_jax.models import decoder
+from spec_jax.models import decoder, llama
 
 HEAD_AXIS = "tensor"  # the mesh axis (configs/common.py: mesh) the stacked heads are split over
 
@@ -38,8 +39,12 @@ class BPDConfig:
   vocab_size: int
   hidden: int = 0
   own_projection: bool = False
+  # The verifier's logits on a fixed probe (`verifier_probe`), recorded by train_bpd: heads on a
+  # verifier of the same shape but other weights are refused (`check_verifier`). () = unknown.
+  verifier_probe: tuple = ()
 
   def __post_init__(self):
+    object.__setattr__(self, "verifier_probe", tuple(float(x) for x in self.verifier_probe))
     if self.num_heads < 1:
       raise ValueError(f"bpd.num_heads={self.num_heads}: give at least one head (h >= 1).")
     if self.hidden < 0:
@@ -99,6 +104,37 @@ def check(cfg: BPDConfig, params, v_cfg, field: str = "drafter") -> None:
   if shapes != want:
     raise ValueError(f"{field}: BPD head parameters have shapes {shapes}, but the config "
                      f"{cfg} needs {want}.")
+
+
+PROBE_TOKENS = 8  # a fixed probe sequence 1..8 (mod V)
+PROBE_LOGITS = 16  # logits read at spread-out ids of the last position
+PROBE_TOLERANCE = 0.05  # relative L2 distance: bf16 vs f32 of one verifier stays far below
+
+
+def verifier_probe(v_cfg, v_params) -> tuple[float, ...]:
+  """A verifier's fingerprint that survives a change of dtype: its last-position logits on the
+  probe sequence at PROBE_LOGITS evenly spread ids (float32)."""
+  v = v_cfg.vocab_size
+  tokens = jnp.asarray([[(i + 1) % v for i in range(PROBE_TOKENS)]], jnp.int32)
+  logits, _, _ = llama.make_apply(v_cfg)(v_params, tokens, jnp.arange(PROBE_TOKENS)[None])
+  ids = np.linspace(0, v - 1, PROBE_LOGITS).astype(np.int32)
+  return tuple(float(x) for x in np.asarray(logits[0, -1], np.float32)[ids])
+
+
+def check_verifier(cfg: BPDConfig, v_cfg, v_params, field: str = "drafter.checkpoint") -> None:
+  """ValueError naming `field` when the heads were trained on another verifier of the same shape
+  (its probe logits differ by more than PROBE_TOLERANCE in relative L2 distance)."""
+  if not cfg.verifier_probe:
+    return
+  want = np.asarray(cfg.verifier_probe)
+  got = np.asarray(verifier_probe(v_cfg, v_params))
+  dist = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-6))
+  if not dist <= PROBE_TOLERANCE:
+    raise ValueError(
+        f"{field}: these BPD heads were trained on another verifier (same shape, other weights: "
+        f"its logits on a fixed probe differ by {dist:.0%}, more than {PROBE_TOLERANCE:.0%}). "
+        "Fix: point verifier.checkpoint at the model they were trained on, or train heads for "
+        "this verifier with train_bpd.")
 
 
 def head_states(params, x: jax.Array) -> jax.Array:

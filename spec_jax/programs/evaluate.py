@@ -142,6 +142,20 @@ def check_config(config, workdir: str, runs) -> None:
     for e in values:
       if not 0.0 < float(e) <= 1.0:
         raise ValueError(f"eval.{field} has {e}: lenience ε must be in (0, 1] (1 = lossless).")
+  for t in ev.temperatures:  # every rule fits every run's shape at every temperature
+    sampling = sampling_lib.Sampling(float(t), int(ev.top_k), float(ev.top_p))
+    for _, name, depth, tree in runs:
+      if name == "bpd_ngram" and not sampling.greedy:
+        raise ValueError(f"eval.methods has bpd_ngram, which verifies a deterministic set of "
+                         f"lattice paths (no exact law): greedy only, but eval.temperatures has "
+                         f"{t}. Fix: temperatures=(0,) for it, or sample with bpd / bpd_neural.")
+      for e in _epsilons(ev, tree):
+        try:
+          _decode_config(ev, tree, e).resolve(tree or trees.chain(int(depth)), sampling)
+        except ValueError as err:
+          raise ValueError(f"At eval.temperatures entry {t}: " + str(err).replace(
+              "decode.rule", "eval.rule" if tree is None else "eval.tree_rule").replace(
+                  "decode.", "eval.")) from None
 
 
 def _save_text(workdir: str, texts, token_lists, tokenizer, **setting) -> None:
@@ -255,6 +269,13 @@ def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, b_cfg, shap
   return lambda prompts, i: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
       drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common)
+
+
+def _decode_config(ev, tree, epsilon) -> loop.DecodeConfig:
+  """The verification knobs of one run: eval.rule for chains, eval.tree_rule for trees."""
+  return loop.DecodeConfig(rule=ev.rule if tree is None else ev.tree_rule,
+                           lenience=ev.lenience, epsilon=float(epsilon),
+                           relaxed_top_k=int(ev.get("relaxed_top_k", 2)))
 
 
 def _row_method(method: str, tree, b_cfg) -> str:
@@ -446,8 +467,7 @@ def run(config, workdir: str) -> list[dict]:
           rows.append(log.done[key])
           continue
         shape = trees.chain(int(gamma)) if tree is None else tree
-        decode = loop.DecodeConfig(rule=ev.rule if tree is None else ev.tree_rule,
-                                   lenience=ev.lenience, epsilon=float(epsilon))
+        decode = _decode_config(ev, tree, epsilon)
         rule_name, _ = decode.resolve(shape, sampling)
         fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
                              b_cfg=b_cfg, shape=shape, decode=decode, ev=ev, common=common,
@@ -488,7 +508,9 @@ def run(config, workdir: str) -> list[dict]:
             cost_ratio_c=round(c_run, 4),
             rule=rule_name, tree=None if tree is None else tree.describe(),
             lenience=decode.lenience if lenient else None,
-            epsilon=decode.epsilon if lenient else None, new_tokens=summary["new_tokens"],
+            epsilon=decode.epsilon if lenient else None,
+            relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None,
+            new_tokens=summary["new_tokens"],
             block_efficiency=_round(tau), tau_se=_round(summary["tau_se"]),
             mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
             acceptance_rate=_round(summary["acceptance_rate"]),
@@ -503,7 +525,8 @@ def run(config, workdir: str) -> list[dict]:
             verifier_tokens_per_call=tokens_per_call,
             identical_to_greedy=(sd_tokens == ar_tokens) if sampling.greedy else None,
             verifier_loglik=round(sd_quality["verifier_loglik"], 4),
-            token_tv=(round(sd_quality["token_tv"], 5) if tree is None and s_cfg is None
+            token_tv=(round(sd_quality["token_tv"], 5)
+                      if tree is None and s_cfg is None and rule_name != "top_k_relaxed"
                       else None)))
         log.add(key, rows[-1])
       # A narrow table on the console; results.md has every column.

@@ -82,6 +82,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
               "num_params": num_params}
     if start >= tc.num_steps:
       return result
+    # The verifier's fingerprint travels with the heads (evaluate refuses another verifier).
+    cfg = dataclasses.replace(cfg, verifier_probe=bpd_heads.verifier_probe(v_cfg, v_params))
     meta = checkpoints.make_meta(v_cfg, tokenizer, config, bpd=dataclasses.asdict(cfg))
     data = config.data
     common = dict(seq_len=data.seq_len, batch_size=tc.batch_size, seed=config.seed,

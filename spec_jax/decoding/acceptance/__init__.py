@@ -3,6 +3,8 @@
   greedy       chains and trees: keep drafts equal to argmax p (output = verifier greedy)
   speculative  chains: Leviathan et al. 2023, Alg. 1 (`chain.speculative_sampling`)
   lenient      chains, lossy: DistillSpec's lenience (`chain.lenient`, needs lenience/epsilon)
+  top_k_relaxed  chains at temperature 0, lossy: keep drafts among the verifier's top k
+               (Stern et al. 2018; `chain.top_k_relaxed`, p = the verifier's T = 1 law)
   rrs_without  trees with siblings drawn without replacement: RSD (`tree.verify_tree`)
   rrs_with     i.i.d. siblings: SpecInfer
   kseq         i.i.d. siblings: SpecTr's K-SEQ
@@ -51,6 +53,7 @@ RULES = {
     "greedy": _greedy,
     "speculative": _chain_rule(chain.speculative_sampling),
     "lenient": _chain_rule(chain.lenient),
+    "top_k_relaxed": _chain_rule(chain.top_k_relaxed),
     "rrs_without": _tree_rule("rrs_without"),
     "rrs_with": _tree_rule("rrs_with"),
     "kseq": _tree_rule("kseq"),
@@ -64,14 +67,19 @@ FITS = {
     "greedy": protocols.SCHEMES,
     "speculative": ("chain",),
     "lenient": ("chain",),
+    "top_k_relaxed": ("chain",),
     "rrs_without": ("chain", "without_replacement", "iid"),
     "rrs_with": ("chain", "iid"),
     "kseq": ("chain", "iid"),
 }
 
 
+# Rules that decide from the verifier's ranks at temperature 0 (greedy sampling), lossy.
+GREEDY_RULES = ("greedy", "top_k_relaxed")
+
+
 def resolve(name: str, shape, sampling, *, lenience: str = "lin", epsilon: float = 1.0,
-            allow_inexact: bool = False):
+            allow_inexact: bool = False, relaxed_top_k: int = 2):
   """The rule a decode config names, for proposals of `shape` (a `drafters.trees.TreeSpec`) under
   `sampling`: (rule name, rule function). "auto" is greedy at temperature 0, else the lossless
   rule of the shape's sampling scheme. ValueError naming decode.rule when the rule does not fit:
@@ -85,10 +93,13 @@ def resolve(name: str, shape, sampling, *, lenience: str = "lin", epsilon: float
   if name == "greedy" and not sampling.greedy:
     raise ValueError("decode.rule='greedy' needs greedy sampling (temperature 0); with "
                      "temperature > 0 use a sampling rule ('auto' picks the exact one).")
-  if name != "greedy" and sampling.greedy:
+  if name == "top_k_relaxed" and not sampling.greedy:
+    raise ValueError("decode.rule='top_k_relaxed' relaxes greedy decoding (temperature 0); "
+                     "with temperature > 0 use a sampling rule, or 'lenient' for a lossy one.")
+  if name not in GREEDY_RULES and sampling.greedy:
     raise ValueError(f"decode.rule={name!r} samples, but temperature=0 means greedy decoding. "
                      "Set sampling.temperature > 0, or use rule 'greedy' (or 'auto').")
-  if name in ("speculative", "lenient") and not shape.is_chain:
+  if name in ("speculative", "lenient", "top_k_relaxed") and not shape.is_chain:
     raise ValueError(f"decode.rule={name!r} verifies chains, but the drafter proposes "
                      f"{shape.describe()} trees: use the tree's rule {shape.rule!r} (or 'auto').")
   if shape.scheme not in FITS[name] and not allow_inexact:
@@ -97,6 +108,11 @@ def resolve(name: str, shape, sampling, *, lenience: str = "lin", epsilon: float
         f"{shape.scheme.replace('_', ' ')}, which {name!r} does not assume. Use {shape.rule!r} "
         "(or 'auto'); set decode.allow_inexact=True only to measure the loss.")
   fn = RULES[name]
+  if name == "top_k_relaxed":
+    if isinstance(relaxed_top_k, bool) or not isinstance(relaxed_top_k, int) or relaxed_top_k < 1:
+      raise ValueError(f"decode.relaxed_top_k={relaxed_top_k!r} must be an integer >= 1 (1 = "
+                       "greedy; Stern et al. 2018 used up to 10).")
+    fn = functools.partial(fn, k=relaxed_top_k)
   if name == "lenient":
     chain.lenience_fn(lenience, epsilon)  # validate here, outside jit, naming the field
     fn = functools.partial(fn, lenience=lenience, epsilon=float(epsilon))

@@ -117,6 +117,26 @@ def greedy(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array) -> Verd
   return _verdict(p, q, n_B, next_B, match_BxA.astype(jnp.float32))
 
 
+def top_k_relaxed(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array, *,
+                  k: int) -> Verdict:
+  """Stern et al. 2018's relaxed acceptance (§5.1, top-k selection), lossy: accept draft i while
+  it is among the k most likely tokens of p_i (ties at the k-th value included); next = argmax p
+  at the first rejection, or argmax p_γ when every draft is kept. k = 1 is `greedy`. p must be
+  the verifier's full law (the loop passes its T = 1 softmax: ranks are all that matter); the
+  output leaves the verifier's greedy path wherever a non-argmax draft is kept, and the quality
+  cost is reported beside τ (verifier log-likelihood), as for lenience."""
+  del rng
+  gamma = _check_shapes(p, q, draft)
+  p = p.astype(jnp.float32)
+  kth_BxA = jax.lax.top_k(p[:, :gamma], k)[0][..., -1]
+  p_draft_BxA = jnp.take_along_axis(p[:, :gamma], draft.astype(jnp.int32)[..., None], -1)[..., 0]
+  keep_BxA = p_draft_BxA >= kth_BxA
+  n_B = _leading_true(keep_BxA)
+  target_BxA1 = jnp.argmax(p, axis=-1).astype(jnp.int32)
+  next_B = jnp.take_along_axis(target_BxA1, n_B[:, None], axis=1)[:, 0]
+  return _verdict(p, q, n_B, next_B, keep_BxA.astype(jnp.float32))
+
+
 def _rejection_sample_chain(p, q, draft, rng, f) -> Verdict:
   """Chain speculative sampling with acceptance ratio f(p)/q; f = identity is lossless.
 

@@ -97,6 +97,7 @@ class BPDDrafter:
     """The drafter's params from trained heads and the verifier they were trained on (and the
     n-gram LM that rescores the lattice, when `rescore` is set)."""
     bpd_heads.check(self.heads, head_params, self.v_cfg)
+    bpd_heads.check_verifier(self.heads, self.v_cfg, v_params)
     out = {"heads": head_params, "out": bpd_heads.verifier_output(self.v_cfg, v_params)}
     if ngram_lm is not None:
       from spec_jax.models import ngram  # noqa: PLC0415
