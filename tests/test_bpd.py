@@ -157,12 +157,13 @@ def test_bad_input_names_the_field():
         bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=2), jax.random.key(0)), v_cfg)
 
 
-def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
-  """train_bpd end to end on the tiny verifier (loss falls, per-head held-out metrics, resume),
-  then evaluate with the checkpoint as the drafter: greedy output equals the verifier's, one
-  drafter call per round, γ up to h; γ > h is refused before decoding."""
-  from configs import evaluate as evaluate_config
+def test_train_bpd_resumes_and_records_its_verifier(tmp_path):
+  """train_bpd end to end on the tiny verifier: the loss falls, per-head held-out metrics, resume;
+  the checkpoint carries the heads' config with the verifier's fingerprint, and a draft deeper
+  than h is refused by evaluate's drafter factory. (Decoding with trained heads in evaluate, every
+  BPD method included, is tests/test_bpd_experiment.py's smoke.)"""
   from configs import train_bpd as train_bpd_config
+  from spec_jax import loading
   from spec_jax.programs import evaluate, train_bpd
   from spec_jax.training import metrics as metrics_lib
   heads_dir = str(tmp_path / "heads")
@@ -174,25 +175,14 @@ def test_train_bpd_resumes_and_its_heads_decode_in_evaluate(tmp_path):
             if "train/loss" in r]
   assert losses[-1] < losses[0]
   assert train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)["step"] == 20  # resumed
-  config = evaluate_config.get_config("smoke")
-  config.drafter.checkpoint = heads_dir
-  config.eval.update(gammas=(2, 3), temperatures=(0.0,),
-                     methods=("sd", "bpd_ngram:3@3", "bpd_neural@2"))
-  all_rows = evaluate.run(config, str(tmp_path / "eval"))
-  rows = [r for r in all_rows if r["method"] == "bpd"]
-  assert [r["gamma"] for r in rows] == [2, 3]
-  assert all(r["identical_to_greedy"] and r["drafter_calls_per_round"] == 1 for r in rows)
-  # The refinements: n-gram-rescored lattice paths (a tree of 3 paths) and LM-rescored chains.
-  refined = {r["method"]: r for r in all_rows if r["method"].startswith("bpd_")}
-  assert set(refined) == {"bpd_ngram", "bpd_neural"}
-  assert all(r["identical_to_greedy"] for r in refined.values())
-  assert refined["bpd_ngram"]["verifier_tokens_per_call"] == 1 + 3 * 3
-  assert refined["bpd_neural"]["drafter_calls_per_round"] == 2
-  assert refined["bpd_neural"]["cost_ratio_c"] > 0
-  config.eval.gammas = (4,)
+  config = train_bpd_config.get_config("smoke")
+  config.verifier.checkpoint = heads_dir
+  b_cfg = loading.drafter_bpd(config.verifier)
+  assert b_cfg.num_heads == 3 and len(b_cfg.verifier_probe) == bpd_heads.PROBE_LOGITS
+  v_cfg, v_params = testing.tiny_model(seed=0)
   with pytest.raises(ValueError,
                      match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):
-    evaluate.run(config, str(tmp_path / "eval4"))
+    evaluate.make_drafter(v_cfg, None, trees.chain(4), b_cfg)
 
 
 def test_head_analysis_oracle_at_k1_is_greedy_bpd_tau():

@@ -52,6 +52,11 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
     assert r["heads_data"] == "spec_jax_shakespeare" and r["heads_steps"] == 20
     if r["method"] not in ("autoregressive", "bpd_oracle"):  # the oracle decodes nothing
       assert r["identical_to_greedy"] is True and r["gamma"] == 2
+  # Plain BPD: one call of every head per round, no drafter model; bpd_neural: its LM's h calls.
+  assert all(r["drafter_calls_per_round"] == 1 for m in ("bpd", "bpd_tree") for r in by[m])
+  assert by["bpd_neural"][0]["drafter_calls_per_round"] == 2
+  assert by["bpd_neural"][0]["cost_ratio_c"] > 0 and by["bpd"][0]["cost_ratio_c"] == 0
+  assert {r["verifier_tokens_per_call"] for r in by["bpd_ngram"]} == {1 + 2 * 4, 1 + 2 * 16}
   oracle, = by["bpd_oracle"]
   assert set(oracle["oracle_tau"]) == {"1", "2", "4"} and len(oracle["head_entropy"]) == 2
   # The oracle at k = 1 replays greedy BPD on the evaluate run's prompts: the same τ.

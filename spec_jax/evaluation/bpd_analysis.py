@@ -62,15 +62,20 @@ def analyse(cfg: bpd_heads.BPDConfig, head_params, v_cfg, v_params,
   hits = {k: np.zeros(h) for k in ks}
   counts = np.zeros(h)
   rounds = {k: 0 for k in ks}
+  # One padded width for every prompt (and the teacher-forced pass), so nothing recompiles per
+  # prompt length; right padding never reaches an earlier position of a causal model.
+  width = max(len(ids) for ids in prompts)
   for ids in prompts:
     ids = list(ids)
     start = len(ids)
     greedy = generate_lib.generate(
-        v_params, generate_lib.pad_prompts([ids], start, 0), jax.random.key(0), cfg=v_cfg,
+        v_params, generate_lib.pad_prompts([ids], width, 0), jax.random.key(0), cfg=v_cfg,
         sampling=Sampling(), max_new_tokens=new_tokens).new_tokens()[0]
     seq = np.asarray(ids + greedy, np.int32)
-    _, hidden, _ = apply(v_params, jnp.asarray(seq)[None], jnp.arange(len(seq))[None])
-    logits = np.asarray(heads_fn(head_params, hidden[-1][0]))            # [T, A, V]
+    padded = np.zeros(width + new_tokens, np.int32)
+    padded[:len(seq)] = seq
+    _, hidden, _ = apply(v_params, jnp.asarray(padded)[None], jnp.arange(len(padded))[None])
+    logits = np.asarray(heads_fn(head_params, hidden[-1][0]))[:len(seq)]  # [T, A, V]
     # Positions whose heads draft inside the continuation: the roots at ℓ − 1 ≥ start − 1.
     pos = np.arange(start - 2 if start >= 2 else 0, len(seq) - 1)
     top = logits.max(-1, keepdims=True)

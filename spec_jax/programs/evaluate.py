@@ -285,7 +285,7 @@ def _row_method(method: str, tree, b_cfg) -> str:
   return "bpd" if tree is None else "bpd_tree"
 
 
-def _ngram_lm(opts, tokenizer, vocab_size: int):
+def _ngram_lm(opts, tokenizer, vocab_size: int, data_dir: str | None = None):
   """The n-gram LM of eval.bpd.ngram: a .npz saved by `models.ngram.save`, or a dataset name
   whose train split is counted once with this tokenizer (order eval.bpd.ngram_order) and cached
   beside the token cache."""
@@ -299,13 +299,13 @@ def _ngram_lm(opts, tokenizer, vocab_size: int):
   if src.endswith(".npz"):
     return ngram.load(src)
   order = int(opts.ngram_order)
-  path = os.path.join(pipeline.data_dir(), "spec_jax_ngram_cache",
+  path = os.path.join(pipeline.data_dir(data_dir), "spec_jax_ngram_cache",
                       f"{src}_{tokenizer.fingerprint}_order{order}.npz")
   if os.path.exists(path):
     return ngram.load(path)
   logging.info("Counting a %d-gram LM on %s (train split) into %s.", order, src, path)
-  lm = ngram.build(np.asarray(pipeline.token_stream(src, "train", tokenizer)), order=order,
-                   vocab_size=vocab_size)
+  lm = ngram.build(np.asarray(pipeline.token_stream(src, "train", tokenizer, data_dir=data_dir)),
+                   order=order, vocab_size=vocab_size)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   ngram.save(lm, path)
   return lm
@@ -374,7 +374,7 @@ def run(config, workdir: str) -> list[dict]:
     steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
   opts, rescorer_cfg = _bpd_options(ev), None
   if b_cfg is not None:  # BPD heads: no drafter model; they share the verifier's projection
-    lm = (_ngram_lm(opts, tokenizer, v_cfg.vocab_size)
+    lm = (_ngram_lm(opts, tokenizer, v_cfg.vocab_size, config.data.get("data_dir") or None)
           if "bpd_ngram" in methods and float(opts.ngram_weight) > 0 else None)
     d_params = bpd.BPDDrafter(b_cfg, v_cfg).params(d_params, v_params, lm)
     if "bpd_neural" in methods:
@@ -513,7 +513,9 @@ def run(config, workdir: str) -> list[dict]:
             new_tokens=summary["new_tokens"],
             block_efficiency=_round(tau), tau_se=_round(summary["tau_se"]),
             mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
-            acceptance_rate=_round(summary["acceptance_rate"]),
+            # α needs the drafter's law; bpd_ngram's kept paths have none (q = None).
+            acceptance_rate=(None if method == "bpd_ngram"
+                             else _round(summary["acceptance_rate"])),
             empirical_acceptance=_round(summary["empirical_acceptance"]),
             per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],
             candidates_per_call=_round(summary["candidates_per_call"]),
