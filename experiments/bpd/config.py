@@ -36,6 +36,16 @@ at T = 0, 3 at T = 1; the first pystdlib run also counts its 4-gram LM once), th
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 
+Weights, tuned on the Shakespeare validation split (8 prompts × 48 tokens, greedy, h = 3 heads of
+runs/bpd_h3, k = 4; plain bpd τ = 1.28 there), one run per value w = a:
+  python launch.py --config configs/evaluate.py:gammas=3,temperatures=0,new_tokens=48 \
+      --workdir runs/tune_bpd_w$W --config.drafter.checkpoint=runs/bpd_h3 \
+      --config.data.prompt_split=validation \
+      --config.eval.methods='("sd","bpd_ngram:4@3","bpd_neural@3")' \
+      --config.eval.bpd.ngram_weight=$W --config.eval.bpd.rescorer_weight=$W
+  w (bpd_ngram p=4):      0.25 → τ 1.52, 0.5 → 1.54, 0.75 → 1.53 (flat; SE ≈ 0.10): w = 0.5
+  a (bpd_neural):         0.25 → τ 1.37, 0.5 → 1.35, 0.75 → 1.32 (SE ≈ 0.06): a = 0.25
+
 Reference numbers (from the papers, not reproduced here; our heads train for only `train_steps`
 steps on CPU, so absolute τ is far below): Kim et al. 2024 report block-efficiency gains of
 +5 to +21% (max +21.3%) from lattice rescoring with neural / n-gram LMs over plain BPD heads;
@@ -75,8 +85,10 @@ def get_config(arg=None):
   config.new_tokens = 64
   config.batch_size = 1
   config.top_k = 4             # candidates per head in the lattice (both rescorings)
-  config.ngram_weight = 0.5    # w in (1 - w)·log q_heads + w·log p_ngram
-  config.rescorer_weight = 0.5
+  # w in (1 - w)·log q_heads + w·log p_ngram and a in (1 - a)·log q_head + a·log p_LM, tuned on
+  # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
+  config.ngram_weight = 0.5
+  config.rescorer_weight = 0.25
   config.analysis_ks = (1, 2, 4, 8)
   config.oracle_k = 4          # the bpd_oracle rows' τ: the lattice oracle at this k
   # Training: the recipe of runs/bpd_h3 (README): self-distillation (fkl), 8 × 64 tokens, lr 2e-3.
