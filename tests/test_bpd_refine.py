@@ -93,15 +93,21 @@ def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
       sampling=sampling, max_new_tokens=n)
 
 
-def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
-  v_cfg, v_params, cfg, heads = _setup()
-  lm = _ngram()
+def _greedy_baselines(v_cfg, v_params, cfg, heads):
+  """(prompts, the verifier's greedy output, plain greedy BPD's output) for 12 new tokens."""
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=12)
   plain_drafter = bpd.BPDDrafter(cfg, v_cfg)
   plain = _decode(v_cfg, v_params, plain_drafter, plain_drafter.params(heads, v_params), prompts,
                   Sampling(), 12)
+  return prompts, ar, plain
+
+
+def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
+  v_cfg, v_params, cfg, heads = _setup()
+  lm = _ngram()
+  prompts, ar, plain = _greedy_baselines(v_cfg, v_params, cfg, heads)
   stats = {}
   for rescore in (bpd.LatticeRescoring(top_k=3, paths=6, weight=0.5),
                   bpd.LatticeRescoring(top_k=3, paths=6, weight=0.0),
@@ -157,12 +163,7 @@ def _rescorer(v_cfg):
 def test_neural_rescoring_greedy_exact_and_weight_0_is_plain_bpd():
   v_cfg, v_params, cfg, heads = _setup()
   lm_cfg, lm_params = _rescorer(v_cfg)
-  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
-                             max_new_tokens=12)
-  plain_drafter = bpd.BPDDrafter(cfg, v_cfg)
-  plain = _decode(v_cfg, v_params, plain_drafter, plain_drafter.params(heads, v_params), prompts,
-                  Sampling(), 12)
+  prompts, ar, plain = _greedy_baselines(v_cfg, v_params, cfg, heads)
   for weight in (0.6, 0.0):
     drafter = bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, top_k=3, weight=weight)
     out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm_params), prompts,
