@@ -22,9 +22,10 @@ import tempfile
 # Corpora and token caches built by program tests go to a throwaway dir, not the user's cache.
 os.environ.setdefault("SPEC_JAX_DATA_DIR", tempfile.mkdtemp(prefix="spec_jax_test_tfds_"))
 
-# A persistent compilation cache for the launched subprocesses: the programs' smoke runs compile
-# the same steps many times. Entries are keyed by HLO, backend and jax version, so reuse across
-# runs is safe. The test processes themselves only read it (`pytest_configure`).
+# A persistent compilation cache shared by every test, xdist worker and launched subprocess: the
+# programs' smoke runs compile the same steps many times. Entries are keyed by HLO, backend and
+# jax version, so reuse across runs is safe. (XLA:CPU's rare worker crashes while compiling or
+# serializing are rerun once: pytest.ini.)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "spec_jax_test_jax_cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -32,16 +33,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
 import pytest  # noqa: E402  (after the environment above)
-
-
-def pytest_configure(config):
-  """Test processes never write the persistent cache: XLA:CPU's executable serialization aborted
-  an xdist worker now and then (SIGABRT inside `executable.serialize()`, twice in ~15 full
-  runs, in the 3000-row law checks of test_tree_speculative), and a cache write is the only
-  place a test process serializes. Launched subprocesses still write (the environment above)."""
-  del config
-  import jax  # noqa: PLC0415  (the environment above is set by now)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
 
 
 @pytest.fixture(scope="module")

@@ -382,6 +382,8 @@ def test_rules_jit_batch_and_row_independence(name):
   rule = acceptance.RULES[name]
   if name == "lenient":
     rule = functools.partial(rule, lenience="sq", epsilon=0.7)
+  if name == "top_k_relaxed":
+    rule = functools.partial(rule, k=2)
   traces = []
 
   @jax.jit
@@ -401,7 +403,7 @@ def test_rules_jit_batch_and_row_independence(name):
   assert v.num_accepted.shape == (batch,) and v.num_accepted.dtype == jnp.int32
   assert v.next_token.shape == (batch,) and v.next_token.dtype == jnp.int32
   fields = ["num_accepted", "next_token", "path", "reached", "alpha"]
-  if name in ("greedy", "speculative", "lenient"):  # the chain fast path
+  if name in ("greedy", "speculative", "lenient", "top_k_relaxed"):  # the chain fast path
     assert v.accept_prob.shape == (batch, gamma) and v.accept_prob.dtype == jnp.float32
     fields.append("accept_prob")
   assert v.path.shape == v.reached.shape == v.alpha.shape == (batch, gamma)
