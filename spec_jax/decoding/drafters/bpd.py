@@ -52,8 +52,27 @@ class LatticeRescoring:
                        "ranking alone, 1 = the n-gram alone).")
 
 
+class HeadsDrafter:
+  """What every drafter built on BPD heads shares (`heads`: the BPDConfig, `gamma`: the draft
+  depth, 0 = all h): its vocabulary, depth and the verifier layer it reads (the final one)."""
+  heads: bpd_heads.BPDConfig
+  gamma: int
+
+  @property
+  def vocab_size(self) -> int:
+    return self.heads.vocab_size
+
+  @property
+  def depth(self) -> int:
+    return self.gamma or self.heads.num_heads
+
+  @property
+  def verifier_layers(self) -> tuple[int, ...]:
+    return (-1,)
+
+
 @dataclasses.dataclass(frozen=True)
-class BPDDrafter:
+class BPDDrafter(HeadsDrafter):
   """Chain drafts of γ ≤ h tokens, or a tree of depth L ≤ h (any `trees.TreeSpec`: RSD-C
   top-k lattices, RSD-S beams, i.i.d. chains), from BPD heads. Implements `protocols.Drafter`."""
   heads: bpd_heads.BPDConfig
@@ -75,23 +94,11 @@ class BPDDrafter:
       self.rescore.check(self.depth)
 
   @property
-  def vocab_size(self) -> int:
-    return self.heads.vocab_size
-
-  @property
-  def depth(self) -> int:
-    return self.gamma or self.heads.num_heads
-
-  @property
   def shape(self) -> trees.TreeSpec:
     if self.rescore is not None:
       return lattice.shape(self.rescore.paths, self.depth)
     return self.tree if self.tree is not None and not self.tree.is_chain else trees.chain(
         self.depth)
-
-  @property
-  def verifier_layers(self) -> tuple[int, ...]:
-    return (-1,)
 
   def params(self, head_params, v_params, ngram_lm=None) -> dict:
     """The drafter's params from trained heads and the verifier they were trained on (and the

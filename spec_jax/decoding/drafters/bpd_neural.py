@@ -42,7 +42,7 @@ def rescore(head_logits: jax.Array, lm_logits: jax.Array, top_k: int, weight: fl
 
 
 @dataclasses.dataclass(frozen=True)
-class NeuralRescoredBPD:
+class NeuralRescoredBPD(bpd.HeadsDrafter):
   """A chain of γ ≤ h drafts from BPD heads, each head's top-k rescored by a small LM given the
   refined prefix (module docstring). Implements `protocols.Drafter`."""
   heads: bpd_heads.BPDConfig
@@ -67,20 +67,8 @@ class NeuralRescoredBPD:
                        "Fix: a rescorer trained with the verifier's tokenizer.")
 
   @property
-  def vocab_size(self) -> int:
-    return self.heads.vocab_size
-
-  @property
-  def depth(self) -> int:
-    return self.gamma or self.heads.num_heads
-
-  @property
   def shape(self) -> trees.TreeSpec:
     return trees.chain(self.depth)
-
-  @property
-  def verifier_layers(self) -> tuple[int, ...]:
-    return (-1,)
 
   def _bpd(self) -> bpd.BPDDrafter:
     return bpd.BPDDrafter(self.heads, self.v_cfg, gamma=self.depth)
