@@ -47,7 +47,11 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
   """A model: a size variant trained from scratch, or loaded.
 
   size: variant name from `spec_jax.models.families` ('smollm2-135m', 'drafter-s',
-    'gemma3-270m', ...).
+    'gemma3-270m', ...), optionally with what to keep of the loaded model after colons
+    (`spec_jax.models.draft_init`): 'smollm2-135m:layers=0,14,29' (or first=K, every=M) keeps
+    those blocks of `checkpoint` (a verifier-initialised drafter: with checkpoint='smollm2');
+    ':vocab=N' keeps an output layer over the N most frequent tokens of the training data
+    (train_lm and distill build it; the trained checkpoint then carries it).
   checkpoint: '' (random init), 'smollm2' or 'gemma3-270m' (the packaged GGUFs), a .gguf path, an
     HF checkpoint directory (config.json + safetensors; 'hf:' prefix optional), or a train_lm
     workdir / checkpoint directory (its saved model config wins over `size`).

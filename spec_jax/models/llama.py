@@ -25,6 +25,9 @@ class LlamaConfig:
     rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions).
   qk_norm: RMSNorm over each query/key head before RoPE (Qwen3, Gemma 3).
   layer_windows: per-layer sliding window in tokens (0 = full attention); () = none anywhere.
+  head_ids: a reduced output vocabulary (FR-Spec, EAGLE-3; `draft_init.reduce_vocab`): the
+    output layer has one row per id, logit j is token head_ids[j], and every other token's logit
+    is -inf (probability exactly 0). () = the full vocabulary. Needs untied embeddings.
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -47,6 +50,7 @@ class LlamaConfig:
   rope_high_freq_factor: float = 4.0
   rope_original_max_positions: int = 8192
   layer_windows: tuple[int, ...] = ()
+  head_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
   family: str = "llama"
 
   FAMILY = "llama"
@@ -67,6 +71,13 @@ class LlamaConfig:
                        f"{', '.join(L.ROPE_SCALINGS)}.")
     if not isinstance(self.layer_windows, tuple):  # a list from JSON meta
       object.__setattr__(self, "layer_windows", tuple(int(w) for w in self.layer_windows))
+    if not isinstance(self.head_ids, tuple):  # a list from JSON meta
+      object.__setattr__(self, "head_ids", tuple(int(i) for i in self.head_ids))
+    if self.head_ids:
+      check_head_ids(self.head_ids, self.vocab_size, "head_ids")
+      if self.tie_embeddings:
+        raise ValueError("A reduced output vocabulary (head_ids) needs its own output layer: "
+                         "set tie_embeddings=False (draft_init.reduce_vocab does).")
     if self.layer_windows and (len(self.layer_windows) != self.n_layers
                                or min(self.layer_windows) < 0):
       raise ValueError(f"layer_windows needs one window >= 0 per layer ({self.n_layers}), got "
@@ -107,6 +118,11 @@ class LlamaConfig:
     return np.stack(rows)
 
   @property
+  def head_size(self) -> int:
+    """Rows of the output layer: len(head_ids) for a reduced vocabulary, else vocab_size."""
+    return len(self.head_ids) or self.vocab_size
+
+  @property
   def num_params(self) -> int:
     d, f = self.d_model, self.d_ff
     attn = d * self.head_dim * (self.n_heads * 2 + self.n_kv_heads * 2)
@@ -115,7 +131,7 @@ class LlamaConfig:
     if self.qk_norm:
       attn += 2 * self.head_dim
     per_layer = attn + 3 * d * f + self.norms_per_layer * d
-    emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    emb = self.vocab_size * d + (0 if self.tie_embeddings else self.head_size * d)
     return self.n_layers * per_layer + emb + d
 
   norms_per_layer = 2
@@ -192,6 +208,23 @@ Llama = decoder.Decoder
 make_apply = decoder.make_apply
 init_params = decoder.init_params
 param_shapes = decoder.param_shapes
+
+
+def check_head_ids(ids, vocab_size: int, field: str) -> None:
+  """ValueError naming `field` unless ids are distinct token ids of a vocab_size vocabulary."""
+  ids = np.asarray(ids)
+  if ids.ndim != 1 or not 1 <= ids.size <= vocab_size:
+    raise ValueError(f"{field} must list 1..{vocab_size} token ids (the tokenizer's vocabulary), "
+                     f"got {ids.size}. Fix: a smaller reduced vocabulary (e.g. vocab=8192).")
+  outside = sorted(set(ids[(ids < 0) | (ids >= vocab_size)].tolist()))
+  if outside:
+    raise ValueError(f"{field} holds token ids outside the tokenizer's vocabulary [0, "
+                     f"{vocab_size}): {outside[:5]}. The mapping belongs to another tokenizer: "
+                     "rebuild it with this one.")
+  if np.unique(ids).size != ids.size:
+    dup = np.unique(ids)[np.bincount(np.searchsorted(np.unique(ids), ids)) > 1]
+    raise ValueError(f"{field} lists token ids more than once: {dup[:5].tolist()}. Each output "
+                     "row must be a distinct token.")
 
 
 def check_layers(layers, num_layers: int, field: str) -> tuple[int, ...]:

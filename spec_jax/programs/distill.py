@@ -29,6 +29,7 @@ import numpy as np
 
 from spec_jax import loading, parallel
 from spec_jax.training import distill_data
+from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -37,7 +38,7 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics as eval_metrics
-from spec_jax.models import llama
+from spec_jax.models import draft_init, llama
 from spec_jax.training import checkpoints, distill, metrics as metrics_lib, optim, train
 
 
@@ -70,8 +71,14 @@ def check_schedule(train_cfg, spec: distill_data.Spec) -> None:
 
 def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
   """(model config, params or None): trained in float32 whatever the compute dtype (AdamW
-  updates of bfloat16 weights lose their low bits), as in train_lm."""
-  cfg, params = loading.resolve_model(config.drafter, tokenizer, field="drafter.checkpoint")
+  updates of bfloat16 weights lose their low bits), as in train_lm. A reduced vocabulary
+  (`drafter.size=...:vocab=N`) keeps the N most frequent tokens of data.train_split."""
+  dc = config.data
+  counts = lambda: draft_init.count_tokens(pipeline.token_stream(  # noqa: E731
+      dc.name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
+      tokenizer.vocab_size)
+  cfg, params = loading.resolve_model(config.drafter, tokenizer, field="drafter.checkpoint",
+                                      token_counts=counts)
   cfg = dataclasses.replace(cfg, dtype=config.drafter.dtype, param_dtype="float32")
   if params is not None:
     # On the host: a checkpoint loads onto one device, and the jitted init that places the
@@ -112,8 +119,9 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
   del config, v_cfg
   if d_params is not None and "steering" in d_params:
     d_params = d_params["drafter"]
+  # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
   return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
-                 apply=llama.make_apply(d_cfg),
+                 apply=llama.make_apply(d_cfg, reduced_logits=True),
                  drafter=functools.partial(lm.LMDrafter, d_cfg))
 
 
@@ -193,8 +201,10 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   eval_batches = [
       distill_data.make_batch(eval_windows[i], np.full((spec.batch_size,), r), spec.prompt_tokens)
       for i in range(min(int(ec.batches), len(eval_windows)))]
+  eval_batches = [draft_init.map_batch(student.cfg, b) for b in eval_batches]
   jitted = distill.jit_eval_step(student.apply,
-                                 llama.make_apply(v_cfg, student.teacher_layers), objective,
+                                 draft_init.restrict(student.cfg, llama.make_apply(
+                                     v_cfg, student.teacher_layers)), objective,
                                  d_shardings, v_shardings, mesh, student.context_fn)
   tau_fn = None
   if ec.temperatures and ec.num_prompts:
@@ -239,7 +249,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   d_cfg, d_params = _drafter(config, tokenizer)
   check_vocab(v_cfg, d_cfg, config)
   student = student_fn(config, v_cfg, d_cfg, d_params)
-  v_apply = llama.make_apply(v_cfg, student.teacher_layers)
+  v_apply = draft_init.restrict(d_cfg, llama.make_apply(v_cfg, student.teacher_layers))
   tx, schedule = optim.make_optimizer(tc)
   tx = student.wrap_tx(tx)
   mesh = parallel.make_mesh(config.mesh)
@@ -287,7 +297,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
       return state, metrics
 
     def get_batch(s):
-      return data.get(s, live["state"].params if spec.onpolicy_rows else None)
+      return draft_init.map_batch(
+          d_cfg, data.get(s, live["state"].params if spec.onpolicy_rows else None))
 
     if start == 0 and eval_fn is not None and ec.at_start:
       writer.write_scalars(0, {f"eval/{k}": v for k, v in eval_fn(state).items()})

@@ -20,15 +20,20 @@ import jax
 from spec_jax import loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.models import llama
+from spec_jax.models import draft_init, llama
 from spec_jax.training import checkpoints, metrics as metrics_lib, optim, train
 
 
 def _model(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
-  """(model config, loaded params or None) from config.model (see `loading.resolve_model`).
+  """(model config, loaded params or None) from config.model (see `loading.resolve_model`; a
+  reduced vocabulary, `size=...:vocab=N`, keeps the N most frequent tokens of the train split).
   Params are trained in float32 whatever the compute dtype: AdamW updates of bfloat16 weights
   lose most of their low bits."""
-  cfg, params = loading.resolve_model(config.model, tokenizer)
+  data = config.data
+  counts = lambda: draft_init.count_tokens(pipeline.token_stream(  # noqa: E731
+      data.name, data.train_split, tokenizer, data_dir=data.data_dir or None,
+      text_key=data.text_key), tokenizer.vocab_size)
+  cfg, params = loading.resolve_model(config.model, tokenizer, token_counts=counts)
   cfg = dataclasses.replace(cfg, dtype=config.model.dtype, param_dtype="float32")
   if params is not None:
     params = jax.tree.map(lambda x: x.astype("float32"), params)
@@ -47,7 +52,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
   tokenizer = get_tokenizer(config.tokenizer)
   model_cfg, loaded_params = _model(config, tokenizer)
   init_fn = functools.partial(llama.init_params, model_cfg)
-  apply_fn = llama.make_apply(model_cfg)
+  # A reduced vocabulary trains on its own rows: targets mapped into it (`draft_init.map_batch`).
+  apply_fn = llama.make_apply(model_cfg, reduced_logits=True)
   tx, schedule = optim.make_optimizer(tc)
   mesh = parallel.make_mesh(config.mesh)
   logging.info("Mesh %s; model %s with %.2fM params.", dict(mesh.shape), model_cfg,
@@ -81,12 +87,14 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
       jitted_eval = train.jit_eval_step(apply_fn, shardings.params, mesh)
       batch_sh = parallel.batch_sharding(mesh)
       eval_fn = lambda state: train.evaluate(  # noqa: E731
-          jitted_eval, state.params, (eval_ds[i] for i in range(n_eval)), batch_sh)
+          jitted_eval, state.params,
+          (draft_init.map_batch(model_cfg, eval_ds[i]) for i in range(n_eval)), batch_sh)
 
     step_fn = train.jit_train_step(apply_fn, tx, shardings, mesh)
     t0 = time.perf_counter()
     state, last, last_eval = train.train_loop(
-        state=state, step_fn=step_fn, get_batch=lambda s: train_ds[s], num_steps=tc.num_steps,
+        state=state, step_fn=step_fn,
+        get_batch=lambda s: draft_init.map_batch(model_cfg, train_ds[s]), num_steps=tc.num_steps,
         rng=train_rng, batch_sharding=parallel.batch_sharding(mesh), log_every=tc.log_every,
         eval_every=tc.eval_every, eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
         save_fn=lambda step, st: checkpoints.save(manager, step, st, meta), writer=writer,

@@ -53,7 +53,9 @@ def make_student(cfg: steering.SteeringConfig, drafter_cfg: llama.LlamaConfig,
   if max_offset < 1:
     raise ValueError(f"steering.max_offset={max_offset} must be >= 1 (the draft length γ the "
                      "module is trained for).")
-  student = functools.partial(steered_apply, cfg=cfg, drafter_apply=llama.make_apply(drafter_cfg))
+  # A reduced-vocabulary drafter trains on its own rows (distill restricts the teacher to them).
+  student = functools.partial(steered_apply, cfg=cfg, drafter_apply=llama.make_apply(
+      drafter_cfg, reduced_logits=True))
 
   def context_fn(hidden, batch, rng):
     if rng is None:

@@ -1,0 +1,179 @@
+"""Drafters built from a verifier: a subset of its layers, and reduced output vocabularies.
+
+A model section's `size` names a variant and, after colons, what to keep of the loaded model:
+
+  smollm2-135m:layers=0,1,2     blocks 0, 1 and 2 (also `0+1+2`), in that order
+  smollm2-135m:first=4          blocks 0..3
+  smollm2-135m:every=10         blocks 0, 10, 20
+  drafter-s:vocab=8192          an output layer over the 8192 most frequent tokens only
+
+A layer subset keeps the embedding, the final norm and the output head: with every layer it is
+the verifier itself (logits bit for bit). `distill` then closes the gap the missing layers leave.
+
+A reduced vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3's draft vocabulary) keeps the output
+rows of the N most frequent tokens of the program's training data (`top_ids`), sets
+`cfg.head_ids` and unties the embedding: the drafter reads any token and drafts only those N, so
+its output layer costs N/V of the full one. Its logits are -inf elsewhere (`decoder.
+expand_logits`): q is exactly 0 outside, every acceptance rule stays exact, and the verifier's
+correction and bonus tokens can still be any token. Training sees the reduced logits
+(`make_apply(..., reduced_logits=True)`) against targets mapped into the reduced set
+(`map_batch`: tokens outside weigh 0) or the teacher's law restricted to it (`restrict`), which
+is the law the drafter can best match: for q supported on the set, Σ min(p, q) is largest at
+q = p restricted and renormalised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from spec_jax.models import llama
+
+OPTIONS = ("layers", "first", "every", "vocab")
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """A parsed `size` string: the variant and what to keep of the model (None: everything)."""
+  variant: str
+  layers: tuple[int, ...] | None = None
+  first: int | None = None
+  every: int | None = None
+  vocab: int | None = None
+
+  @property
+  def selects_layers(self) -> bool:
+    return self.layers is not None or self.first is not None or self.every is not None
+
+
+def parse_size(size: str, field: str = "model.size") -> Size:
+  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N]` → Size; ValueError naming `field`."""
+  variant, *options = str(size).split(":")
+  kwargs = {}
+  for option in options:
+    key, eq, value = option.partition("=")
+    key = key.strip()
+    if key not in OPTIONS or not eq:
+      raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
+                       "0+1+2), first=K, every=M, vocab=N, e.g. 'smollm2-135m:layers=0,14,29'.")
+    try:
+      if key == "layers":
+        kwargs[key] = tuple(int(x) for x in value.replace("+", ",").split(",") if x.strip())
+      else:
+        kwargs[key] = int(value)
+    except ValueError:
+      raise ValueError(f"{field}={size!r}: {key} takes integers, got {value!r}.") from None
+  out = Size(variant, **kwargs)
+  if sum(x is not None for x in (out.layers, out.first, out.every)) > 1:
+    raise ValueError(f"{field}={size!r}: choose one of layers=, first=, every=.")
+  if out.layers is not None and not out.layers:
+    raise ValueError(f"{field}={size!r}: layers= lists no layer.")
+  for key in ("first", "every", "vocab"):
+    if getattr(out, key) is not None and getattr(out, key) < 1:
+      raise ValueError(f"{field}={size!r}: {key} must be >= 1.")
+  return out
+
+
+def layer_subset(size: Size, n_layers: int, field: str = "model.size") -> tuple[int, ...]:
+  """The block indices `size` keeps of a model with n_layers blocks; ValueError naming `field`
+  for a block the model lacks (or a repeated one)."""
+  if size.layers is not None:
+    layers = size.layers
+  elif size.first is not None:
+    layers = tuple(range(size.first))
+  elif size.every is not None:
+    layers = tuple(range(0, n_layers, size.every))
+  else:
+    return tuple(range(n_layers))
+  bad = [i for i in layers if not 0 <= i < n_layers]
+  if bad:
+    raise ValueError(f"{field} keeps layers {bad} but the model has {n_layers} layers "
+                     f"(0..{n_layers - 1}). Fix: choose layers inside 0..{n_layers - 1}.")
+  if len(set(layers)) != len(layers):
+    raise ValueError(f"{field} lists a layer twice: {list(layers)}.")
+  return tuple(layers)
+
+
+def select_layers(cfg: llama.LlamaConfig, params, layers, field: str = "model.size"):
+  """(cfg, params) of the model keeping only `layers` (block indices, in the order given) with
+  its embedding, final norm and output head. Sliding windows and per-layer RoPE follow their
+  layers."""
+  layers = layer_subset(Size("", layers=tuple(layers)), cfg.n_layers, field)
+  idx = np.asarray(layers)
+  windows = tuple(cfg.layer_windows[i] for i in layers) if cfg.layer_windows else ()
+  new_cfg = dataclasses.replace(cfg, n_layers=len(layers), layer_windows=windows)
+  new_params = dict(params)
+  new_params["layers"] = jax.tree.map(lambda x: x[idx], params["layers"])
+  return new_cfg, new_params
+
+
+def count_tokens(tokens, vocab_size: int) -> np.ndarray:
+  """int64[V]: how often each token id occurs in `tokens` (any shape of ids)."""
+  return np.bincount(np.asarray(tokens, np.int64).ravel(), minlength=vocab_size)[:vocab_size]
+
+
+def top_ids(counts: np.ndarray, n: int, field: str = "model.size") -> tuple[int, ...]:
+  """The n most frequent token ids (ties: the lower id first), ascending; ValueError naming
+  `field` when n exceeds the vocabulary."""
+  counts = np.asarray(counts)
+  if not 1 <= n <= counts.size:
+    raise ValueError(f"{field} asks for a reduced vocabulary of {n} tokens but the tokenizer "
+                     f"has {counts.size}. Fix: vocab=N with N <= {counts.size}.")
+  order = np.argsort(-counts, kind="stable")[:n]
+  return tuple(int(i) for i in np.sort(order))
+
+
+def reduce_vocab(cfg: llama.LlamaConfig, params, ids, field: str = "model.size"):
+  """(cfg, params) whose output layer keeps only the rows of token `ids` (copied from the
+  model's own output projection: the embedding when tied). The input embedding stays whole."""
+  ids = tuple(int(i) for i in ids)
+  llama.check_head_ids(ids, cfg.vocab_size, field)
+  new_cfg = dataclasses.replace(cfg, tie_embeddings=False, head_ids=ids)
+  if params is None:
+    return new_cfg, None
+  if cfg.tie_embeddings:
+    kernel = np.asarray(params["embed"]["embedding"])[np.asarray(ids)].T
+  else:
+    old = np.asarray(params["lm_head"]["kernel"])
+    column = {t: j for j, t in enumerate(cfg.head_ids or range(cfg.vocab_size))}
+    missing = [t for t in ids if t not in column]
+    if missing:
+      raise ValueError(f"{field}: the model's reduced vocabulary lacks tokens {missing[:5]}; "
+                       "a smaller vocabulary must be a subset of it.")
+    kernel = old[:, [column[t] for t in ids]]
+  return new_cfg, {**params, "lm_head": {"kernel": kernel}}
+
+
+def target_index(cfg: llama.LlamaConfig) -> np.ndarray:
+  """int32[V]: each token's row in the reduced output layer, -1 outside it."""
+  index = np.full((cfg.vocab_size,), -1, np.int32)
+  index[np.asarray(cfg.head_ids)] = np.arange(len(cfg.head_ids), dtype=np.int32)
+  return index
+
+
+def map_batch(cfg: llama.LlamaConfig, batch: Mapping[str, np.ndarray]) -> dict:
+  """A training batch for the reduced logits: targets as rows of the reduced output layer, and
+  weight 0 for targets outside it (nothing the drafter could draft). Unchanged without one."""
+  if not cfg.head_ids:
+    return dict(batch)
+  index = target_index(cfg)[np.asarray(batch["targets"])]
+  return {**batch, "targets": np.maximum(index, 0),
+          "weights": np.where(index >= 0, batch["weights"], 0).astype(np.float32)}
+
+
+def restrict(cfg: llama.LlamaConfig, teacher_apply):
+  """The teacher's forward with its logits gathered at the student's reduced vocabulary
+  (`cfg.head_ids`), so a divergence compares the two laws on the same rows: the teacher's law
+  restricted to the set and renormalised. Unchanged without one."""
+  if not cfg.head_ids:
+    return teacher_apply
+  ids = np.asarray(cfg.head_ids, np.int32)
+
+  def apply(*args, **kwargs):
+    logits, hidden, cache = teacher_apply(*args, **kwargs)
+    return logits[..., ids], hidden, cache
+
+  return apply

@@ -1,0 +1,204 @@
+"""Drafters built from a verifier (`models/draft_init.py`): layer subsets, reduced output
+vocabularies (lossless and greedy-exact decoding, training, checkpoints) and their bad input.
+Tiny models, CPU only."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import common
+from configs import distill as distill_config
+from configs import train_lm as train_lm_config
+from spec_jax import loading, testing
+from spec_jax.data import pipeline
+from spec_jax.data.tokenizer import ByteTokenizer, get_tokenizer
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm, trees
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import draft_init, gemma, llama
+from spec_jax.programs import distill as distill_program
+from spec_jax.programs import train_lm
+
+
+def _logits(cfg, params, tokens):
+  tokens = jnp.asarray(tokens, jnp.int32)
+  return llama.make_apply(cfg)(params, tokens, jnp.arange(tokens.shape[1])[None])[0]
+
+
+def test_all_layers_reproduce_the_verifier_and_a_subset_keeps_its_blocks():
+  cfg, params = testing.tiny_model(seed=3, vocab_size=61)
+  tokens = [[1, 5, 9, 2, 7, 7, 30]]
+  same_cfg, same = draft_init.select_layers(cfg, params, range(cfg.n_layers))
+  np.testing.assert_array_equal(_logits(same_cfg, same, tokens), _logits(cfg, params, tokens))
+  # Keeping block 1 alone is the model whose only block is block 1 (embedding, norm, head kept).
+  one_cfg, one = draft_init.select_layers(cfg, params, [1])
+  assert one_cfg.n_layers == 1 and one_cfg.num_params < cfg.num_params
+  by_hand = {**params, "layers": jax.tree.map(lambda x: x[1:2], params["layers"])}
+  np.testing.assert_array_equal(_logits(one_cfg, one, tokens),
+                                _logits(dataclasses.replace(cfg, n_layers=1), by_hand, tokens))
+  assert not np.array_equal(_logits(one_cfg, one, tokens), _logits(cfg, params, tokens))
+  # Sliding windows (and so Gemma 3's local RoPE) follow their layers.
+  g_cfg = gemma.GemmaConfig(**{**dataclasses.asdict(cfg), "family": "gemma",
+                               "layer_windows": (4, 0)})
+  assert draft_init.select_layers(g_cfg, params, [1])[0].layer_windows == (0,)
+
+
+@pytest.mark.parametrize("size, want", [
+    ("smollm2-135m:layers=0,14,29", (0, 14, 29)), ("smollm2-135m:layers=2+0", (2, 0)),
+    ("smollm2-135m:first=3", (0, 1, 2)), ("smollm2-135m:every=10", (0, 10, 20))])
+def test_size_strings_select_layers(size, want):
+  assert draft_init.layer_subset(draft_init.parse_size(size), 30) == want
+
+
+def test_top_ids_and_target_mapping():
+  counts = np.array([5, 0, 9, 9, 1, 7])
+  assert draft_init.top_ids(counts, 3) == (2, 3, 5)  # ties: the lower id first
+  cfg = llama.model_config("test-tiny", vocab_size=6, tie_embeddings=False, head_ids=(2, 3, 5))
+  batch = {"inputs": np.zeros((1, 4), np.int32), "targets": np.array([[5, 0, 2, 3]]),
+           "weights": np.ones((1, 4), np.float32)}
+  out = draft_init.map_batch(cfg, batch)
+  np.testing.assert_array_equal(out["targets"], [[2, 0, 0, 1]])
+  np.testing.assert_array_equal(out["weights"], [[1, 0, 1, 1]])
+
+
+def _reduced_pair(vocab_size=6, keep=(0, 2, 3), drafter_seed=5, sharpness=3.0):
+  """A verifier with mass on every token and a drafter that can draft only `keep`."""
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  d_cfg, d_params = testing.tiny_model(seed=drafter_seed, vocab_size=vocab_size,
+                                       sharpness=sharpness)
+  d_cfg, d_params = draft_init.reduce_vocab(d_cfg, d_params, keep)
+  return v_cfg, v_params, d_cfg, d_params
+
+
+class _LeakyQ(lm.LMDrafter):
+  """Planted bug: drafts from the reduced law but reports some mass outside it."""
+
+  def propose(self, *args, **kwargs):
+    proposal, state = super().propose(*args, **kwargs)
+    return proposal.replace(q=0.8 * proposal.q + 0.2 / proposal.q.shape[-1]), state
+
+
+def _first_two_tokens(drafter_cls, n_samples=3000):
+  v_cfg, v_params, d_cfg, d_params = _reduced_pair()
+  prompt = [1, 4, 2]
+  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, Sampling(1.0))
+  prompts = generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0)
+  out = loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(0), verifier=verifier_lib.lm_verifier(v_cfg),
+      drafter=drafter_cls(d_cfg, trees.chain(3)), sampling=Sampling(1.0), max_new_tokens=2)
+  samples = [tuple(r) for r in out.new_tokens()]
+  return law, samples, out
+
+
+def test_reduced_vocabulary_is_lossless():
+  law, samples, out = _first_two_tokens(lm.LMDrafter)
+  # The verifier puts mass on the tokens the drafter cannot draft, and they are emitted.
+  outside = sum(p for seq, p in law.items() if seq[0] in (1, 4, 5))
+  assert outside > 0.2
+  assert any(s[0] in (1, 4, 5) for s in samples)
+  assert testing.chi_square_pvalue(samples, law) > 1e-3
+  reached = float(np.sum(out.stats.reached))
+  assert 0.05 < float(np.sum(out.stats.alpha_sum)) / reached < 0.95
+  # The planted bug fails the same check.
+  law, samples, _ = _first_two_tokens(_LeakyQ)
+  assert testing.chi_square_pvalue(samples, law) < 1e-4
+
+
+def test_reduced_vocabulary_drafts_only_its_tokens_and_greedy_is_exact():
+  v_cfg, v_params, d_cfg, d_params = _reduced_pair(vocab_size=257, keep=tuple(range(0, 257, 2)),
+                                                   sharpness=4.0)
+  logits = _logits(d_cfg, d_params, [[3, 8, 9]])
+  assert np.all(np.isneginf(logits[..., 1::2])) and np.all(np.isfinite(logits[..., ::2]))
+  prompts = generate_lib.pad_prompts([[5, 6, 7, 8, 9], [40], [100, 101, 102]], 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=12)
+  sd = testing.lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, jax.random.key(0),
+                              gamma=4, max_new_tokens=12, sampling=Sampling())
+  assert sd.new_tokens() == ar.new_tokens()
+  # The verifier as its own drafter, reduced to the tokens it emits greedily, accepts them all.
+  want = sorted({t for row in ar.new_tokens() for t in row})
+  r_cfg, r_params = draft_init.reduce_vocab(v_cfg, v_params, want)
+  same = testing.lm_speculative(v_cfg, v_params, r_cfg, r_params, prompts, jax.random.key(0),
+                                gamma=4, max_new_tokens=12, sampling=Sampling())
+  assert same.new_tokens() == ar.new_tokens()
+  np.testing.assert_array_equal(same.stats.accepted_at, same.stats.reached)
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+  """A train_lm:smoke checkpoint with a reduced vocabulary of 40 byte tokens."""
+  config = train_lm_config.get_config("smoke")
+  config.mesh.data = 1
+  config.data.data_dir = data_dir
+  config.model.size = "test-tiny:vocab=40"
+  config.train.update(num_steps=4, eval_every=4, checkpoint_every=4)
+  workdir = str(tmp_path_factory.mktemp("reduced_lm"))
+  out = train_lm.run(config, workdir)
+  return config, workdir, out
+
+
+def test_reduced_vocabulary_trains_and_round_trips_through_a_checkpoint(trained, data_dir):
+  config, workdir, out = trained
+  assert np.isfinite(out["train_loss"]) and np.isfinite(out["eval_loss"])
+  cfg, params = loading.load_model(common.model(checkpoint=workdir), ByteTokenizer())
+  stream = pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(),
+                                 data_dir=data_dir)
+  assert cfg.head_ids == draft_init.top_ids(draft_init.count_tokens(stream, 257), 40)
+  assert params["lm_head"]["kernel"].shape == (cfg.d_model, 40)
+  # A mapping from another tokenizer is refused, naming the field.
+  with pytest.raises(ValueError, match="drafter.checkpoint"):
+    loading.load_model(common.model(checkpoint=workdir), get_tokenizer("smollm2"),
+                       field="drafter.checkpoint")
+
+
+def test_distill_trains_a_verifier_initialised_reduced_drafter(trained, data_dir, tmp_path):
+  """From the trained model, keep block 1 and 24 of its 40 tokens, then distill: the saved
+  drafter has one block, the 24 most frequent tokens, and decodes."""
+  _, workdir, _ = trained
+  config = distill_config.get_config("smoke,source=fixed")
+  config.mesh.data = 1
+  config.data.data_dir = data_dir
+  config.drafter = common.model(size="test-tiny:layers=1:vocab=24", checkpoint=workdir)
+  config.train.update(num_steps=2, eval_every=2, checkpoint_every=2)
+  out = distill_program.run(config, str(tmp_path))
+  assert np.isfinite(out["train_loss"]) and out["eval"]["tau_T1"] >= 1.0
+  cfg, _ = loading.load_model(common.model(checkpoint=str(tmp_path)), ByteTokenizer())
+  assert cfg.n_layers == 1 and len(cfg.head_ids) == 24
+  src_cfg, _ = loading.load_model(common.model(checkpoint=workdir), ByteTokenizer())
+  assert set(cfg.head_ids) <= set(src_cfg.head_ids)
+
+
+@pytest.mark.parametrize("size, message", [
+    ("test-tiny:layers=0+5", r"drafter.size keeps layers \[5\] but the model has 2 layers"),
+    ("test-tiny:layers=1+1", "lists a layer twice"),
+    ("test-tiny:vocab=300", "reduced vocabulary of 300 tokens but the tokenizer has 257"),
+    ("test-tiny:depth=2", "unknown option 'depth=2'"),
+    ("test-tiny:first=2:every=2", "choose one of"),
+])
+def test_bad_sizes_name_the_field(trained, size, message):
+  _, workdir, _ = trained
+  model = common.model(size=size, checkpoint=workdir)
+  with pytest.raises(ValueError, match=message):
+    loading.resolve_model(model, ByteTokenizer(), field="drafter.checkpoint",
+                          token_counts=lambda: np.ones(257))
+
+
+def test_bad_vocabularies_name_the_field():
+  cfg, params = testing.tiny_model(vocab_size=20)
+  with pytest.raises(ValueError, match="more than once"):
+    draft_init.reduce_vocab(cfg, params, [1, 2, 2])
+  with pytest.raises(ValueError, match="another tokenizer"):
+    draft_init.reduce_vocab(cfg, params, [1, 25])
+  with pytest.raises(ValueError, match="1..20 token ids"):
+    draft_init.reduce_vocab(cfg, params, list(range(21)))
+  # Layers of nothing, and a vocabulary with no counts to choose it from.
+  tok = ByteTokenizer()
+  with pytest.raises(ValueError, match="model.checkpoint is empty"):
+    loading.resolve_model(common.model(size="test-tiny:first=1"), tok)
+  with pytest.raises(ValueError, match="build it with train_lm or distill"):
+    loading.resolve_model(common.model(size="test-tiny:vocab=8"), tok)
