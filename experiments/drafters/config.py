@@ -1,0 +1,85 @@
+"""Drafters that pay: the cost–acceptance frontier of drafters trained from scratch,
+verifier-initialised drafters and reduced draft vocabularies, SmolLM2-135M verifier
+(program: drafters_experiment).
+
+  python launch.py --config experiments/drafters/config.py --workdir experiments/drafters
+  python launch.py --config experiments/drafters/config.py:smoke --workdir /tmp/drafters  # tiny
+  python launch.py --config experiments/drafters/config.py --workdir experiments/drafters \
+      --config.render_only=True   # report the runs that have finished, run nothing
+
+Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is built into
+<workdir>/runs/train/<name> (a finished run is read back, an interrupted one resumes):
+  * `scratch-*`: train_lm from scratch on Shakespeare for `scratch_steps` steps (the quickstart's
+    recipe for drafter-s);
+  * `vinit-*`: a subset of SmolLM2's own blocks (`model.size` options, models/draft_init.py) with
+    its embedding, final norm and output head, distilled (JSD[0.5], fixed Shakespeare data,
+    `distill_steps` steps);
+  * `*-v4k/8k/16k`: the output layer of another entry (`base`, vinit-4) cut to the 4096/8192/16384 most
+    frequent tokens of Shakespeare's train split, then distilled `vocab_steps` more steps.
+Then the evaluate program measures each drafter (chain SD at every γ of `gammas`, greedy and
+T = 1, batch 1, beside the autoregressive baseline measured in the same process) on in-domain
+prompts (Shakespeare, its test split) and out-of-domain ones (Python code) at `out_gammas`.
+Writes results.json (rows: drafter, cost_ratio_c, gamma, temperature, domain, batch_size, rule,
+block_efficiency, tau_se, speedup, theoretical_speedup, ...), results.md (the table, the frontier
+and the goals checked) and frontier.png (τ against c) and speedup_vs_gamma.png.
+
+Time on 2 CPU cores: see experiments/drafters/results.md (the run's own timings).
+Smoke: tiny random models, byte tokenizer, seconds per stage.
+"""
+
+from configs import common
+from configs import distill as distill_config
+from configs import evaluate as evaluate_config
+from configs import train_lm as train_lm_config
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False, scratch_steps=300, distill_steps=150, vocab_steps=20,
+                          num_prompts=8, new_tokens=48)
+  config = common.base("drafters_experiment")
+  del config["mesh"]  # each section keeps its own
+  config.config_file = "experiments/drafters/config.py" + (f":{arg}" if arg else "")
+  config.title = "Drafters that pay: cost against acceptance, SmolLM2-135M verifier"
+  config.render_only = False
+  # name -> how it is built: kind 'scratch' (train_lm, size), 'vinit' (distill from the
+  # verifier's weights, size with its layer subset) or 'vocab' (distill from `base`'s trained
+  # checkpoint with a reduced vocabulary of `vocab` tokens).
+  config.drafters = dict(
+      **{"vinit-1": dict(kind="vinit", size="smollm2-135m:layers=29"),
+         "vinit-2": dict(kind="vinit", size="smollm2-135m:layers=0+29"),
+         "vinit-4": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29")},
+      **{f"vinit-4-v{n // 1024}k": dict(kind="vocab", base="vinit-4", vocab=n)
+         for n in (4096, 8192, 16384)},
+      **{f"scratch-{s}": dict(kind="scratch", size=f"drafter-{s}") for s in ("xs", "s", "m")})
+  config.scratch_steps = args.scratch_steps
+  config.distill_steps = args.distill_steps
+  config.vocab_steps = args.vocab_steps
+  config.scratch = train_lm_config.get_config(
+      "smoke" if args.smoke else "size=drafter-s,batch=8,seq_len=128")
+  config.scratch.train.update(eval_every=0, checkpoint_every=100, log_every=10)
+  config.distill = distill_config.get_config(
+      "smoke,source=fixed" if args.smoke else "divergence=jsd,source=fixed,lr=0.003,drafter=")
+  config.distill.eval.update(temperatures=(), at_start=False)  # τ comes from the evaluate runs
+  config.distill.train.update(eval_every=0, checkpoint_every=50, log_every=10)
+  config.eval = evaluate_config.get_config(
+      "smoke" if args.smoke else
+      f"gammas=2+4+6,temperatures=0+1,num_prompts={args.num_prompts},"
+      f"new_tokens={args.new_tokens}")
+  config.gammas = tuple(config.eval.eval.gammas)
+  config.frontier_gamma = 4  # the γ of the frontier table, plot and goals
+  config.out_gammas = (4,)   # out of domain: the goal's γ only (each γ costs a compile + passes)
+  # results.json's `domain`: in (the training corpus) and out (another domain).
+  config.domains = {"in": "spec_jax_shakespeare", "out": "spec_jax_pystdlib"}
+  if args.smoke:
+    config.drafters = dict(
+        **{"scratch-t": dict(kind="scratch", size="test-tiny")},
+        **{"vinit-1": dict(kind="vinit", size="test-tiny:layers=1", source="scratch-t"),
+           "vinit-1-v64": dict(kind="vocab", base="vinit-1", vocab=64)})
+    config.scratch_steps = config.distill_steps = config.vocab_steps = 2
+    config.scratch.train.update(eval_every=0, checkpoint_every=2)
+    config.distill.train.update(checkpoint_every=2)
+    config.eval.eval.update(gammas=(2,), temperatures=(0.0, 1.0), num_prompts=2, new_tokens=6)
+    config.gammas = (2,)
+    config.out_gammas = (2,)
+    config.frontier_gamma = 2
+  return config

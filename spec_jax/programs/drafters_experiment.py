@@ -1,0 +1,279 @@
+"""Program `drafters_experiment`: the cost–acceptance frontier of drafters (issue "drafters that
+pay"): drafters trained from scratch, verifier-initialised drafters (a subset of the verifier's
+blocks, distilled) and reduced draft vocabularies, each measured by the evaluate program.
+
+  python launch.py --config experiments/drafters/config.py --workdir experiments/drafters
+
+1. Builds every entry of `drafters` into <workdir>/runs/train/<name>: kind 'scratch' with
+   train_lm, 'vinit' and 'vocab' with distill (models/draft_init.py size options); a finished
+   run is read back, an interrupted one resumes; its wall time goes to build.json.
+2. Evaluates each drafter with the evaluate program on every domain's prompts (γ in `gammas` in
+   domain, `out_gammas` out of domain; greedy and T = 1; batch 1) into
+   <workdir>/runs/eval/<name>_<domain>, the autoregressive baseline measured in the same process.
+3. Writes results.json, results.md (tables, the frontier, the default it picks, the goals) and
+   frontier.png / speedup_vs_gamma.png. `render_only` reports what has finished.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+
+from configs import common
+from spec_jax.evaluation import report
+from spec_jax.programs import distill as distill_program
+from spec_jax.programs import evaluate, train_lm
+
+KINDS = ("scratch", "vinit", "vocab")
+ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature", "domain",
+            "batch_size", "rule", "block_efficiency", "tau_se", "acceptance_rate", "speedup",
+            "theoretical_speedup", "verifier_cost_ratio_r", "tokens_per_s", "ar_tokens_per_s",
+            "identical_to_greedy", "dataset", "device", "build_s")
+
+
+def check_config(config) -> None:
+  """Every drafter entry names a known kind and what it needs, before anything runs."""
+  for name, spec in config.drafters.items():
+    kind = spec.get("kind")
+    if kind not in KINDS:
+      raise ValueError(f"drafters.{name}.kind={kind!r}: choose one of {KINDS}.")
+    if kind in ("scratch", "vinit") and not spec.get("size"):
+      raise ValueError(f"drafters.{name} ({kind}) needs a size, e.g. 'drafter-s' or "
+                       "'smollm2-135m:layers=0+29'.")
+    if kind == "vocab" and (spec.get("base") not in config.drafters or not spec.get("vocab")):
+      raise ValueError(f"drafters.{name} (vocab) needs base=<another entry> and vocab=N.")
+    if spec.get("source") and spec["source"] not in config.drafters:
+      raise ValueError(f"drafters.{name}.source={spec['source']!r} is not an entry.")
+
+
+def _train_dir(workdir: str, name: str) -> str:
+  return os.path.join(workdir, "runs", "train", name)
+
+
+def _steps(config, kind: str) -> int:
+  return int({"scratch": config.scratch_steps, "vinit": config.distill_steps,
+              "vocab": config.vocab_steps}[kind])
+
+
+def _build_config(config, workdir: str, name: str):
+  spec = config.drafters[name]
+  kind, steps = spec["kind"], _steps(config, spec["kind"])
+  if kind == "scratch":
+    cfg = copy.deepcopy(config.scratch)
+    cfg.model.size = spec["size"]
+    cfg.train.update(num_steps=steps, warmup_steps=min(cfg.train.warmup_steps, max(steps // 10, 1)))
+    return cfg, train_lm.run
+  cfg = copy.deepcopy(config.distill)
+  cfg.program = "distill"
+  if kind == "vinit":
+    source = (_train_dir(workdir, spec["source"]) if spec.get("source")
+              else cfg.verifier.checkpoint)
+    cfg.drafter = common.model(size=spec["size"], checkpoint=source)
+  else:
+    cfg.drafter = common.model(size=f"{spec['base']}:vocab={int(spec['vocab'])}",
+                               checkpoint=_train_dir(workdir, spec["base"]))
+  cfg.train.update(num_steps=steps, warmup_steps=max(min(10, steps // 10), 1),
+                   checkpoint_every=min(int(cfg.train.checkpoint_every), steps))
+  return cfg, distill_program.run
+
+
+def build(config, workdir: str, name: str) -> dict | None:
+  """{"dir", "build_s", "params_m"} of one drafter (None: not built, render_only)."""
+  spec = config.drafters[name]
+  run_dir = _train_dir(workdir, name)
+  steps = _steps(config, spec["kind"])
+  done = os.path.isdir(os.path.join(run_dir, "checkpoints", str(steps)))
+  info_path = os.path.join(run_dir, "build.json")
+  if not done:
+    if config.render_only:
+      return None
+    cfg, run_fn = _build_config(config, workdir, name)
+    t0 = time.perf_counter()
+    result = run_fn(cfg, run_dir)
+    with open(info_path, "w", encoding="utf-8") as f:
+      json.dump({"build_s": round(time.perf_counter() - t0, 1),
+                 "params_m": round(result["num_params"] / 1e6, 2), "steps": steps}, f)
+  info = {}
+  if os.path.exists(info_path):
+    with open(info_path, encoding="utf-8") as f:
+      info = json.load(f)
+  return {"dir": run_dir, **info}
+
+
+def evaluate_one(config, workdir: str, name: str, info: dict | None) -> list[dict]:
+  """The SD rows of one drafter on every domain (evaluate runs read back when finished)."""
+  rows = []
+  for domain, dataset in config.domains.items():
+    run_dir = os.path.join(workdir, "runs", "eval", f"{name}_{domain}")
+    done = os.path.join(run_dir, "results.json")
+    if os.path.exists(done):
+      got = report.load_rows(done)
+    elif config.render_only or info is None:
+      continue
+    else:
+      cfg = copy.deepcopy(config.eval)
+      cfg.program = "evaluate"
+      cfg.data.name = dataset
+      cfg.drafter = common.model(checkpoint=info["dir"])
+      cfg.eval.gammas = tuple(config.gammas if domain == "in" else config.out_gammas)
+      cfg.title = f"{config.title}: {name}, {domain} domain"
+      got = evaluate.run(cfg, run_dir)
+    ar = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in got
+          if r["method"] == "ar"}
+    for r in got:
+      if r["method"] != "sd":
+        continue
+      rows.append({
+          **{k: r.get(k) for k in ROW_KEYS}, "drafter": name,
+          "kind": config.drafters[name]["kind"], "domain": domain,
+          "rule": "greedy" if r["temperature"] == 0 else "speculative",
+          "ar_tokens_per_s": ar.get((r["temperature"], r["batch_size"])),
+          "params_m": (info or {}).get("params_m"), "build_s": (info or {}).get("build_s")})
+  return rows
+
+
+def _fmt(x, spec=".2f"):
+  return "–" if x is None else format(x, spec)
+
+
+def pick_default(rows: list[dict]) -> dict | None:
+  """The in-domain batch-1 row with the best measured speedup (every row is lossless)."""
+  cands = [r for r in rows if r["domain"] == "in" and r["speedup"] is not None]
+  return max(cands, key=lambda r: r["speedup"], default=None)
+
+
+def render_markdown(config, rows: list[dict], command_line: str) -> str:
+  names = list(config.drafters)
+  md = [f"# {config.title}", "",
+        f"Command: `{command_line}`. Device: {rows[0]['device'] if rows else '?'}. "
+        f"{config.eval.eval.num_prompts} prompts × {config.eval.eval.new_tokens} new tokens per "
+        f"setting, batch 1, chain SD, lossless rules only (greedy and speculative sampling). "
+        f"Scratch drafters: {config.scratch_steps} train_lm steps; vinit: "
+        f"{config.distill_steps} distill steps (JSD[0.5], fixed Shakespeare data) from SmolLM2's "
+        f"blocks; reduced vocabularies: {config.vocab_steps} more distill steps from their base.",
+        "", "c = drafter cost per call / verifier cost per one-token call (measured); r = verifier "
+        "cost for γ + 1 tokens / for 1 (measured); theory = τ / (r + γ·c); speedup = SD tokens/s "
+        "/ AR tokens/s, measured in the same process. τ ± its standard error over prompts.", ""]
+  by = {(r["drafter"], r["domain"], r["temperature"], r["gamma"]): r for r in rows}
+  fg = int(config.frontier_gamma)
+  md += [f"## The frontier at γ = {fg}", "",
+         "| drafter | params (M) | build (s) | c | τ greedy | τ T=1 | τ T=1 out | speedup greedy "
+         "| speedup T=1 | theory T=1 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for n in names:
+    g, s, o = (by.get((n, "in", 0.0, fg)), by.get((n, "in", 1.0, fg)),
+               by.get((n, "out", 1.0, fg)))
+    any_row = g or s or o
+    if any_row is None:
+      md.append(f"| {n} | – | – | – | – | – | – | – | – | – |")
+      continue
+    tau = lambda r: "–" if r is None else f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f}"  # noqa: E731
+    md.append(f"| {n} | {_fmt(any_row['params_m'])} | {_fmt(any_row['build_s'], '.0f')} | "
+              f"{_fmt(any_row['cost_ratio_c'], '.3f')} | {tau(g)} | {tau(s)} | {tau(o)} | "
+              f"{_fmt(g and g['speedup'])} | {_fmt(s and s['speedup'])} | "
+              f"{_fmt(s and s['theoretical_speedup'])} |")
+  md += ["", "## Every row", "", "| drafter | domain | T | γ | c | r | τ | α | speedup | theory |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in sorted(rows, key=lambda r: (names.index(r["drafter"]), r["domain"], r["temperature"],
+                                       r["gamma"])):
+    md.append(f"| {r['drafter']} | {r['domain']} | {r['temperature']:g} | {r['gamma']} | "
+              f"{_fmt(r['cost_ratio_c'], '.3f')} | {_fmt(r['verifier_cost_ratio_r'])} | "
+              f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f} | "
+              f"{_fmt(r['acceptance_rate'])} | {_fmt(r['speedup'])} | "
+              f"{_fmt(r['theoretical_speedup'])} |")
+  md += ["", "## Goals and the default", ""]
+  best = pick_default(rows)
+  if best is not None:
+    md.append(f"- Best measured in-domain speedup: **{best['drafter']}** at γ = {best['gamma']}, "
+              f"T = {best['temperature']:g}: {best['speedup']:.2f}× (τ {best['block_efficiency']:.2f}, "
+              f"c {best['cost_ratio_c']:.3f}).")
+  for n in names:
+    s, o = by.get((n, "in", 1.0, fg)), by.get((n, "out", 1.0, fg))
+    if s is None:
+      continue
+    r, c = s["verifier_cost_ratio_r"], s["cost_ratio_c"]
+    need = None if r is None or c is None else r + fg * c
+    md.append(f"- {n}: τ(γ={fg}, T=1, in) {s['block_efficiency']:.2f} (goal ≥ 2.0: "
+              f"{'met' if s['block_efficiency'] >= 2.0 else 'not met'}); out of domain "
+              f"{_fmt(o and o['block_efficiency'])} (goal ≥ 1.5: "
+              f"{'met' if o and o['block_efficiency'] >= 1.5 else 'not met'}); SD beats AR "
+              f"needs τ > r + {fg}c = {_fmt(need)}.")
+  faster = [r for r in rows if r["speedup"] and r["speedup"] > 1.0]
+  md.append(f"- Lossless settings where SD is faster than AR at batch 1: {len(faster)} of "
+            f"{len(rows)}" + (": " + ", ".join(
+                f"{r['drafter']} {r['domain']} T={r['temperature']:g} γ={r['gamma']} "
+                f"({r['speedup']:.2f}×)" for r in sorted(faster, key=lambda r: -r["speedup"])[:8])
+                if faster else "") + ".")
+  md += ["", "![frontier](frontier.png)", "", "![speedup vs gamma](speedup_vs_gamma.png)", ""]
+  return "\n".join(md) + "\n"
+
+
+def write_plots(config, rows: list[dict], workdir: str) -> None:
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  names = list(config.drafters)
+  colours = {"scratch": "#1f77b4", "vinit": "#d62728", "vocab": "#2ca02c"}
+  markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
+  panels = [("in", 0.0), ("in", 1.0), ("out", 1.0)]
+  fig = Figure(figsize=(14, 4.4), layout="constrained")
+  FigureCanvasAgg(fig)
+  for i, (domain, t) in enumerate(panels):
+    ax = fig.add_subplot(1, len(panels), i + 1)
+    for j, n in enumerate(names):
+      r = next((r for r in rows if (r["drafter"], r["domain"], r["temperature"], r["gamma"])
+                == (n, domain, t, int(config.frontier_gamma))), None)
+      if r is None or r["cost_ratio_c"] is None:
+        continue
+      ax.errorbar([r["cost_ratio_c"]], [r["block_efficiency"]], yerr=[r["tau_se"] or 0],
+                  fmt=markers[j % len(markers)], color=colours[r["kind"]], capsize=3, label=n)
+      ax.annotate(n, (r["cost_ratio_c"], r["block_efficiency"]), fontsize=7,
+                  xytext=(4, 3), textcoords="offset points")
+    ax.set_xlabel("c (drafter call / verifier call)")
+    ax.set_ylabel(f"τ at γ = {int(config.frontier_gamma)} (± s.e.)")
+    ax.set_title(f"{domain} domain ({config.domains[domain].replace('spec_jax_', '')}), T = {t:g}")
+    ax.grid(alpha=0.3)
+  handles, labels = fig.axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, fontsize=7, loc="outside right upper")
+  fig.suptitle("Cost against acceptance (colour: scratch / verifier-initialised / reduced "
+               "vocabulary)", fontsize=9)
+  fig.savefig(os.path.join(workdir, "frontier.png"), dpi=110)
+
+  fig = Figure(figsize=(11, 4.2), layout="constrained")
+  FigureCanvasAgg(fig)
+  for i, t in enumerate((0.0, 1.0)):
+    ax = fig.add_subplot(1, 2, i + 1)
+    for j, n in enumerate(names):
+      pts = sorted((r["gamma"], r["speedup"]) for r in rows
+                   if (r["drafter"], r["domain"], r["temperature"]) == (n, "in", t)
+                   and r["speedup"] is not None)
+      if pts:
+        kind = config.drafters[n]["kind"]
+        ax.plot(*zip(*pts), marker=markers[j % len(markers)], color=colours[kind], label=n,
+                alpha=0.85)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xticks([int(g) for g in config.gammas])
+    ax.set_xlabel("γ")
+    ax.set_ylabel("speedup over AR (batch 1)")
+    ax.set_title(f"in domain, T = {t:g}")
+    ax.grid(alpha=0.3)
+  handles, labels = fig.axes[0].get_legend_handles_labels()
+  fig.legend(handles, labels, fontsize=7, loc="outside right upper")
+  fig.savefig(os.path.join(workdir, "speedup_vs_gamma.png"), dpi=110)
+
+
+def run(config, workdir: str) -> list[dict]:
+  check_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  rows = []
+  for name in config.drafters:  # built and measured one by one: bases first (config order)
+    rows += evaluate_one(config, workdir, name, build(config, workdir, name))
+  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=2)
+  md = render_markdown(config, rows, report.launch_command(config, workdir))
+  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(md)
+  if rows:
+    write_plots(config, rows, workdir)
+  print(md)
+  return rows
