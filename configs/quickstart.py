@@ -1,22 +1,28 @@
-"""The main job: SmolLM2 generation, a drafter trained on Shakespeare, a distilled copy of it,
-then AR vs SD with both drafters.
+"""The main job: SmolLM2 generation, the default drafter built from the verifier's own blocks and
+distilled on Shakespeare, its reduced-vocabulary variant, then AR vs SD with both.
 
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
+  python launch.py --config configs/quickstart.py:recipe=scratch --workdir runs/quickstart_scratch
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
-Time on 2 CPU cores (measured 2026-11-23 on idle cores, fresh workdir): 9 min 41 s in all:
-generation, then 5.6 min of drafter training (300 steps of drafter-s, 8 x 128 tokens), 83 s for
-the AR vs SD table, 86 s of distillation (DistillSpec, `distill_steps` steps of
-`distill_divergence` on `distill_source` data, batch 8 × (32 + 48) tokens; see
-experiments/distillspec/results.md for what each divergence and data source buys) and 56 s for
-the distilled table (2026-11-21: 12 min 19 s). A second run reuses the trained drafters.
-Reference: drafter eval loss 5.24 (accuracy 0.20); γ=4 τ with the drafter / the distilled
-drafter (JSD[0.5], fixed data, 30 steps): greedy 1.42 / 1.43, T=1 1.39 / 1.64 (2026-11-23);
-greedy SD output identical to AR.
-Output: runs/quickstart/generate/generations.jsonl, runs/quickstart/drafter/ and
-runs/quickstart/distilled/ (checkpoints, metrics.jsonl, TensorBoard events),
-runs/quickstart/evaluate/ and runs/quickstart/evaluate_distilled/ (results.json, results.md,
-PNGs), runs/quickstart/quickstart.json.
+Recipes (`:recipe=`), each a sequence of drafter stages, every stage after the first starting
+from the one before it:
+  vinit (default)  `drafter`: SmolLM2's blocks `vinit_layers` with its embedding, final norm and
+                   head (models/draft_init.py), distilled `vinit_steps` steps (JSD[0.5] on the
+                   corpus's own continuations); `reduced`: its output layer cut to the `vocab`
+                   most frequent Shakespeare tokens, distilled `vocab_steps` more steps.
+  scratch          `drafter`: drafter-s trained from scratch (`drafter_steps` steps of train_lm);
+                   `distilled`: DistillSpec on a copy of it (`distill_steps` steps). The default
+                   until 2026-11-24; the steering, BPD-rescorer and DistillSpec experiments were
+                   measured with its drafter.
+experiments/drafters/results.md measured every kind of drafter on this machine and picked the
+default from it.
+
+Time on 2 CPU cores and measured numbers: see the README (Two commands) and
+experiments/drafters/results.md. A second run reuses the trained drafters.
+Output: runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
+metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ and evaluate_<stage>/
+(results.json, results.md, PNGs), runs/quickstart/quickstart.json.
 """
 
 from configs import common
@@ -25,26 +31,50 @@ from configs import evaluate as evaluate_config
 from configs import generate as generate_config
 from configs import train_lm as train_lm_config
 
+RECIPES = ("vinit", "scratch")
+
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, drafter_steps=300, distill_steps=30,
-                          distill_divergence="jsd", distill_source="fixed")
+  args = common.parse_arg(arg, smoke=False, recipe="vinit", vinit_layers="0+1+2+29",
+                          vinit_steps=150, vocab=8192, vocab_steps=20, drafter_steps=300,
+                          distill_steps=30, distill_divergence="jsd", distill_source="fixed")
+  if args.recipe not in RECIPES:
+    raise ValueError(f"recipe={args.recipe!r}: choose one of {RECIPES}.")
   config = common.base("quickstart")
   sub = "smoke" if args.smoke else None
   config.generate = generate_config.get_config(sub or "new_tokens=40")
-  config.drafter = train_lm_config.get_config(
-      sub or f"size=drafter-s,steps={args.drafter_steps},batch=8,seq_len=128")
-  # drafter.checkpoint is set to the freshly trained drafter at run time.
-  config.distill = distill_config.get_config(
-      sub or f"steps={args.distill_steps},divergence={args.distill_divergence},"
-      f"source={args.distill_source}")
-  config.distill.eval.update(temperatures=(), at_start=False)  # the evaluate stage measures τ
   config.evaluate = evaluate_config.get_config(
       sub or "gammas=4,temperatures=0+1,num_prompts=4,new_tokens=48")
-  config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly trained drafter"
+  config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly built drafter"
+  distill_args = (f"divergence={args.distill_divergence},source={args.distill_source}")
   if args.smoke:
-    config.distill.train.update(num_steps=4, eval_every=0, checkpoint_every=4)
+    # The scratch drafter, then a one-block, 64-token variant of it distilled from the verifier
+    # (the code paths of both recipes, on tiny models).
+    config.stages = ("drafter", "reduced")
+    config.drafter = train_lm_config.get_config("smoke")
+    config.reduced = distill_config.get_config("smoke,source=fixed")
+    config.reduced.drafter.size = "test-tiny:layers=1:vocab=64"
+    config.reduced.train.update(num_steps=4, eval_every=0, checkpoint_every=4)
+  elif args.recipe == "vinit":
+    config.stages = ("drafter", "reduced")
+    config.drafter = distill_config.get_config(
+        f"{distill_args},steps={args.vinit_steps},lr=0.003,drafter=smollm2,"
+        f"size=smollm2-135m:layers={args.vinit_layers}")
+    config.drafter.train.update(eval_every=0, checkpoint_every=50, log_every=10)
+    config.reduced = distill_config.get_config(
+        f"{distill_args},steps={args.vocab_steps},lr=0.003,size=drafter:vocab={args.vocab}")
+    config.reduced.train.update(eval_every=0, checkpoint_every=args.vocab_steps, log_every=5)
   else:
+    config.stages = ("drafter", "distilled")
+    config.drafter = train_lm_config.get_config(
+        f"size=drafter-s,steps={args.drafter_steps},batch=8,seq_len=128")
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
-    config.distill.train.update(checkpoint_every=10)
+    config.distilled = distill_config.get_config(f"{distill_args},steps={args.distill_steps}")
+    config.distilled.train.update(checkpoint_every=10)
+  for stage in config.stages[1:]:
+    # Set at run time to the previous stage's checkpoint.
+    config[stage].drafter.checkpoint = ""
+  for stage in config.stages:
+    if config[stage].program == "distill":
+      config[stage].eval.update(temperatures=(), at_start=False)  # evaluate measures τ
   return config

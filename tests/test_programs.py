@@ -123,6 +123,14 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
   rows = json.load(open(os.path.join(workdir, "evaluate", "results.json")))
   assert {r["method"] for r in rows} == {"autoregressive", "sd"}
   assert os.path.isdir(os.path.join(workdir, "drafter", "checkpoints", "20"))
+  # The second stage starts from the first: one of its blocks, 64 tokens of its vocabulary.
+  assert summary["reduced"]["step"] == 4 and summary["reduced"]["program"] == "distill"
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  model = checkpoints.read_meta(os.path.join(workdir, "reduced"))["model"]
+  assert model["n_layers"] == 1 and len(model["head_ids"]) == 64
+  rows = json.load(open(os.path.join(workdir, "evaluate_reduced", "results.json")))
+  assert {r["method"] for r in rows} == {"autoregressive", "sd"}
+  assert summary["best"]["drafter"] in ("drafter", "reduced")
 
 
 @pytest.mark.parametrize("args, message", [

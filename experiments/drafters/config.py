@@ -14,8 +14,9 @@ Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is 
   * `vinit-*`: a subset of SmolLM2's own blocks (`model.size` options, models/draft_init.py) with
     its embedding, final norm and output head, distilled (JSD[0.5], fixed Shakespeare data,
     `distill_steps` steps);
-  * `*-v4k/8k/16k`: the output layer of another entry (`base`, vinit-4) cut to the 4096/8192/16384 most
-    frequent tokens of Shakespeare's train split, then distilled `vocab_steps` more steps.
+  * `*-v4k/8k/16k`: the output layer of another entry (`base`: vinit-4, scratch-s) cut to the
+    4096/8192/16384 most frequent tokens of Shakespeare's train split, then distilled
+    `vocab_steps` more steps.
 Then the evaluate program measures each drafter (chain SD at every γ of `gammas`, greedy and
 T = 1, batch 1, beside the autoregressive baseline measured in the same process) on in-domain
 prompts (Shakespeare, its test split) and out-of-domain ones (Python code) at `out_gammas`.
@@ -50,7 +51,12 @@ def get_config(arg=None):
          "vinit-4": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29")},
       **{f"vinit-4-v{n // 1024}k": dict(kind="vocab", base="vinit-4", vocab=n)
          for n in (4096, 8192, 16384)},
-      **{f"scratch-{s}": dict(kind="scratch", size=f"drafter-{s}") for s in ("xs", "s", "m")})
+      **{f"scratch-{s}": dict(kind="scratch", size=f"drafter-{s}") for s in ("xs", "s", "m")},
+      **{"scratch-s-v8k": dict(kind="vocab", base="scratch-s", vocab=8192)})
+  # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
+  config.order = (
+      "vinit-1", "vinit-2", "vinit-4", "vinit-4-v4k", "vinit-4-v8k", "vinit-4-v16k",
+      "scratch-xs", "scratch-s", "scratch-m", "scratch-s-v8k")
   config.scratch_steps = args.scratch_steps
   config.distill_steps = args.distill_steps
   config.vocab_steps = args.vocab_steps
@@ -75,6 +81,8 @@ def get_config(arg=None):
         **{"scratch-t": dict(kind="scratch", size="test-tiny")},
         **{"vinit-1": dict(kind="vinit", size="test-tiny:layers=1", source="scratch-t"),
            "vinit-1-v64": dict(kind="vocab", base="vinit-1", vocab=64)})
+    config.order = ("scratch-t", "vinit-1", "vinit-1-v64")
+    config.domains = {"in": "spec_jax_shakespeare"}
     config.scratch_steps = config.distill_steps = config.vocab_steps = 2
     config.scratch.train.update(eval_every=0, checkpoint_every=2)
     config.distill.train.update(checkpoint_every=2)

@@ -34,7 +34,15 @@ ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature
 
 
 def check_config(config) -> None:
-  """Every drafter entry names a known kind and what it needs, before anything runs."""
+  """Every drafter entry names a known kind and what it needs, before anything runs; `order`
+  lists every entry once, each base before its variants."""
+  if sorted(config.order) != sorted(config.drafters):
+    raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
+                     f"({sorted(config.drafters)}) once.")
+  for name, spec in config.drafters.items():
+    for dep in (spec.get("base"), spec.get("source")):
+      if dep in config.drafters and list(config.order).index(dep) > list(config.order).index(name):
+        raise ValueError(f"order: {dep!r} must come before {name!r}, which starts from it.")
   for name, spec in config.drafters.items():
     kind = spec.get("kind")
     if kind not in KINDS:
@@ -138,6 +146,10 @@ def _fmt(x, spec=".2f"):
   return "–" if x is None else format(x, spec)
 
 
+def _tau(r: dict | None) -> str:
+  return "–" if r is None else f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f}"
+
+
 def pick_default(rows: list[dict]) -> dict | None:
   """The in-domain batch-1 row with the best measured speedup (every row is lossless)."""
   cands = [r for r in rows if r["domain"] == "in" and r["speedup"] is not None]
@@ -145,7 +157,7 @@ def pick_default(rows: list[dict]) -> dict | None:
 
 
 def render_markdown(config, rows: list[dict], command_line: str) -> str:
-  names = list(config.drafters)
+  names = list(config.order)
   md = [f"# {config.title}", "",
         f"Command: `{command_line}`. Device: {rows[0]['device'] if rows else '?'}. "
         f"{config.eval.eval.num_prompts} prompts × {config.eval.eval.new_tokens} new tokens per "
@@ -153,14 +165,16 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         f"Scratch drafters: {config.scratch_steps} train_lm steps; vinit: "
         f"{config.distill_steps} distill steps (JSD[0.5], fixed Shakespeare data) from SmolLM2's "
         f"blocks; reduced vocabularies: {config.vocab_steps} more distill steps from their base.",
-        "", "c = drafter cost per call / verifier cost per one-token call (measured); r = verifier "
-        "cost for γ + 1 tokens / for 1 (measured); theory = τ / (r + γ·c); speedup = SD tokens/s "
-        "/ AR tokens/s, measured in the same process. τ ± its standard error over prompts.", ""]
+        "", "c = drafter cost per call / verifier cost per one-token call (measured); r = "
+        "verifier cost for γ + 1 tokens / for 1 (measured); theory = τ / (r + γ·c); speedup = "
+        "SD tokens/s / AR tokens/s, measured in the same process. τ ± its standard error over "
+        "prompts. params counts the whole input embedding (28.3M for SmolLM2's), which a "
+        "decode step only indexes.", ""]
   by = {(r["drafter"], r["domain"], r["temperature"], r["gamma"]): r for r in rows}
   fg = int(config.frontier_gamma)
   md += [f"## The frontier at γ = {fg}", "",
-         "| drafter | params (M) | build (s) | c | τ greedy | τ T=1 | τ T=1 out | speedup greedy "
-         "| speedup T=1 | theory T=1 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "| drafter | params (M) | build (s) | c | τ greedy | τ T=1 | τ T=1 out "
+         "| speedup greedy | speedup T=1 | theory T=1 |", "|---" + "|---:" * 9 + "|"]
   for n in names:
     g, s, o = (by.get((n, "in", 0.0, fg)), by.get((n, "in", 1.0, fg)),
                by.get((n, "out", 1.0, fg)))
@@ -168,12 +182,12 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
     if any_row is None:
       md.append(f"| {n} | – | – | – | – | – | – | – | – | – |")
       continue
-    tau = lambda r: "–" if r is None else f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f}"  # noqa: E731
     md.append(f"| {n} | {_fmt(any_row['params_m'])} | {_fmt(any_row['build_s'], '.0f')} | "
-              f"{_fmt(any_row['cost_ratio_c'], '.3f')} | {tau(g)} | {tau(s)} | {tau(o)} | "
+              f"{_fmt(any_row['cost_ratio_c'], '.3f')} | {_tau(g)} | {_tau(s)} | {_tau(o)} | "
               f"{_fmt(g and g['speedup'])} | {_fmt(s and s['speedup'])} | "
               f"{_fmt(s and s['theoretical_speedup'])} |")
-  md += ["", "## Every row", "", "| drafter | domain | T | γ | c | r | τ | α | speedup | theory |",
+  md += ["", "## Every row", "",
+         "| drafter | domain | T | γ | c | r | τ | α | speedup | theory |",
          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in sorted(rows, key=lambda r: (names.index(r["drafter"]), r["domain"], r["temperature"],
                                        r["gamma"])):
@@ -185,9 +199,9 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
   md += ["", "## Goals and the default", ""]
   best = pick_default(rows)
   if best is not None:
-    md.append(f"- Best measured in-domain speedup: **{best['drafter']}** at γ = {best['gamma']}, "
-              f"T = {best['temperature']:g}: {best['speedup']:.2f}× (τ {best['block_efficiency']:.2f}, "
-              f"c {best['cost_ratio_c']:.3f}).")
+    md.append(f"- Best measured in-domain speedup: **{best['drafter']}** at γ = "
+              f"{best['gamma']}, T = {best['temperature']:g}: {best['speedup']:.2f}× (τ "
+              f"{best['block_efficiency']:.2f}, c {best['cost_ratio_c']:.3f}).")
   for n in names:
     s, o = by.get((n, "in", 1.0, fg)), by.get((n, "out", 1.0, fg))
     if s is None:
@@ -212,7 +226,7 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
 def write_plots(config, rows: list[dict], workdir: str) -> None:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
-  names = list(config.drafters)
+  names = list(config.order)
   colours = {"scratch": "#1f77b4", "vinit": "#d62728", "vocab": "#2ca02c"}
   markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
   panels = [("in", 0.0), ("in", 1.0), ("out", 1.0)]
@@ -266,7 +280,7 @@ def run(config, workdir: str) -> list[dict]:
   check_config(config)
   os.makedirs(workdir, exist_ok=True)
   rows = []
-  for name in config.drafters:  # built and measured one by one: bases first (config order)
+  for name in config.order:  # built and measured one by one, bases first
     rows += evaluate_one(config, workdir, name, build(config, workdir, name))
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)

@@ -1,0 +1,63 @@
+"""The drafters experiment (scratch, verifier-initialised and reduced-vocabulary drafters, each
+built and measured) end to end on its smoke config, its resume and its bad input."""
+
+import json
+import os
+
+import pytest
+
+from experiments.drafters import config as drafters_config
+from spec_jax.programs import drafters_experiment
+
+
+@pytest.fixture(scope="module")
+def smoke(data_dir, tmp_path_factory):
+  config = drafters_config.get_config("smoke")
+  for section in (config.scratch, config.distill, config.eval):
+    section.data.data_dir = data_dir
+  workdir = str(tmp_path_factory.mktemp("drafters"))
+  return config, workdir, drafters_experiment.run(config, workdir)
+
+
+def test_every_drafter_is_built_and_measured(smoke):
+  config, workdir, rows = smoke
+  assert {r["drafter"] for r in rows} == set(config.drafters)
+  assert all(r["rule"] in ("greedy", "speculative") and r["cost_ratio_c"] > 0 for r in rows)
+  assert all(r["identical_to_greedy"] for r in rows if r["temperature"] == 0)
+  keys = ("drafter", "cost_ratio_c", "gamma", "temperature", "domain", "batch_size", "rule",
+          "block_efficiency", "speedup", "theoretical_speedup")
+  saved = json.load(open(os.path.join(workdir, "results.json")))
+  assert saved == rows and all(k in r for r in saved for k in keys)
+  md = open(os.path.join(workdir, "results.md")).read()
+  assert "## The frontier at γ = 2" in md and "vinit-1-v64" in md
+  for png in ("frontier.png", "speedup_vs_gamma.png"):
+    assert os.path.getsize(os.path.join(workdir, png)) > 10_000
+  # The verifier-initialised drafter keeps one block; its variant 64 tokens of its vocabulary.
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  meta = checkpoints.read_meta(os.path.join(workdir, "runs", "train", "vinit-1-v64"))
+  assert meta["model"]["n_layers"] == 1 and len(meta["model"]["head_ids"]) == 64
+
+
+def test_a_rerun_reads_everything_back(smoke):
+  config, workdir, rows = smoke
+  stamps = {n: os.path.getmtime(os.path.join(workdir, "runs", "train", n, "build.json"))
+            for n in config.drafters}
+  config.render_only = True
+  assert drafters_experiment.run(config, workdir) == rows
+  assert stamps == {n: os.path.getmtime(os.path.join(workdir, "runs", "train", n, "build.json"))
+                    for n in config.drafters}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.drafters["vinit-1"].update(kind="magic"), "kind='magic'"),
+    (lambda c: c.drafters["vinit-1-v64"].update(base="nope"), "needs base=<another entry>"),
+    (lambda c: setattr(c, "order", ("vinit-1-v64", "vinit-1", "scratch-t")),
+     "'vinit-1' must come before 'vinit-1-v64'"),
+    (lambda c: setattr(c, "order", ("vinit-1",)), "must list every entry"),
+])
+def test_bad_entries_are_named_before_anything_runs(tmp_path, change, message):
+  config = drafters_config.get_config("smoke")
+  change(config)
+  with pytest.raises(ValueError, match=message):
+    drafters_experiment.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "runs")
