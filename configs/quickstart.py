@@ -9,12 +9,13 @@ Recipes (`:recipe=`), each a sequence of drafter stages, every stage after the f
 from the one before it:
   vinit (default)  `drafter`: SmolLM2's blocks `vinit_layers` with its embedding, final norm and
                    head (models/draft_init.py), distilled `vinit_steps` steps (JSD[0.5] on the
-                   corpus's own continuations); `reduced`: its output layer cut to the `vocab`
-                   most frequent Shakespeare tokens, distilled `vocab_steps` more steps.
+                   corpus's own continuations);
   scratch          `drafter`: drafter-s trained from scratch (`drafter_steps` steps of train_lm);
                    `distilled`: DistillSpec on a copy of it (`distill_steps` steps). The default
                    until 2026-11-24; the steering, BPD-rescorer and DistillSpec experiments were
-                   measured with its drafter.
+                   measured with its drafter;
+then, unless `vocab=0`, `reduced`: the last stage's output layer cut to the `vocab` most
+frequent Shakespeare tokens, distilled `vocab_steps` more steps.
 experiments/drafters/results.md measured every kind of drafter on this machine and picked the
 default from it.
 
@@ -56,14 +57,11 @@ def get_config(arg=None):
     config.reduced.drafter.size = "test-tiny:layers=1:vocab=64"
     config.reduced.train.update(num_steps=4, eval_every=0, checkpoint_every=4)
   elif args.recipe == "vinit":
-    config.stages = ("drafter", "reduced")
+    config.stages = ("drafter",)
     config.drafter = distill_config.get_config(
         f"{distill_args},steps={args.vinit_steps},lr=0.003,drafter=smollm2,"
         f"size=smollm2-135m:layers={args.vinit_layers}")
     config.drafter.train.update(eval_every=0, checkpoint_every=50, log_every=10)
-    config.reduced = distill_config.get_config(
-        f"{distill_args},steps={args.vocab_steps},lr=0.003,size=drafter:vocab={args.vocab}")
-    config.reduced.train.update(eval_every=0, checkpoint_every=args.vocab_steps, log_every=5)
   else:
     config.stages = ("drafter", "distilled")
     config.drafter = train_lm_config.get_config(
@@ -71,6 +69,11 @@ def get_config(arg=None):
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
     config.distilled = distill_config.get_config(f"{distill_args},steps={args.distill_steps}")
     config.distilled.train.update(checkpoint_every=10)
+  if args.vocab and not args.smoke:
+    config.stages += ("reduced",)
+    config.reduced = distill_config.get_config(
+        f"{distill_args},steps={args.vocab_steps},lr=0.003,size=drafter:vocab={args.vocab}")
+    config.reduced.train.update(eval_every=0, checkpoint_every=args.vocab_steps, log_every=5)
   for stage in config.stages[1:]:
     # Set at run time to the previous stage's checkpoint.
     config[stage].drafter.checkpoint = ""

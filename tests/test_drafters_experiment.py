@@ -15,6 +15,7 @@ def smoke(data_dir, tmp_path_factory):
   config = drafters_config.get_config("smoke")
   for section in (config.scratch, config.distill, config.eval):
     section.data.data_dir = data_dir
+  config.general.data_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("drafters"))
   return config, workdir, drafters_experiment.run(config, workdir)
 
@@ -36,6 +37,11 @@ def test_every_drafter_is_built_and_measured(smoke):
   from spec_jax.training import checkpoints  # noqa: PLC0415
   meta = checkpoints.read_meta(os.path.join(workdir, "runs", "train", "vinit-1-v64"))
   assert meta["model"]["n_layers"] == 1 and len(meta["model"]["head_ids"]) == 64
+  # The general drafter trained on the general_data program's dataset.
+  general = json.load(open(os.path.join(workdir, "runs", "general_data", "general_data.json")))
+  assert general["dataset"].startswith("spec_jax_general/") and general["splits"]["train"] > 0
+  meta = checkpoints.read_meta(os.path.join(workdir, "runs", "train", "vinit-1-general"))
+  assert meta["config"]["data"]["name"] == general["dataset"]
 
 
 def test_a_rerun_reads_everything_back(smoke):
@@ -51,7 +57,7 @@ def test_a_rerun_reads_everything_back(smoke):
 @pytest.mark.parametrize("change, message", [
     (lambda c: c.drafters["vinit-1"].update(kind="magic"), "kind='magic'"),
     (lambda c: c.drafters["vinit-1-v64"].update(base="nope"), "needs base=<another entry>"),
-    (lambda c: setattr(c, "order", ("vinit-1-v64", "vinit-1", "scratch-t")),
+    (lambda c: setattr(c, "order", ("scratch-t", "vinit-1-v64", "vinit-1", "vinit-1-general")),
      "'vinit-1' must come before 'vinit-1-v64'"),
     (lambda c: setattr(c, "order", ("vinit-1",)), "must list every entry"),
 ])

@@ -14,6 +14,8 @@ Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is 
   * `vinit-*`: a subset of SmolLM2's own blocks (`model.size` options, models/draft_init.py) with
     its embedding, final norm and output head, distilled (JSD[0.5], fixed Shakespeare data,
     `distill_steps` steps);
+  * `*-general`: as vinit, distilled on the general-domain dataset of the general_data program
+    (self-instruct and corpus-continuation prompts answered by SmolLM2; built once, cached);
   * `*-v4k/8k/16k`: the output layer of another entry (`base`: vinit-4, scratch-s) cut to the
     4096/8192/16384 most frequent tokens of Shakespeare's train split, then distilled
     `vocab_steps` more steps.
@@ -31,6 +33,7 @@ Smoke: tiny random models, byte tokenizer, seconds per stage.
 from configs import common
 from configs import distill as distill_config
 from configs import evaluate as evaluate_config
+from configs import general_data as general_data_config
 from configs import train_lm as train_lm_config
 
 
@@ -52,11 +55,17 @@ def get_config(arg=None):
       **{f"vinit-4-v{n // 1024}k": dict(kind="vocab", base="vinit-4", vocab=n)
          for n in (4096, 8192, 16384)},
       **{f"scratch-{s}": dict(kind="scratch", size=f"drafter-{s}") for s in ("xs", "s", "m")},
-      **{"scratch-s-v8k": dict(kind="vocab", base="scratch-s", vocab=8192)})
+      **{"scratch-s-v8k": dict(kind="vocab", base="scratch-s", vocab=8192)},
+      # Distilled on the general-domain data (program general_data) instead of Shakespeare.
+      **{"vinit-4-general": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29",
+                                 data="general"),
+         "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
       "vinit-1", "vinit-2", "vinit-4", "vinit-4-v4k", "vinit-4-v8k", "vinit-4-v16k",
-      "scratch-xs", "scratch-s", "scratch-m", "scratch-s-v8k")
+      "scratch-xs", "scratch-s", "scratch-m", "scratch-s-v8k", "vinit-4-general",
+      "vinit-4-general-v8k")
+  config.general = general_data_config.get_config("smoke" if args.smoke else None)
   config.scratch_steps = args.scratch_steps
   config.distill_steps = args.distill_steps
   config.vocab_steps = args.vocab_steps
@@ -81,7 +90,10 @@ def get_config(arg=None):
         **{"scratch-t": dict(kind="scratch", size="test-tiny")},
         **{"vinit-1": dict(kind="vinit", size="test-tiny:layers=1", source="scratch-t"),
            "vinit-1-v64": dict(kind="vocab", base="vinit-1", vocab=64)})
-    config.order = ("scratch-t", "vinit-1", "vinit-1-v64")
+    config.drafters["vinit-1-general"] = dict(kind="vinit", size="test-tiny:layers=0",
+                                              source="scratch-t", data="general")
+    config.order = ("scratch-t", "vinit-1", "vinit-1-v64", "vinit-1-general")
+    config.general.general.corpus_prompts = 0  # self-instruct only: no corpus to build
     config.domains = {"in": "spec_jax_shakespeare"}
     config.scratch_steps = config.distill_steps = config.vocab_steps = 2
     config.scratch.train.update(eval_every=0, checkpoint_every=2)

@@ -24,7 +24,7 @@ import time
 from configs import common
 from spec_jax.evaluation import report
 from spec_jax.programs import distill as distill_program
-from spec_jax.programs import evaluate, train_lm
+from spec_jax.programs import evaluate, general_data, train_lm
 
 KINDS = ("scratch", "vinit", "vocab")
 ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature", "domain",
@@ -54,6 +54,9 @@ def check_config(config) -> None:
       raise ValueError(f"drafters.{name} (vocab) needs base=<another entry> and vocab=N.")
     if spec.get("source") and spec["source"] not in config.drafters:
       raise ValueError(f"drafters.{name}.source={spec['source']!r} is not an entry.")
+    if spec.get("data") not in (None, "", "general"):
+      raise ValueError(f"drafters.{name}.data={spec['data']!r}: '' (the distill section's "
+                       "corpus) or 'general' (the general_data program's dataset).")
 
 
 def _train_dir(workdir: str, name: str) -> str:
@@ -63,6 +66,21 @@ def _train_dir(workdir: str, name: str) -> str:
 def _steps(config, kind: str) -> int:
   return int({"scratch": config.scratch_steps, "vinit": config.distill_steps,
               "vocab": config.vocab_steps}[kind])
+
+
+def _data_of(config, name: str) -> str:
+  """'general' or '' for an entry: its own, else its base's."""
+  spec = config.drafters[name]
+  if spec.get("data"):
+    return spec["data"]
+  return _data_of(config, spec["base"]) if spec.get("base") else ""
+
+
+def _general_dataset(config, workdir: str) -> str:
+  """The general-domain dataset's TFDS name, built once by the general_data program."""
+  cfg = copy.deepcopy(config.general)
+  cfg.program = "general_data"
+  return general_data.run(cfg, os.path.join(workdir, "runs", "general_data"))["dataset"]
 
 
 def _build_config(config, workdir: str, name: str):
@@ -75,6 +93,8 @@ def _build_config(config, workdir: str, name: str):
     return cfg, train_lm.run
   cfg = copy.deepcopy(config.distill)
   cfg.program = "distill"
+  if _data_of(config, name) == "general":
+    cfg.data.name = _general_dataset(config, workdir)
   if kind == "vinit":
     source = (_train_dir(workdir, spec["source"]) if spec.get("source")
               else cfg.verifier.checkpoint)
@@ -229,8 +249,8 @@ def write_plots(config, rows: list[dict], workdir: str) -> None:
   names = list(config.order)
   colours = {"scratch": "#1f77b4", "vinit": "#d62728", "vocab": "#2ca02c"}
   markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
-  panels = [("in", 0.0), ("in", 1.0), ("out", 1.0)]
-  fig = Figure(figsize=(14, 4.4), layout="constrained")
+  panels = [(d, t) for d, t in (("in", 0.0), ("in", 1.0), ("out", 1.0)) if d in config.domains]
+  fig = Figure(figsize=(4.6 * len(panels) + 0.6, 4.4), layout="constrained")
   FigureCanvasAgg(fig)
   for i, (domain, t) in enumerate(panels):
     ax = fig.add_subplot(1, len(panels), i + 1)
