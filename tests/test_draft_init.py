@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from configs import common
-from configs import distill as distill_config
 from configs import train_lm as train_lm_config
 from spec_jax import loading, testing
 from spec_jax.data import pipeline
@@ -21,7 +20,6 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import draft_init, gemma, llama
-from spec_jax.programs import distill as distill_program
 from spec_jax.programs import train_lm
 
 
@@ -154,23 +152,6 @@ def test_reduced_vocabulary_trains_and_round_trips_through_a_checkpoint(trained,
   with pytest.raises(ValueError, match="drafter.checkpoint"):
     loading.load_model(common.model(checkpoint=workdir), get_tokenizer("smollm2"),
                        field="drafter.checkpoint")
-
-
-def test_distill_trains_a_verifier_initialised_reduced_drafter(trained, data_dir, tmp_path):
-  """From the trained model, keep block 1 and 24 of its 40 tokens, then distill: the saved
-  drafter has one block, the 24 most frequent tokens, and decodes."""
-  _, workdir, _ = trained
-  config = distill_config.get_config("smoke,source=fixed")
-  config.mesh.data = 1
-  config.data.data_dir = data_dir
-  config.drafter = common.model(size="test-tiny:layers=1:vocab=24", checkpoint=workdir)
-  config.train.update(num_steps=2, eval_every=2, checkpoint_every=2)
-  out = distill_program.run(config, str(tmp_path))
-  assert np.isfinite(out["train_loss"]) and out["eval"]["tau_T1"] >= 1.0
-  cfg, _ = loading.load_model(common.model(checkpoint=str(tmp_path)), ByteTokenizer())
-  assert cfg.n_layers == 1 and len(cfg.head_ids) == 24
-  src_cfg, _ = loading.load_model(common.model(checkpoint=workdir), ByteTokenizer())
-  assert set(cfg.head_ids) <= set(src_cfg.head_ids)
 
 
 @pytest.mark.parametrize("size, message", [

@@ -62,9 +62,9 @@ def get_config(arg=None):
          "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
-      "vinit-1", "vinit-2", "vinit-4", "vinit-4-v4k", "vinit-4-v8k", "vinit-4-v16k",
-      "scratch-xs", "scratch-s", "scratch-m", "scratch-s-v8k", "vinit-4-general",
-      "vinit-4-general-v8k")
+      "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "scratch-s", "scratch-s-v8k",
+      "vinit-4-general", "vinit-4-general-v8k", "vinit-4-v4k", "vinit-4-v16k", "scratch-xs",
+      "scratch-m")
   config.general = general_data_config.get_config("smoke" if args.smoke else None)
   config.scratch_steps = args.scratch_steps
   config.distill_steps = args.distill_steps
@@ -86,15 +86,15 @@ def get_config(arg=None):
   # results.json's `domain`: in (the training corpus) and out (another domain).
   config.domains = {"in": "spec_jax_shakespeare", "out": "spec_jax_pystdlib"}
   if args.smoke:
+    # Every kind on tiny models: a drafter from scratch, one block of it distilled on the
+    # general data (self-instruct only: no corpus to build), and its 64-token variant.
     config.drafters = dict(
         **{"scratch-t": dict(kind="scratch", size="test-tiny")},
-        **{"vinit-1": dict(kind="vinit", size="test-tiny:layers=1", source="scratch-t"),
+        **{"vinit-1": dict(kind="vinit", size="test-tiny:layers=1", source="scratch-t",
+                           data="general"),
            "vinit-1-v64": dict(kind="vocab", base="vinit-1", vocab=64)})
-    config.drafters["vinit-1-general"] = dict(kind="vinit", size="test-tiny:layers=0",
-                                              source="scratch-t", data="general")
-    config.order = ("scratch-t", "vinit-1", "vinit-1-v64", "vinit-1-general")
-    config.general.general.corpus_prompts = 0  # self-instruct only: no corpus to build
-    config.domains = {"in": "spec_jax_shakespeare"}
+    config.order = ("scratch-t", "vinit-1", "vinit-1-v64")
+    config.general.general.corpus_prompts = 0
     config.scratch_steps = config.distill_steps = config.vocab_steps = 2
     config.scratch.train.update(eval_every=0, checkpoint_every=2)
     config.distill.train.update(checkpoint_every=2)
