@@ -5,7 +5,7 @@ verifier-initialised drafters and reduced draft vocabularies, SmolLM2-135M verif
   python launch.py --config experiments/drafters/config.py --workdir experiments/drafters
   python launch.py --config experiments/drafters/config.py:smoke --workdir /tmp/drafters  # tiny
   python launch.py --config experiments/drafters/config.py --workdir experiments/drafters \
-      --config.render_only=True   # report the runs that have finished, run nothing
+      --config.render_only=True   # report the finished runs (only the cost timing runs)
 
 Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is built into
 <workdir>/runs/train/<name> (a finished run is read back, an interrupted one resumes):
@@ -16,7 +16,7 @@ Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is 
     `distill_steps` steps);
   * `*-general`: as vinit, distilled on the general-domain dataset of the general_data program
     (self-instruct and corpus-continuation prompts answered by SmolLM2; built once, cached);
-  * `*-v4k/8k/16k`: the output layer of another entry (`base`: vinit-4, scratch-s) cut to the
+  * `*-v4k/8k/16k`: the output layer of another entry (`base`: vinit-2/4, scratch-s) cut to the
     4096/8192/16384 most frequent tokens of Shakespeare's train split, then distilled
     `vocab_steps` more steps.
 Then the evaluate program measures each drafter (chain SD at every γ of `gammas`, greedy and
@@ -55,16 +55,17 @@ def get_config(arg=None):
       **{f"vinit-4-v{n // 1024}k": dict(kind="vocab", base="vinit-4", vocab=n)
          for n in (4096, 8192, 16384)},
       **{f"scratch-{s}": dict(kind="scratch", size=f"drafter-{s}") for s in ("xs", "s", "m")},
-      **{"scratch-s-v8k": dict(kind="vocab", base="scratch-s", vocab=8192)},
+      **{"scratch-s-v8k": dict(kind="vocab", base="scratch-s", vocab=8192),
+         "vinit-2-v8k": dict(kind="vocab", base="vinit-2", vocab=8192)},
       # Distilled on the general-domain data (program general_data) instead of Shakespeare.
       **{"vinit-4-general": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29",
                                  data="general"),
          "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
-      "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "scratch-s", "scratch-s-v8k",
-      "vinit-4-general", "vinit-4-general-v8k", "vinit-4-v4k", "vinit-4-v16k", "scratch-xs",
-      "scratch-m")
+      "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "vinit-2-v8k", "scratch-s",
+      "scratch-s-v8k", "vinit-4-general", "vinit-4-general-v8k", "vinit-4-v4k", "vinit-4-v16k",
+      "scratch-xs", "scratch-m")
   config.general = general_data_config.get_config("smoke" if args.smoke else None)
   config.scratch_steps = args.scratch_steps
   config.distill_steps = args.distill_steps
@@ -82,6 +83,7 @@ def get_config(arg=None):
       f"new_tokens={args.new_tokens}")
   config.gammas = tuple(config.eval.eval.gammas)
   config.frontier_gamma = 4  # the γ of the frontier table, plot and goals
+  config.cost_repeats = 30   # turns of the c / r(γ + 1) timing (runs/costs.json)
   config.out_gammas = (4,)   # out of domain: the goal's γ only (each γ costs a compile + passes)
   # results.json's `domain`: in (the training corpus) and out (another domain).
   config.domains = {"in": "spec_jax_shakespeare", "out": "spec_jax_pystdlib"}
@@ -102,4 +104,5 @@ def get_config(arg=None):
     config.gammas = (2,)
     config.out_gammas = (2,)
     config.frontier_gamma = 2
+    config.cost_repeats = 3
   return config

@@ -102,18 +102,11 @@ def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
   return round_robin({"fn": fn}, repeats)["fn"]
 
 
-def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
-                  batch_size: int, tokens: Sequence[int], position: int,
-                  repeats: int = 5) -> dict[int, float]:
-  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`.
-
-  apply_fn is the DESIGN §2 forward apply(params, tokens[B,T], positions[B,T], cache) -> (logits,
-  hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for B =
-  batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
-  The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
-  under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
-  the sizes take turns (`round_robin`).
-  """
+def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                  batch_size: int, tokens: Sequence[int], position: int
+                  ) -> dict[int, Callable[[], Any]]:
+  """T -> a call of one forward on T new tokens per row, for `round_robin` (see
+  `forward_costs` for the arguments). Each call writes its K/V into its own donated cache."""
   if batch_size < 1 or not tokens or min(tokens) < 1:
     raise ValueError(f"forward_costs needs batch_size >= 1 and token counts >= 1, got "
                      f"batch_size={batch_size}, tokens={tuple(tokens)}.")
@@ -136,7 +129,24 @@ def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
 
     return call
 
-  times = round_robin({str(t): make_call(t) for t in tokens}, repeats)
+  return {int(t): make_call(int(t)) for t in tokens}
+
+
+def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                  batch_size: int, tokens: Sequence[int], position: int,
+                  repeats: int = 5) -> dict[int, float]:
+  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`.
+
+  apply_fn is the DESIGN §2 forward apply(params, tokens[B,T], positions[B,T], cache) -> (logits,
+  hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for B =
+  batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
+  The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
+  under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
+  the sizes take turns (`round_robin`).
+  """
+  calls = forward_calls(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
+                        position=position)
+  times = round_robin({str(t): call for t, call in calls.items()}, repeats)
   return {int(t): v["median_s"] for t, v in times.items()}
 
 

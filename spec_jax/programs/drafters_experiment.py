@@ -22,7 +22,10 @@ import os
 import time
 
 from configs import common
-from spec_jax.evaluation import report
+from spec_jax import loading
+from spec_jax.data.tokenizer import get_tokenizer
+from spec_jax.evaluation import report, timing
+from spec_jax.models import llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.programs import evaluate, general_data, train_lm
 
@@ -162,6 +165,72 @@ def evaluate_one(config, workdir: str, name: str, info: dict | None) -> list[dic
   return rows
 
 
+def measure_costs(config, workdir: str, names: list[str]) -> dict:
+  """{"verifier_ms": {T: ms}, "drafters": {name: {"ms", "c", "r": {γ: r(γ + 1)}}}}: every built
+  drafter's one-token forward against the verifier's 1- and (γ + 1)-token forwards, batch 1,
+  the calls taking turns (`timing.round_robin`, median of `cost_repeats`), each drafter in its
+  own round with the verifier beside it. The evaluate runs' in-run c and r come from a handful
+  of calls and scatter by ±40% here; this is the c and r the frontier uses. Cached in
+  runs/costs.json (a drafter measured once is not measured again); it runs under render_only
+  too (seconds per drafter)."""
+  path = os.path.join(workdir, "runs", "costs.json")
+  costs = {"drafters": {}}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      costs = json.load(f)
+  todo = [n for n in names if n not in costs["drafters"]]
+  if not todo:
+    return costs
+  ec = config.eval
+  tokenizer = get_tokenizer(ec.tokenizer)
+  v_cfg, v_params = loading.load_model(ec.verifier, tokenizer, seed=ec.seed,
+                                       field="verifier.checkpoint")
+  position = int(ec.data_prompt_tokens) + int(ec.eval.new_tokens) // 2
+  gammas = sorted({int(g) for g in (*config.gammas, *config.out_gammas)})
+  size = position + max(gammas) + 2
+
+  def calls(cfg, params, tokens):
+    return timing.forward_calls(llama.make_apply(cfg), params,
+                                lambda: llama.init_cache(cfg, 1, size), batch_size=1,
+                                tokens=tokens, position=position)
+
+  v_calls = calls(v_cfg, v_params, (1, *[g + 1 for g in gammas]))
+  for name in todo:
+    d_cfg, d_params = loading.load_model(common.model(checkpoint=_train_dir(workdir, name)),
+                                         tokenizer, field="drafter.checkpoint")
+    fns = {f"v{t}": fn for t, fn in v_calls.items()}
+    fns["d"] = calls(d_cfg, d_params, (1,))[1]
+    times = timing.round_robin(fns, int(config.cost_repeats))
+    v1 = times["v1"]["median_s"]
+    costs["drafters"][name] = {
+        "ms": round(1e3 * times["d"]["median_s"], 3), "verifier_ms": round(1e3 * v1, 3),
+        "c": round(times["d"]["median_s"] / v1, 4),
+        "r": {str(g): round(times[f"v{g + 1}"]["median_s"] / v1, 3) for g in gammas}}
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(costs, f, indent=2)
+  return costs
+
+
+def with_costs(rows: list[dict], costs: dict) -> list[dict]:
+  """Rows with c and r(γ + 1) from `measure_costs` (cost_ratio_c, verifier_cost_ratio_r) and
+  the theory column recomputed from them; evaluate's in-run figures kept as *_run."""
+  out = []
+  for r in rows:
+    got = costs["drafters"].get(r["drafter"])
+    r = dict(r)
+    if got is not None:
+      r["cost_ratio_c_run"], r["verifier_cost_ratio_r_run"] = (r["cost_ratio_c"],
+                                                               r["verifier_cost_ratio_r"])
+      r["theoretical_speedup_run"] = r["theoretical_speedup"]
+      r["cost_ratio_c"] = got["c"]
+      r["verifier_cost_ratio_r"] = got["r"].get(str(r["gamma"]))
+      if r["verifier_cost_ratio_r"] is not None:
+        r["theoretical_speedup"] = round(
+            r["block_efficiency"] / (r["verifier_cost_ratio_r"] + r["gamma"] * got["c"]), 4)
+    out.append(r)
+  return out
+
+
 def _fmt(x, spec=".2f"):
   return "–" if x is None else format(x, spec)
 
@@ -185,9 +254,11 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         f"Scratch drafters: {config.scratch_steps} train_lm steps; vinit: "
         f"{config.distill_steps} distill steps (JSD[0.5], fixed Shakespeare data) from SmolLM2's "
         f"blocks; reduced vocabularies: {config.vocab_steps} more distill steps from their base.",
-        "", "c = drafter cost per call / verifier cost per one-token call (measured); r = "
-        "verifier cost for γ + 1 tokens / for 1 (measured); theory = τ / (r + γ·c); speedup = "
-        "SD tokens/s / AR tokens/s, measured in the same process. τ ± its standard error over "
+        "", "c = drafter cost per call / verifier cost per one-token call; r = verifier cost "
+        "for γ + 1 tokens / for 1 (both: forward calls at batch 1 taking turns, median of "
+        f"{config.cost_repeats}, runs/costs.json); theory = τ / (r + γ·c); speedup = SD "
+        "tokens/s / AR tokens/s, measured in the same evaluate process (one timed pass per "
+        "setting: expect ±10%). τ ± its standard error over "
         "prompts. params counts the whole input embedding (28.3M for SmolLM2's), which a "
         "decode step only indexes.", ""]
   by = {(r["drafter"], r["domain"], r["temperature"], r["gamma"]): r for r in rows}
@@ -299,9 +370,13 @@ def write_plots(config, rows: list[dict], workdir: str) -> None:
 def run(config, workdir: str) -> list[dict]:
   check_config(config)
   os.makedirs(workdir, exist_ok=True)
-  rows = []
+  rows, built = [], []
   for name in config.order:  # built and measured one by one, bases first
-    rows += evaluate_one(config, workdir, name, build(config, workdir, name))
+    info = build(config, workdir, name)
+    rows += evaluate_one(config, workdir, name, info)
+    if info is not None:
+      built.append(name)
+  rows = with_costs(rows, measure_costs(config, workdir, built))
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
   md = render_markdown(config, rows, report.launch_command(config, workdir))
