@@ -25,8 +25,9 @@ experiment resumes. Writes results.json, results.md, tau_by_method.png, oracle_v
 entropy_repetition.png into the workdir. The top-level fields (num_prompts, new_tokens,
 batch_size, top_k, weights, rescorer, train_steps, and tokenizer, verifier and seed, which both
 share) override the `train` / `eval` sections' own.
-Needs the quickstart drafter as the neural rescorer (runs/quickstart/drafter: run the README's
-main command first) and reuses runs/bpd_h3 (the README's 120-step heads) for Shakespeare, h = 3.
+Needs the scratch quickstart drafter as the neural rescorer (common.SCRATCH_DRAFTER,
+runs/quickstart_scratch/drafter) and reuses runs/bpd_h3 (the README's 120-step heads) for
+Shakespeare, h = 3.
 
 Time on 2 CPU cores (estimate, not measured end to end): training ~5 s per step for SmolLM2
 (runs/bpd_h3's 120 steps took 14.5 min on shared cores), so ≈ 10–15 min per (dataset, h)
@@ -76,7 +77,7 @@ def get_config(arg=None):
   # reused only at that step count.
   config.heads_checkpoints = ({"spec_jax_shakespeare_h3": "runs/bpd_h3"} if args.steps == 120
                               else {})
-  config.rescorer = common.model(size="drafter-s", checkpoint="runs/quickstart/drafter")
+  config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
   # The static lattice tree, written NAME:SHAPE (evaluate's grammar, @h added per run):
   # rsd_c:3-2 is the heads' top-3 × top-2 × top-1 ... lattice (Medusa-style at T = 0).
   config.tree = "rsd_c:3-2"

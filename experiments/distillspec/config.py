@@ -13,8 +13,8 @@ Program: spec_jax/programs/distillspec_experiment.py. The workdir gets results.j
 tau_grid.png and lenience_tradeoff.png; checkpoints, the verifier-response cache and the cached
 evaluation rows go to `runs_dir` (runs/distillspec, runs/distillspec_long, runs/distillspec_code;
 '' = <workdir>/runs, as in smoke).
-Needs the quickstart drafter (runs/quickstart/drafter: drafter-s, 300 cross-entropy steps on
-Shakespeare; run the README's main command first). Every drafter starts from it and trains the
+Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter:
+drafter-s, 300 cross-entropy steps on Shakespeare). Every drafter starts from it and trains the
 same `steps` steps (batch 8 × (32 prompt + 48 response) tokens, lr 1e-3, the `distill` program):
   * 16 distilled drafters: {FKL, RKL, JSD[0.5], TVD} × {fixed data, verifier-generated,
     on-policy (drafter-generated, refreshed every step), 50/50 on-policy + verifier mix};
@@ -63,7 +63,8 @@ def get_config(arg=None):
   # The distill program's config every run starts from; the sweep sets distill.divergence and
   # data.source. τ is measured by the experiment (more prompts, speedups), not by the program.
   base = distill_config.get_config(
-      "smoke" if args.smoke else f"steps={steps},batch=8,data={args.data}")
+      "smoke" if args.smoke else
+      f"steps={steps},batch=8,data={args.data},drafter={common.SCRATCH_DRAFTER}")
   base.eval.update(temperatures=(), at_start=False)
   # Held-out metrics once, at the end; a checkpoint halfway so a killed sweep loses little.
   base.train.update(eval_every=base.train.num_steps,

@@ -4,9 +4,9 @@
   python launch.py --config experiments/perf/config.py:smoke --workdir /tmp/perf   # tiny, seconds
 
 Program: spec_jax/programs/cost_model.py. SmolLM2-135M verifier (its GGUF) and the quickstart
-drafter (runs/quickstart/drafter; a random drafter-s without it), T ∈ {1, 2, 3, 5, 8, 13, 16, 32}
-at batch 1 and 8, float32. Writes results.json (rows: model, T, batch_size, ms, r, c,
-roofline_ms, vs_roofline, memory_bandwidth_gb_s, device) and results.md.
+drafter of the scratch recipe (common.SCRATCH_DRAFTER; a random drafter-s without it),
+T ∈ {1, 2, 3, 5, 8, 13, 16, 32} at batch 1 and 8, float32. Writes results.json (rows: model,
+T, batch_size, ms, r, c, roofline_ms, vs_roofline, memory_bandwidth_gb_s, device) and results.md.
 Time on 2 CPU cores: ~2 min. Reference numbers: experiments/perf/results.md.
 """
 
@@ -14,7 +14,7 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, repeats=7, drafter="runs/quickstart/drafter")
+  args = common.parse_arg(arg, smoke=False, repeats=7, drafter=common.SCRATCH_DRAFTER)
   config = common.base("cost_model")
   config.config_file = "experiments/perf/config.py" + (f":{arg}" if arg else "")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")

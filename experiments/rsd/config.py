@@ -8,7 +8,7 @@
 Program: spec_jax/programs/rsd_experiment.py (one `evaluate` run per setting in
 <workdir>/runs/; a finished run is read back, so a killed experiment resumes). Writes
 results.json, results.md, tau_vs_depth.png and tau_vs_budget.png into the workdir.
-Needs the quickstart drafter (runs/quickstart/drafter: run the README's main command first).
+Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter).
 Part (a), fixed draft length L ∈ {2, 3, 4}: SD (chain of L), SpecInfer and SpecTr (K = 3 i.i.d.
 chains), RSD-C (b = (3, 1, ..., 1): three first tokens without replacement, then chains) and
 RSD-S (beam width W = 3), temperature 1 and greedy (where SpecInfer/SpecTr reduce to SD and are
@@ -44,6 +44,8 @@ def budget_entries(budget: int, width: int) -> list[str]:
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False)
   config = evaluate_config.get_config("smoke" if args.smoke else None)
+  if not args.smoke:
+    config.drafter.checkpoint = common.SCRATCH_DRAFTER
   config.program = "rsd_experiment"
   # The --config argument that built this config: results.md names the command to rerun it.
   config.config_file = "experiments/rsd/config.py" + (f":{arg}" if arg else "")

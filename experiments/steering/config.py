@@ -13,7 +13,7 @@ injection with the drafter trained, the module alone on the frozen drafter, simp
 then evaluates every drafter with the evaluate program on in-domain (Shakespeare) and
 out-of-domain (Python code) prompts at γ ∈ eval.gammas, greedy and T = 1. Every run lives in
 <workdir>/runs/ and is read back when finished, so a killed experiment resumes.
-Needs the quickstart drafter (runs/quickstart/drafter: run the README's main command first).
+Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter).
 Time on 2 CPU cores: ~1.5 h measured 2026-11-24 on cores shared with other work part of the time
 (training ~4 min per drafter when idle, evaluation ~4-7 min per drafter and
 domain); GPU not measured. Smoke: tiny random models, 1 domain, seconds of training.
@@ -35,7 +35,8 @@ def get_config(arg=None):
   # experiments/distillspec) for the distilled and the steered drafters alike, so steering is
   # the only difference. max_offset 8 covers the largest γ evaluated.
   config.train = steering_config.get_config(
-      "smoke" if args.smoke else f"divergence=jsd,source=fixed,steps={args.steps}")
+      "smoke" if args.smoke else f"divergence=jsd,source=fixed,steps={args.steps},"
+      f"drafter={common.SCRATCH_DRAFTER}")
   config.train.steering.max_offset = 8
   config.train.eval.update(temperatures=(), at_start=False)  # τ comes from the evaluate runs
   config.train.train.update(checkpoint_every=config.train.train.num_steps)
