@@ -152,7 +152,7 @@ def evaluate_one(config, workdir: str, name: str, info: dict | None) -> list[dic
       cfg.title = f"{config.title}: {name}, {domain} domain"
       got = evaluate.run(cfg, run_dir)
     ar = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in got
-          if r["method"] == "ar"}
+          if r["method"] == "autoregressive"}
     for r in got:
       if r["method"] != "sd":
         continue
