@@ -23,7 +23,7 @@ from spec_jax.programs import distill, evaluate, generate, train_lm
 PROGRAMS = {"train_lm": train_lm.run, "distill": distill.run}
 
 
-def _describe(stage: str, cfg) -> str:
+def _describe(cfg) -> str:
   if cfg.program == "train_lm":
     return (f"training {cfg.model.size} from scratch on {cfg.data.name} for "
             f"{cfg.train.num_steps} steps")
@@ -48,7 +48,7 @@ def run(config, workdir: str) -> dict:
     stage_dir = os.path.join(workdir, stage)
     if previous is not None:
       cfg.drafter.checkpoint = previous
-    print(f"\n[quickstart {i + 2}/{n}] {stage}: {_describe(stage, cfg)} into {stage_dir}",
+    print(f"\n[quickstart {i + 2}/{n}] {stage}: {_describe(cfg)} into {stage_dir}",
           flush=True)
     final = PROGRAMS[cfg.program](cfg, stage_dir)
     summary[stage] = dict(workdir=stage_dir, program=cfg.program,
