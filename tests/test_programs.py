@@ -235,6 +235,11 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
     again_config = evaluate_config.get_config("smoke")
     again_config.eval.save_text = True
     assert evaluate.run(again_config, str(tmp_path)) == rows
+    # Sweep lists and report fields are not in the rows' digest: a narrower sweep with another
+    # title (and an experiment's own fields) reads its rows back too.
+    subset = evaluate_config.get_config("smoke")
+    subset.title, subset.budgets, subset.eval.temperatures = "another title", (6,), (0.0,)
+    assert evaluate.run(subset, str(tmp_path)) == rows[:3]
   lines = (tmp_path / "rows.jsonl").read_text().splitlines()
   (tmp_path / "rows.jsonl").write_text("\n".join(lines[:5]) + '\n{"cut sh')
   passes = []
@@ -248,6 +253,25 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   config.eval.methods = ("sd", "warp")
   with pytest.raises(ValueError, match="eval.methods entry 'warp': unknown method 'warp'"):
     evaluate.run(config, str(tmp_path))
+
+
+def test_evaluate_row_digest_covers_what_rows_depend_on():
+  from configs import evaluate as evaluate_config
+  from spec_jax.programs import evaluate
+  base = evaluate.row_digest(evaluate_config.get_config("smoke"))
+  for field, value, same in [("eval.gammas", (1, 2, 3), True), ("eval.methods", ("sd", "rsd_s"), True),
+                             ("eval.temperatures", (0.5,), True), ("title", "x", True),
+                             ("eval.save_text", True, True), ("seed", 1, False),
+                             ("eval.new_tokens", 9, False), ("drafter.checkpoint", "d", False),
+                             ("eval.tree_width", 2, False), ("data.name", "other", False),
+                             ("prompts_file", "p.txt", False), ("eval.bpd.paths", 4, False)]:
+    config = evaluate_config.get_config("smoke")
+    section, _, name = field.rpartition(".")
+    target = config
+    for part in filter(None, section.split(".")):
+      target = target[part]
+    target[name] = value
+    assert (evaluate.row_digest(config) == base) == same, field
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -11,8 +11,9 @@ carries r(M), the verifier's measured cost for the M tokens of one call over one
 batch size (`verifier_cost_ratio_r`), and the theoretical speedup τ / (r(M) + d·c) it implies.
 Metrics come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
 Every field is validated, and the cache room of the actual prompts checked, before any model
-loads. Each finished row goes to `rows.jsonl` as it completes; rerunning the same config reads
-finished rows back (a (T, B) with rows left measures its autoregressive baseline again).
+loads. Each finished row goes to `rows.jsonl` as it completes; a rerun reads finished rows back
+unless a field they depend on changed (`row_digest`: adding γs, methods or temperatures keeps
+them; a (T, B) with rows left measures its autoregressive baseline again).
 """
 
 from __future__ import annotations
@@ -184,14 +185,32 @@ def check_room(ev, batches, runs) -> None:
 ROWS = "rows.jsonl"  # every finished row as it completes: a rerun of the same config resumes
 
 
+# The config fields a row's numbers depend on. Each row's key names its temperature, batch size,
+# method, γ and ε, so the sweep lists (_SWEEPS) are left out of the digest, and so is whatever only
+# shapes the report (title, save_text, an experiment's own fields): a rerun that adds a γ, a
+# method or a title keeps the finished rows; one that changes a model, the prompts, the seed or a
+# decoding option starts afresh.
+_ROW_FIELDS = ("seed", "tokenizer", "mesh", "verifier", "drafter", "data", "prompts",
+               "prompts_file", "num_data_prompts", "data_prompt_tokens", "eval")
+_SWEEPS = ("methods", "gammas", "temperatures", "batch_sizes", "epsilons", "save_text")
+
+
+def row_digest(config) -> str:
+  """sha256 of the config fields every finished row depends on (_ROW_FIELDS, less _SWEEPS)."""
+  fields = json.loads(config.to_json_best_effort())
+  kept = {k: fields.get(k) for k in _ROW_FIELDS}
+  kept["eval"] = {k: v for k, v in (kept["eval"] or {}).items() if k not in _SWEEPS}
+  return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+
+
 class _RowLog:
-  """Finished rows in <workdir>/rows.jsonl, each under a key naming its run and tagged with a
-  digest of the whole config: a rerun of the same config reads them back instead of decoding
-  again; a different config starts afresh (its rows replace the file's)."""
+  """Finished rows in <workdir>/rows.jsonl, each under a key naming its run and tagged with
+  `row_digest` of the config: a rerun whose rows would come out the same reads them back instead
+  of decoding again; any other config starts afresh (its rows replace the file's)."""
 
   def __init__(self, workdir: str, config):
     self.path = os.path.join(workdir, ROWS)
-    self.digest = hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode()).hexdigest()
+    self.digest = row_digest(config)
     self.done = {}
     if os.path.exists(self.path):
       with open(self.path, encoding="utf-8") as f:
