@@ -175,6 +175,10 @@ def test_train_bpd_resumes_and_records_its_verifier(tmp_path):
             if "train/loss" in r]
   assert losses[-1] < losses[0]
   assert train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)["step"] == 20  # resumed
+  other = train_bpd_config.get_config("smoke")
+  other.bpd.num_heads = 2
+  with pytest.raises(ValueError, match=r"other `bpd` settings .*num_heads: saved 3, this run 2"):
+    train_bpd.run(other, heads_dir)
   config = train_bpd_config.get_config("smoke")
   config.verifier.checkpoint = heads_dir
   b_cfg = loading.drafter_bpd(config.verifier)

@@ -270,6 +270,12 @@ def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experimen
   finished.steering.update(config.steered_runs["steered"])
   train_steering.run(finished, steered_dir,
                      step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
+  # Resuming it with another module is refused by name, before any array is read.
+  other = finished.copy_and_resolve_references()
+  other.steering.mode = "simple"
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"other `steering` settings .*mode: saved 'merged', this run 'simple'"):
+    train_steering.run(other, steered_dir)
   frozen = config.train.copy_and_resolve_references()
   frozen.steering.freeze_drafter = True
   frozen.drafter.checkpoint = steered_dir

@@ -101,6 +101,8 @@ class Student:
   drafter         TreeSpec -> a `protocols.Drafter` for the held-out τ
   wrap_tx         optimizer -> optimizer (e.g. freezing part of the params)
   meta            extra checkpoint metadata
+  meta_section    the config section `meta` records (e.g. "steering"): resuming a checkpoint
+                  whose meta says otherwise is refused with an error naming it; "": no check
   """
   cfg: llama.LlamaConfig
   init_fn: Callable
@@ -111,6 +113,7 @@ class Student:
   teacher_layers: tuple[int, ...] = ()
   wrap_tx: Callable = lambda tx: tx
   meta: dict = dataclasses.field(default_factory=dict)
+  meta_section: str = ""
 
 
 def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
@@ -271,7 +274,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
         functools.partial(train.fresh_state, student.init_fn, tx, init_rng, shardings, abstract,
                           student.params),
         num_steps=tc.num_steps, model_cfg=d_cfg, tokenizer=tokenizer, writer=writer,
-        config=config)
+        config=config,
+        expected=(student.meta_section, student.meta) if student.meta_section else None)
     if start >= tc.num_steps:
       return _finished_result(workdir, start, d_cfg)
     meta = checkpoints.make_meta(d_cfg, tokenizer, config, distill=dict(

@@ -77,7 +77,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
         functools.partial(train.fresh_state, init_fn, tx, init_rng, shardings, abstract,
                           init_fn(init_rng)),
         num_steps=tc.num_steps, model_cfg=v_cfg, tokenizer=tokenizer, writer=writer,
-        config=config)
+        config=config, expected=("bpd", {"bpd": {k: v for k, v in dataclasses.asdict(cfg).items()
+                                                 if k != "verifier_probe"}}))
     result = {"step": start, "train_loss": None, "eval": None, "steps_per_sec": None,
               "num_params": num_params}
     if start >= tc.num_steps:

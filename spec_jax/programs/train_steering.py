@@ -79,7 +79,8 @@ def steered_student(config, v_cfg, d_cfg, d_params) -> distill_program.Student:
       wrap_tx=lambda tx: steering_train.optimizer(tx, frozen=frozen, lr_scale=lr_scale),
       meta={"steering": dataclasses.asdict(s_cfg),
             "steering_training": dict(max_offset=int(sc.max_offset), freeze_drafter=frozen,
-                                      lr_scale=lr_scale)})
+                                      lr_scale=lr_scale)},
+      meta_section="steering")
 
 
 def run(config, workdir: str, *, step_hook=None) -> dict:

@@ -91,13 +91,33 @@ def _unreadable(path: str, err: Exception) -> CheckpointError:
       "its previous one once this directory is removed.")
 
 
+def check_saved_settings(meta: dict, expected: dict, section: str, path: str) -> None:
+  """Refuse a checkpoint whose meta records other settings than this run's: `expected` maps meta
+  keys (e.g. "steering") to this run's values; only the sub-keys given are compared. `section`
+  is the config section the user sets them in, named in the error with the fix."""
+  diffs = []
+  for key, want in expected.items():
+    saved = meta.get(key) or {}
+    for name, value in json.loads(json.dumps(want)).items():
+      if saved.get(name) != value:
+        diffs.append(f"{name}: saved {saved.get(name)!r}, this run {value!r}")
+  if diffs:
+    raise CheckpointError(
+        f"Checkpoint {path} was trained with other `{section}` settings than this run asks for "
+        f"({'; '.join(diffs)}), so it cannot be resumed. Fix: set {section}.* back to the saved "
+        "values to resume it, or pass a new --workdir to train afresh.")
+
+
 def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig | None = None,
-                   manager: ocp.CheckpointManager | None = None) -> tuple[Any, dict] | None:
+                   manager: ocp.CheckpointManager | None = None,
+                   expected: tuple[str, dict] | None = None) -> tuple[Any, dict] | None:
   """(state, meta) from the newest checkpoint in `<workdir>/checkpoints`, or None if there is
   none. `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s whose `.sharding`s say
   where each restored array goes (from `jax.eval_shape` + `parallel.param_shardings`).
   model_cfg: if given, checked against the checkpoint's before any array is read, so a workdir
-  reused for another model fails with a clear message rather than a shape error."""
+  reused for another model fails with a clear message rather than a shape error.
+  expected: (config section, {meta key: this run's values}) checked the same way
+  (`check_saved_settings`), e.g. a steering module's layers and mode."""
   own = manager is None
   manager = manager or make_manager(workdir, read_only=True)
   try:
@@ -112,6 +132,8 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
       raise _unreadable(path, e) from e
     if model_cfg is not None:
       check_model_config(model_config_from_meta(meta, path), model_cfg, path)
+    if expected is not None:
+      check_saved_settings(meta, expected[1], expected[0], path)
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(abstract_state.params),
@@ -131,13 +153,15 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
 
 def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Callable[[], Any], *,
                     num_steps: int, model_cfg: llama.LlamaConfig, tokenizer, writer,
-                    config) -> tuple[Any, int]:
+                    config, expected: tuple[str, dict] | None = None) -> tuple[Any, int]:
   """Where a training run picks up: (state, step) of the newest checkpoint in `manager`'s
   directory, its model and tokenizer checked and the metrics `writer` logged after it dropped;
   or, with no checkpoint, (fresh(), 0) and the run's hyper-parameters written. A returned step
-  >= num_steps means the run is already finished (nothing is truncated then)."""
+  >= num_steps means the run is already finished (nothing is truncated then). `expected`: see
+  restore_latest."""
   directory = str(manager.directory)
-  restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager)
+  restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager,
+                            expected=expected)
   if restored is None:
     # A run killed before its first checkpoint left metrics of steps that will run again.
     writer.truncate_after(-1)
