@@ -56,7 +56,8 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
   names = sorted(os.listdir(os.path.join(rsd_workdir, "runs")))
   assert names == ["fixed_budget_K3_B4_spec_jax_shakespeare_T1",
                    "fixed_length_L1_spec_jax_shakespeare_T0",
-                   "fixed_length_L1_spec_jax_shakespeare_T1"]
+                   "fixed_length_L1_spec_jax_shakespeare_T1",
+                   "level_acceptance_spec_jax_shakespeare.json"]
   for name in ("results.md", "tau_vs_depth.png", "tau_vs_budget.png"):
     assert os.path.getsize(os.path.join(rsd_workdir, name)) > 0
   rows = json.load(open(os.path.join(rsd_workdir, "results.json")))
@@ -71,10 +72,18 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
           f"{rsd_workdir}`") in md
   assert "Does RSD-S ≥ RSD-C ≥ SpecTr ≥ SD (τ) hold at fixed L?" in md
   assert "**block_efficiency**" in md
+  # Part (c): per-level acceptance per rule and k; at k = 1 every rule is SD.
+  levels, = json.load(open(os.path.join(rsd_workdir, "level_acceptance.json")))
+  assert levels["k"] == [1, 2] and levels["rows"] == config.eval.num_prompts
+  for rule in ("specinfer", "spectr", "rsd"):
+    assert levels[rule][0] == pytest.approx(levels["sd"][0], abs=1e-3)
+  assert "## (c) Why the rules differ" in md and "With k = 2 candidates SpecTr accepts" in md
 
-  # Resume: every evaluate run is read back, the report comes out the same.
+  # Resume: every evaluate run and the analysis are read back, the report comes out the same.
+  from spec_jax.evaluation import multidraft
   from spec_jax.programs import evaluate
   monkeypatch.setattr(evaluate, "run", _refuse)
+  monkeypatch.setattr(multidraft, "analyse", _refuse)
   again = _dispatch(rsd_config.get_config("smoke"), rsd_workdir)
   assert again == rows and json.load(open(os.path.join(rsd_workdir, "results.json"))) == rows
   assert open(os.path.join(rsd_workdir, "results.md")).read() == md
@@ -115,6 +124,16 @@ def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   assert _dispatch(config, str(tmp_path)) == []
   assert "The order holds in 0 of 0 settings" in open(tmp_path / "results.md").read()
   assert not os.path.exists(tmp_path / "runs" / "fixed_length_L1_spec_jax_shakespeare_T1")
+
+
+def test_rsd_prompts_are_checked_for_every_dataset_before_any_run(tmp_path):
+  config = rsd_config.get_config("smoke")
+  config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
+  config.prompt_splits = {}
+  config.eval.num_prompts = config.num_data_prompts = 5000  # more than any test split holds
+  with pytest.raises(ValueError, match="Split 'test' of 'spec_jax_shakespeare' has only"):
+    _dispatch(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "runs")  # nothing ran
 
 
 def test_rsd_budget_methods_must_cover_the_budgets(tmp_path):

@@ -71,6 +71,13 @@ def get_config(arg=None):
                      max_prompt_tokens=64)
   config.num_data_prompts = 48
   config.data_prompt_tokens = 48
+  # Python code's test split has 46 documents: its prompts come from the train split (the
+  # scratch drafter never saw Python; the comparison is between rules on the same prompts).
+  config.prompt_splits = {"spec_jax_pystdlib": "train"}
+  # Part (c): per-level acceptance of k candidates per rule (evaluation/multidraft.py) on the
+  # verifier's own T = 1 continuations; RSD's is averaged over `level_draws` rejection paths.
+  config.level_ks = (1, 2, 3)
+  config.level_draws = 16
   if args.smoke:
     # Every code path (both parts, greedy and sampled) at the fewest shapes (one width, two
     # methods: the suite's time limit; every tree method has its own tests in
@@ -85,6 +92,8 @@ def get_config(arg=None):
     config.eval.update(num_prompts=2, new_tokens=6, batch_sizes=(2,), max_prompt_tokens=24)
     config.num_data_prompts = 2
     config.data_prompt_tokens = 12
+    config.level_ks = (1, 2)
+    config.level_draws = 2
   # Part (b)'s eval.methods per run, as data (the program does not import this file): the
   # first width's runs also carry SD at γ = B - 1.
   config.budget_methods = {

@@ -358,6 +358,22 @@ def _epsilons(ev, tree) -> tuple:
   return (ev.epsilon,)
 
 
+def prompt_batches(config, tokenizer, runs) -> tuple[list[str], dict[int, list]]:
+  """(the eval.num_prompts prompt texts, batch size -> [(Prompts, real rows)]), the cache room
+  each run needs checked: all before any model loads."""
+  ev = config.eval
+  texts = prompts_lib.take(
+      prompts_lib.read_prompts(config, tokenizer,
+                               num_data_prompts=max(int(ev.num_prompts),
+                                                    int(config.get("num_data_prompts", 0)))
+                               if config.get("num_data_prompts", 0) else None),
+      int(ev.num_prompts), "eval.num_prompts")
+  all_batches = {b: _batches(tokenizer, texts, b, ev.max_prompt_tokens) for b in ev.batch_sizes}
+  for batches in all_batches.values():
+    check_room(ev, batches, runs)
+  return texts, all_batches
+
+
 def run(config, workdir: str) -> list[dict]:
   ev = config.eval
   runs = method_runs(ev)  # bad method entries fail before anything is loaded
@@ -367,16 +383,7 @@ def run(config, workdir: str) -> list[dict]:
     f.write(config.to_json_best_effort(indent=2))
   mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
-  texts = prompts_lib.take(
-      prompts_lib.read_prompts(config, tokenizer,
-                               num_data_prompts=max(int(ev.num_prompts),
-                                                    int(config.get("num_data_prompts", 0)))
-                               if config.get("num_data_prompts", 0) else None),
-      int(ev.num_prompts), "eval.num_prompts")
-  # Prompt batches for every batch size, and the cache room they need, before any model loads.
-  all_batches = {b: _batches(tokenizer, texts, b, ev.max_prompt_tokens) for b in ev.batch_sizes}
-  for batches in all_batches.values():
-    check_room(ev, batches, runs)
+  texts, all_batches = prompt_batches(config, tokenizer, runs)
   b_cfg = loading.drafter_bpd(config.drafter)
   methods = {run[1] for run in runs}
   for run in runs:  # BPD methods need BPD heads, and every shape must fit them: before loading

@@ -28,7 +28,11 @@ import os
 
 import jax
 
-from spec_jax.evaluation import glossary, report, tables
+from spec_jax import loading
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.evaluation import glossary, multidraft, report, tables
 from spec_jax.programs import evaluate
 
 # The paper's claims this experiment checks (Jeon et al. 2024, §5): at a fixed draft length the
@@ -56,15 +60,70 @@ def _run(config, workdir: str, dataset: str, temperature: float, methods, part: 
   elif config.render_only:
     return []
   else:
-    cfg = copy.deepcopy(config)
-    cfg.program = "evaluate"  # what run_dir/config.json records
-    cfg.data.name = dataset
-    cfg.eval.temperatures = (float(temperature),)
-    cfg.eval.methods = tuple(methods)
-    rows = evaluate.run(cfg, run_dir)
+    rows = evaluate.run(_dataset_config(config, dataset, temperature, methods), run_dir)
   for row in rows:
     row.update(part=part)
   return rows
+
+
+def _dataset_config(config, dataset: str, temperature: float, methods):
+  """The evaluate config of one run: the experiment's, on `dataset` (its prompt split from
+  `prompt_splits` where one is named), at one temperature, with `methods`."""
+  cfg = copy.deepcopy(config)
+  cfg.program = "evaluate"  # what the run's config.json records
+  cfg.data.name = dataset
+  if dataset in config.get("prompt_splits", {}):
+    cfg.data.prompt_split = config.prompt_splits[dataset]
+  cfg.eval.temperatures = (float(temperature),)
+  cfg.eval.methods = tuple(methods)
+  return cfg
+
+
+def check_prompts(config) -> None:
+  """Every dataset supplies eval.num_prompts prompts, and the largest draft of every run fits
+  the cache with them: checked before the first run (hours before the last one starts)."""
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  entries = [f"{m}@{d}" for m in config.fixed_methods for d in config.fixed_depths]
+  entries += [e for w in config.budget_widths for b in config.budgets
+              for e in budget_methods(config, w, b)]
+  for dataset in dict.fromkeys(tuple(config.datasets) + tuple(config.budget_datasets)):
+    cfg = _dataset_config(config, dataset, 1.0, entries)
+    evaluate.prompt_batches(cfg, tokenizer, evaluate.method_runs(cfg.eval))
+
+
+def level_acceptance(config, workdir: str, dataset: str) -> dict | None:
+  """Part (c): per-level acceptance of k candidates per rule (evaluation/multidraft.py) on the
+  verifier's own T = 1 continuations of the dataset's prompts, cached in
+  runs/level_acceptance_<dataset>.json (None under render_only before it exists)."""
+  path = os.path.join(workdir, "runs", f"level_acceptance_{dataset}.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  if config.render_only:
+    return None
+  cfg = _dataset_config(config, dataset, 1.0, ("sd",))
+  tokenizer = tokenizer_lib.get_tokenizer(cfg.tokenizer)
+  _, all_batches = evaluate.prompt_batches(cfg, tokenizer, evaluate.method_runs(cfg.eval))
+  batches = all_batches[cfg.eval.batch_sizes[0]]
+  v_cfg, v_params = loading.load_model(cfg.verifier, tokenizer, seed=cfg.seed,
+                                       field="verifier.checkpoint")
+  d_cfg, d_params = loading.load_model(cfg.drafter, tokenizer, seed=cfg.seed + 1,
+                                       field="drafter.checkpoint")
+  rng = jax.random.key(cfg.seed)
+  outputs = [generate_lib.generate(v_params, prompts, jax.random.fold_in(rng, i), cfg=v_cfg,
+                                   sampling=sampling_lib.Sampling(1.0),
+                                   max_new_tokens=int(cfg.eval.new_tokens))
+             for i, (prompts, _) in enumerate(batches)]
+  result = multidraft.analyse(v_params, v_cfg, d_params, d_cfg, outputs,
+                              ks=tuple(config.level_ks), draws=int(config.level_draws),
+                              seed=cfg.seed, real_rows=[real for _, real in batches])
+  result.update(dataset=dataset, temperature=1.0,
+                verifier=cfg.verifier.checkpoint or cfg.verifier.size,
+                drafter=cfg.drafter.checkpoint or cfg.drafter.size)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=2)
+  return result
 
 
 def budget_methods(config, width: int, budget: int) -> tuple[str, ...]:
@@ -196,8 +255,74 @@ def ordering_checks(fixed_rows) -> tuple[list[str], dict[str, int], int]:
   return head + lines, counts, trees_win
 
 
-def render_markdown(config, rows, extra_widths, command_line: str) -> str:
-  """results.md: part (a)'s tables and ordering check, part (b)'s best-per-budget table, the
+def _pm(values: dict, name: str, i: int) -> str:
+  return f"{values[name][i]:.3f} ± {values[name + '_se'][i]:.3f}"
+
+
+def _than(a: float, b: float, se: float) -> str:
+  """'above' / 'below' / 'level with' for a against b, within NOISE_SE standard errors."""
+  if a - b > NOISE_SE * se:
+    return "above"
+  if b - a > NOISE_SE * se:
+    return "below"
+  return "level with"
+
+
+def level_lines(levels: dict, fixed_rows) -> list[str]:
+  """Part (c) of results.md: the per-level acceptance table per dataset and what it explains
+  about SpecTr against SpecInfer (and RSD), with the fixed-L τ of part (a) beside it."""
+  md = ["## (c) Why the rules differ: one tree level with k candidates (T = 1)", "",
+        "The chance that one level of a draft tree accepts one of its k candidate tokens, per "
+        "rule, averaged over the positions of the verifier's own T = 1 continuations of the "
+        "same prompts (both models teacher-forced; `evaluation/multidraft.py`, checked against "
+        "the tree rules' acceptance frequencies in tests/test_multidraft.py). SD is k = 1, "
+        "Σ min(p, q). SpecInfer tests i.i.d. candidates by recursive rejection: each later "
+        "candidate against the residual norm((r − q)+) the rejections before it left. SpecTr "
+        "(K-SEQ) accepts each i.i.d. candidate with min(1, p/(ρq)), with ρ ≥ 1 the smallest scale "
+        "that keeps the emitted law exactly p. RSD draws its candidates without replacement and "
+        "tests them recursively. ± is the standard error over prompts.", ""]
+  for dataset, lv in levels.items():
+    if not lv:
+      continue
+    md += [f"### {dataset} ({lv['rows']} prompts, {lv['positions']} positions)", "",
+           "| k | SpecInfer | SpecTr | RSD (without replacement) | SpecTr's ρ |",
+           "|---:|---:|---:|---:|---:|"]
+    for i, k in enumerate(lv["k"]):
+      md.append(f"| {k} | {_pm(lv, 'specinfer', i)} | {_pm(lv, 'spectr', i)} | "
+                f"{_pm(lv, 'rsd', i)} | {lv['rho'][i]:.3f} |")
+    i = len(lv["k"]) - 1
+    k = lv["k"][i]
+    si, st, rs = lv["specinfer"][i], lv["spectr"][i], lv["rsd"][i]
+    se = math.hypot(lv["specinfer_se"][i], lv["spectr_se"][i])
+    md += ["", f"With k = {k} candidates SpecTr accepts a level with probability {st:.3f}, "
+           f"{_than(st, si, se)} SpecInfer's {si:.3f} (k = 1, plain SD: {lv['sd'][0]:.3f}). "
+           f"K-SEQ pays for exactness up front: every candidate's ratio is divided by ρ "
+           f"(here {lv['rho'][i]:.2f} on average), so even a token with p ≥ q is accepted only "
+           "with probability p/(ρq); recursive rejection keeps each candidate's full ratio and "
+           "instead tests the later candidates against the residual, which holds exactly the "
+           "mass of p that q under-covers. RSD's candidates cannot repeat, so none is spent on "
+           f"a duplicate of a rejected token: {rs:.3f}, {_than(rs, si, math.hypot(lv['rsd_se'][i], lv['specinfer_se'][i]))} "
+           "SpecInfer. A tree multiplies one such probability per level, and K i.i.d. chains "
+           "keep k > 1 candidates below the root only while they share a prefix, so the "
+           "per-level gap shows most at the root and compounds with depth."]
+    pairs = {}
+    for r in fixed_rows:
+      if r["dataset"] == dataset and r["temperature"] == 1.0 and r["method"] in (
+          "specinfer", "spectr"):
+        pairs.setdefault(r["gamma"], {})[r["method"]] = r
+    measured = [f"L = {depth}: SpecInfer {_tau(by['specinfer'])}, SpecTr {_tau(by['spectr'])} "
+                f"({compare(by['specinfer'], by['spectr'])})"
+                for depth, by in sorted(pairs.items()) if len(by) == 2]
+    if measured:
+      md += ["", "Measured τ at fixed L (part (a), T = 1; '>' / '<' beyond noise, '≈' "
+             "within): " + "; ".join(measured) + "."]
+    md.append("")
+  return md
+
+
+def render_markdown(config, rows, extra_widths, command_line: str, levels=None) -> str:
+  """results.md: part (a)'s tables and ordering check, part (b)'s best-per-budget table, part
+  (c)'s per-level acceptance (`levels`: dataset -> multidraft.analyse result, or None), the
   plots and the glossary of the columns shown."""
   fixed = [r for r in rows if r["part"] == "fixed_length"]
   md = [f"# {config.title}", "",
@@ -279,6 +404,8 @@ def render_markdown(config, rows, extra_widths, command_line: str) -> str:
     md += [f"Largest standard error of τ at T = {config.budget_temperature:g}: {max(se):.3f} "
            f"(median {sorted(se)[len(se) // 2]:.3f}; the experiment is sized for ≤ {TARGET_SE}).",
            ""]
+  if levels and any(levels.values()):
+    md += level_lines(levels, fixed)
   md += ["## Plots", "", "![τ vs L](tau_vs_depth.png) ![τ vs budget](tau_vs_budget.png)", "",
          "## Glossary", ""]
   md += glossary.markdown_lines(COLUMNS)
@@ -361,10 +488,17 @@ def run(config, workdir: str) -> list[dict]:
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "runs", "jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  if not config.render_only:
+    check_prompts(config)
+  # Part (c) first: minutes, and it explains what the hours of part (a) and (b) will show.
+  levels = {d: level_acceptance(config, workdir, d) for d in config.datasets}
   rows, extra_widths = collect_rows(config, workdir)
   with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(rows, f, indent=2)
-  md = render_markdown(config, rows, extra_widths, report.launch_command(config, workdir))
+  with open(os.path.join(workdir, "level_acceptance.json"), "w", encoding="utf-8") as f:
+    json.dump([v for v in levels.values() if v], f, indent=2)
+  md = render_markdown(config, rows, extra_widths, report.launch_command(config, workdir),
+                       levels)
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(md)
   write_plots(config, rows, workdir)
