@@ -17,7 +17,11 @@ verifier tokens per call. Part (b), fixed verifier budget B ∈ {6, 10, 14, 20, 
 at temperature 1, on both datasets: for each method the best of its candidate shapes with at
 most B nodes (`budget_entries`: width 3 and 2, depth as deep as the budget allows; SD γ = B - 1),
 stored in the config as `budget_methods["K{width}_B{budget}"]`; shapes part (a) already decoded
-at the same temperature are read from its rows, not run again. 48 prompts × 128 new tokens per
+at the same temperature are read from its rows, not run again. Part (c), run first (minutes):
+the chance that one tree level accepts one of k ∈ `level_ks` candidates under each rule
+(SpecInfer, SpecTr's K-SEQ, RSD without replacement; evaluation/multidraft.py) on the verifier's
+own T = 1 continuations of each dataset's prompts, which explains SpecTr against SpecInfer.
+Every dataset's prompts are checked before anything runs. 48 prompts × 128 new tokens per
 setting at batch 16, so that τ's standard error is ≤ ~0.03 (results.md states the largest).
 Verdicts compare τ with its standard error: a difference counts beyond 2 standard errors.
 Time on 2 CPU cores: several hours (~15 min per part-(a) setting of 5 methods; the 4-prompt ×

@@ -11,7 +11,12 @@ per round:
       `fixed_temperatures`;
   (b) fixed verifier budget: for every width in `budget_widths` and budget B in `budgets`, the
       entries `budget_methods["K{width}_B{B}"]` (computed by the experiment's get_config) on
-      `budget_datasets` at `budget_temperature`.
+      `budget_datasets` at `budget_temperature`;
+  (c) per-level acceptance: the chance that one tree level accepts one of k candidates under
+      each rule, on the verifier's T = 1 continuations of each dataset's prompts
+      (`level_acceptance`, evaluation/multidraft.py), cached in runs/level_acceptance_<d>.json
+      and run first; results.md explains SpecTr against SpecInfer from it.
+Every dataset's prompts (and the cache room of the largest draft) are checked before any run.
 Each run lives in `<workdir>/runs/<part>_<tag>_<dataset>_T<t>`; a run whose results.json exists
 is read back, not redone, so an interrupted experiment resumes, and `render_only` reports what
 has finished without running anything. Writes <workdir>/results.json (every run's rows),
