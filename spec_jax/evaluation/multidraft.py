@@ -31,6 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 
 from spec_jax.decoding.acceptance import kseq, residuals
 from spec_jax.models import llama
@@ -98,18 +99,19 @@ def _laws(v_params, d_params, tokens, *, v_cfg, d_cfg):
 
 def analyse(v_params, v_cfg: llama.LlamaConfig, d_params, d_cfg: llama.LlamaConfig, outputs,
             *, ks=(1, 2, 3), draws: int = 16, seed: int = 0, chunk: int = 64,
-            real_rows=None) -> dict:
+            real_rows=None, desc: str | None = None) -> dict:
   """Mean per-level acceptance per rule and k over the generated positions of `outputs`
   (generate outputs: tokens [B, S], prompt_lengths [B], lengths [B]), each with its standard
   error over rows (a row's positions are correlated; rows are independent samples).
   real_rows: per output, how many leading rows are real prompts (the rest batch padding).
+  desc: a progress bar's label (None: no bar).
 
   Returns {"k": [...], "positions": n, "rows": m, "<rule>": [mean per k],
   "<rule>_se": [...], "rho": [mean ρ per k]}."""
   per_row = {name: {k: [] for k in ks} for name in (*RULES, "rho")}
   rng = jax.random.key(seed)
   positions = 0
-  for i, out in enumerate(outputs):
+  for i, out in enumerate(tqdm.tqdm(outputs, desc=desc, disable=desc is None, leave=False)):
     tokens = np.asarray(out.tokens)
     plens, lens = np.asarray(out.prompt_lengths), np.asarray(out.lengths)
     p_all, q_all = _laws(v_params, d_params, jnp.asarray(tokens), v_cfg=v_cfg, d_cfg=d_cfg)

@@ -121,7 +121,8 @@ def level_acceptance(config, workdir: str, dataset: str) -> dict | None:
              for i, (prompts, _) in enumerate(batches)]
   result = multidraft.analyse(v_params, v_cfg, d_params, d_cfg, outputs,
                               ks=tuple(config.level_ks), draws=int(config.level_draws),
-                              seed=cfg.seed, real_rows=[real for _, real in batches])
+                              seed=cfg.seed, real_rows=[real for _, real in batches],
+                              desc=f"per-level acceptance, {dataset}")
   result.update(dataset=dataset, temperature=1.0,
                 verifier=cfg.verifier.checkpoint or cfg.verifier.size,
                 drafter=cfg.drafter.checkpoint or cfg.drafter.size)
