@@ -59,11 +59,11 @@ def _miss_without_replacement(p, q, k: int, rng, draws: int):
     def step(carry, key_i):
       r, s, miss = carry
       beta = residuals.acceptance_rate(r, s)
-      rejected = jnp.maximum(s - r, 0.0)
-      logits = jnp.where(rejected > 0, jnp.log(jnp.maximum(rejected, 1e-38)), -jnp.inf)
-      # Nothing left to reject with (β = 1, miss is 0 from here on): any token will do.
-      logits = jnp.where(jnp.any(rejected > 0, axis=-1, keepdims=True), logits, 0.0)
-      x = jax.random.categorical(key_i, logits, axis=-1)
+      # The rejected candidate, by inverse CDF (one uniform per position, not one per token).
+      # Nothing left to reject with (β = 1: miss is 0 from here on) gives token 0: any will do.
+      cdf = jnp.cumsum(jnp.maximum(s - r, 0.0), axis=-1)
+      u = jax.random.uniform(key_i, cdf.shape[:-1]) * cdf[..., -1]
+      x = jnp.minimum(jnp.sum(cdf < u[..., None], axis=-1), cdf.shape[-1] - 1)
       return (residuals.residual_update(r, s), residuals.remove_token(s, x),
               miss * (1.0 - beta)), None
     init = (p, q, jnp.ones(p.shape[:-1], jnp.float32))
