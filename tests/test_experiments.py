@@ -77,7 +77,8 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
   assert levels["k"] == [1, 2] and levels["rows"] == config.eval.num_prompts
   for rule in ("specinfer", "spectr", "rsd"):
     assert levels[rule][0] == pytest.approx(levels["sd"][0], abs=1e-3)
-  assert "## (c) Why the rules differ" in md and "With k = 2 candidates SpecTr accepts" in md
+  assert "## (c) Why the rules differ" in md and "With k = 2 candidates a level accepts" in md
+  assert len(levels["spectr_minus_specinfer_se"]) == 2
 
   # Resume: every evaluate run and the analysis are read back, the report comes out the same.
   from spec_jax.evaluation import multidraft

@@ -119,6 +119,9 @@ def test_analyse_averages_generated_positions_only():
                               chunk=4)
   assert result["k"] == [1, 3] and result["rows"] == 2
   assert result["positions"] == int(np.sum(np.asarray(out.lengths) - np.asarray(out.prompt_lengths)))
+  for a, b in multidraft.PAIRS:  # paired differences: the difference of the means
+    assert result[f"{a}_minus_{b}"][1] == pytest.approx(result[a][1] - result[b][1], abs=2e-4)
+    assert result[f"{a}_minus_{b}"][0] == pytest.approx(0.0, abs=1e-4)  # k = 1: all are SD
   for rule in ("specinfer", "spectr", "rsd"):
     assert result[rule][0] == pytest.approx(result["sd"][0], abs=1e-3)
     assert 0 < result[rule][1] <= 1 and result[rule][1] >= result["sd"][1] - 1e-3

@@ -37,6 +37,8 @@ from spec_jax.decoding.acceptance import kseq, residuals
 from spec_jax.models import llama
 
 RULES = ("sd", "specinfer", "spectr", "rsd")
+# The differences `analyse` reports with their paired standard errors.
+PAIRS = (("spectr", "specinfer"), ("rsd", "specinfer"))
 
 
 def _miss_with_replacement(p, q, k: int):
@@ -107,7 +109,9 @@ def analyse(v_params, v_cfg: llama.LlamaConfig, d_params, d_cfg: llama.LlamaConf
   desc: a progress bar's label (None: no bar).
 
   Returns {"k": [...], "positions": n, "rows": m, "<rule>": [mean per k],
-  "<rule>_se": [...], "rho": [mean ρ per k]}."""
+  "<rule>_se": [...], "rho": [mean ρ per k], "<a>_minus_<b>": [mean per k] and its "_se" for
+  each pair in PAIRS (the standard error of the per-row differences: the rules see the same
+  positions, so a difference is far more precise than either value)."""
   per_row = {name: {k: [] for k in ks} for name in (*RULES, "rho")}
   rng = jax.random.key(seed)
   positions = 0
@@ -142,6 +146,16 @@ def analyse(v_params, v_cfg: llama.LlamaConfig, d_params, d_cfg: llama.LlamaConf
     means = [float(np.mean(by_k[k])) if by_k[k] else float("nan") for k in ks]
     result[name] = [round(m, 4) for m in means]
     if name != "rho":
-      result[f"{name}_se"] = [round(float(np.std(by_k[k], ddof=1) / np.sqrt(len(by_k[k])))
-                                    if len(by_k[k]) > 1 else 0.0, 4) for k in ks]
+      result[f"{name}_se"] = [round(_se(by_k[k]), 4) for k in ks]
+  for a, b in PAIRS:
+    diffs = {k: np.subtract(per_row[a][k], per_row[b][k]) for k in ks}
+    result[f"{a}_minus_{b}"] = [round(float(np.mean(diffs[k])), 5) if len(diffs[k]) else
+                                float("nan") for k in ks]
+    result[f"{a}_minus_{b}_se"] = [round(_se(diffs[k]), 5) for k in ks]
   return result
+
+
+def _se(values) -> float:
+  """Standard error of the mean over rows (0 for fewer than two)."""
+  values = np.asarray(values, np.float64)
+  return float(np.std(values, ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0

@@ -298,19 +298,28 @@ def level_lines(levels: dict, fixed_rows) -> list[str]:
                 f"{_pm(lv, 'rsd', i)} | {lv['rho'][i]:.3f} |")
     i = len(lv["k"]) - 1
     k = lv["k"][i]
-    si, st, rs = lv["specinfer"][i], lv["spectr"][i], lv["rsd"][i]
-    se = math.hypot(lv["specinfer_se"][i], lv["spectr_se"][i])
-    md += ["", f"With k = {k} candidates SpecTr accepts a level with probability {st:.3f}, "
-           f"{_than(st, si, se)} SpecInfer's {si:.3f} (k = 1, plain SD: {lv['sd'][0]:.3f}). "
-           f"K-SEQ pays for exactness up front: every candidate's ratio is divided by ρ "
-           f"(here {lv['rho'][i]:.2f} on average), so even a token with p ≥ q is accepted only "
-           "with probability p/(ρq); recursive rejection keeps each candidate's full ratio and "
-           "instead tests the later candidates against the residual, which holds exactly the "
-           "mass of p that q under-covers. RSD's candidates cannot repeat, so none is spent on "
-           f"a duplicate of a rejected token: {rs:.3f}, {_than(rs, si, math.hypot(lv['rsd_se'][i], lv['specinfer_se'][i]))} "
-           "SpecInfer. A tree multiplies one such probability per level, and K i.i.d. chains "
-           "keep k > 1 candidates below the root only while they share a prefix, so the "
-           "per-level gap shows most at the root and compounds with depth."]
+
+    def versus(name: str) -> str:
+      d, se = lv[f"{name}_minus_specinfer"][i], lv[f"{name}_minus_specinfer_se"][i]
+      return f"{_than(d, 0.0, se)} SpecInfer's by {d:+.4f} ± {se:.4f}"
+    md += ["", f"With k = {k} candidates a level accepts with probability "
+           f"{lv['specinfer'][i]:.3f} under SpecInfer, {lv['spectr'][i]:.3f} under SpecTr and "
+           f"{lv['rsd'][i]:.3f} under RSD (k = 1, plain SD: {lv['sd'][0]:.3f}). Differences are "
+           "paired over prompts (every rule sees the same positions), so they are far more "
+           f"precise than the values: SpecTr is {versus('spectr')}, RSD is {versus('rsd')}.",
+           "",
+           "Why: both i.i.d. rules spend k draws from q. Recursive rejection (SpecInfer) gives the "
+           "first candidate SD's full chance Σ min(p, q); each later one, still drawn from q, is "
+           "tested against the residual of the rejections, which holds exactly the mass q "
+           "under-covers, so q is a poor proposal for it and extra candidates add less and less. "
+           "K-SEQ (SpecTr) treats the k candidates alike, each accepted with min(1, p/(ρq)), "
+           f"with the smallest ρ that keeps the law exact (ρ ≈ {lv['rho'][i]:.2f} here): it gives "
+           "up some of the first candidate's chance to make every later one count. Which spends "
+           "the draws better depends on p and q; the table says which did here. RSD's "
+           "candidates cannot repeat, so none is spent on a duplicate of a rejected token. A "
+           "tree multiplies one such probability per level, and K i.i.d. chains keep k > 1 "
+           "candidates below the root only while they share a prefix, so a per-level gap shows "
+           "most at the root and compounds with depth."]
     pairs = {}
     for r in fixed_rows:
       if r["dataset"] == dataset and r["temperature"] == 1.0 and r["method"] in (
