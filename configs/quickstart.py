@@ -54,6 +54,8 @@ def get_config(arg=None):
       sub or f"gammas={2 if args.recipe == 'vinit' else 4},temperatures=0+1,num_prompts=4,"
       "new_tokens=48")
   config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly built drafter"
+  if args.smoke:  # one γ, as the main job has (the suite's time; evaluate's tests sweep γ)
+    config.evaluate.eval.gammas = (2,)
   distill_args = (f"divergence={args.distill_divergence},source={args.distill_source}")
   if args.smoke:
     # The scratch drafter, then a one-block, 64-token variant of it distilled from the verifier
