@@ -15,10 +15,32 @@ import math
 import os
 from typing import Any, Mapping
 
+import sys
+
 import jax
 import numpy as np
-import tensorboardX
-from tensorboardX.summary import hparams as hparams_summary
+
+
+def _import_tensorboardx():
+  """tensorboardX without PyTorch: its writer imports torch when it is installed (the test
+  requirements install it for the HF parity tests) only to accept torch tensors, which spec_jax
+  never passes, and that import costs ~1.2 s in every process that writes metrics. An entry of
+  None in sys.modules makes that optional import fail; it is removed again afterwards, so code
+  that wants torch still gets it."""
+  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    import tensorboardX  # noqa: PLC0415
+    return tensorboardX
+  sys.modules["torch"] = None
+  try:
+    import tensorboardX  # noqa: PLC0415
+    import tensorboardX.summary  # noqa: F401, PLC0415
+  finally:
+    del sys.modules["torch"]
+  return tensorboardX
+
+
+tensorboardX = _import_tensorboardx()
+hparams_summary = tensorboardX.summary.hparams
 
 JSONL = "metrics.jsonl"
 
