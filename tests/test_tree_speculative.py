@@ -18,9 +18,10 @@ from spec_jax.decoding.sampling import Sampling
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_cache_writes():
-  """This module's programs are written to no shared compilation cache: XLA:CPU's rare crash
-  while serializing an executable (pytest.ini) came in its sampled-tree programs in 3 of 4 full
-  runs on 2026-11-24, and no other test compiles them (they are still read if present)."""
+  """This module's programs are written to no shared compilation cache. XLA:CPU's worker crash
+  (pytest.ini) came in this module in 4 of 6 full runs on 2026-11-24: twice while serializing an
+  executable for the cache, twice while compiling. The writes are skipped because no other test
+  compiles these programs (entries already present are still read)."""
   key = "jax_persistent_cache_min_compile_time_secs"
   old = getattr(jax.config, key)
   jax.config.update(key, 1e9)
