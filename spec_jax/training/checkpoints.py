@@ -93,13 +93,15 @@ def _unreadable(path: str, err: Exception) -> CheckpointError:
 
 def check_saved_settings(meta: dict, expected: dict, section: str, path: str) -> None:
   """Refuse a checkpoint whose meta records other settings than this run's: `expected` maps meta
-  keys (e.g. "steering") to this run's values; only the sub-keys given are compared. `section`
-  is the config section the user sets them in, named in the error with the fix."""
+  keys (e.g. "steering") to this run's values; only the sub-keys given are compared, and only
+  where the checkpoint recorded them (an older checkpoint may lack a newer setting, e.g.
+  steering_training.lr_scale). `section` is the config section the user sets them in, named in
+  the error with the fix."""
   diffs = []
   for key, want in expected.items():
     saved = meta.get(key) or {}
     for name, value in json.loads(json.dumps(want)).items():
-      if saved.get(name) != value:
+      if name in saved and saved[name] != value:
         diffs.append(f"{name}: saved {saved.get(name)!r}, this run {value!r}")
   if diffs:
     raise CheckpointError(
