@@ -140,6 +140,10 @@ def test_round_robin_and_timed_pass_compile_first():
   seen = []
   outputs, seconds = timing.timed_pass(lambda x, i: seen.append((x, i)) or x * 2, [5, 6, 7])
   assert seen == [(5, 0), (5, 0), (6, 1), (7, 2)] and outputs == [10, 12, 14] and seconds >= 0
+  seen = []  # compile_only: the warm-up asks fn to compile, not to run
+  outputs, _ = timing.timed_pass(lambda x, i, **kw: seen.append((x, i, kw)) or x * 2, [5, 6],
+                                 compile_only=True)
+  assert seen == [(5, 0, {"compile_only": True}), (5, 0, {}), (6, 1, {})] and outputs == [10, 12]
   steps = [types.SimpleNamespace(steps=np.int32(3)), types.SimpleNamespace(steps=np.int32(5))]
   assert timing.seconds_per_step(steps, 4.0) == 0.5
 

@@ -245,7 +245,8 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   passes = []
   real = evaluate.timing.timed_pass
   monkeypatch.setattr(evaluate.timing, "timed_pass",
-                      lambda fn, prompts, desc: passes.append(desc) or real(fn, prompts, desc=desc))
+                      lambda fn, prompts, desc, **kw: passes.append(desc)
+                      or real(fn, prompts, desc=desc, **kw))
   again = evaluate.run(again_config, str(tmp_path))
   assert passes == ["T=1 B=2 autoregressive", "T=1 B=2 drafter-only", "T=1 B=2 sd γ=3"]
   assert [(r["method"], r["temperature"], r["gamma"]) for r in again] == [

@@ -153,6 +153,31 @@ def test_no_recompile_across_calls(monkeypatch):
     _sd(v_cfg, v_params, d_cfg, d_params, other, gamma=2, sampling=Sampling(1.0), n=6)
 
 
+def test_compile_only_compiles_what_the_next_call_runs(monkeypatch):
+  """Timing's warm-up: compile_only traces and compiles, decodes nothing, and the next call with
+  the same shapes runs that program (traced once in all); other shapes still trace anew."""
+  chex.clear_trace_counter()
+  monkeypatch.setattr(loop, "_generate_jit", jax.jit(chex.assert_max_traces(loop._generate, n=1),
+                                                     static_argnames=loop.STATIC))
+  monkeypatch.setattr(generate_lib, "_generate_jit", jax.jit(
+      chex.assert_max_traces(generate_lib._generate, n=1), static_argnames=generate_lib.STATIC))
+  v_cfg, v_params, d_cfg, d_params = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  kwargs = dict(verifier=verifier_lib.lm_verifier(v_cfg), drafter=lm.LMDrafter(d_cfg, trees.chain(3)),
+                sampling=Sampling(1.0), max_new_tokens=6)
+  assert loop.speculative_generate(v_params, d_params, prompts, jax.random.key(0),
+                                   compile_only=True, **kwargs) is None
+  out = loop.speculative_generate(v_params, d_params, prompts, jax.random.key(1), **kwargs)
+  assert int(out.num_new.min()) == 6
+  ar = dict(cfg=v_cfg, sampling=Sampling(1.0), max_new_tokens=6)
+  assert generate_lib.generate(v_params, prompts, jax.random.key(0), compile_only=True,
+                               **ar) is None
+  assert int(generate_lib.generate(v_params, prompts, jax.random.key(1), **ar).num_new.min()) == 6
+  with pytest.raises(AssertionError, match="traced > 1 times"):  # the check can fail
+    loop.speculative_generate(v_params, d_params, prompts, jax.random.key(0),
+                              compile_only=True, **dict(kwargs, max_new_tokens=5))
+
+
 def test_bad_input_is_a_clear_error():
   v_cfg, v_params, _, _ = _pair()
   d_cfg, d_params = testing.tiny_model(seed=1, vocab_size=300)

@@ -155,7 +155,8 @@ _generate_jit = jax.jit(_generate, static_argnames=STATIC)
 
 def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
              sampling: sampling_lib.Sampling, max_new_tokens: int,
-             stop_ids: Sequence[int] = (), mesh=None) -> GenerateOutput:
+             stop_ids: Sequence[int] = (), mesh=None,
+             compile_only: bool = False) -> GenerateOutput | None:
   """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
 
   One compiled program per (cfg, sampling, B, P, max_new_tokens, stop_ids); no host syncs inside.
@@ -163,6 +164,8 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   and the call raises `sampling.LawError` naming it (waiting for the result to check).
   mesh: decode on a `parallel.make_mesh` Mesh (batch over ('data', 'fsdp'), parameters by the
   training rule, KV cache rows and heads sharded), or None for one device.
+  compile_only: compile the program for these shapes and return None without decoding (a later
+  call with the same shapes runs it at once: how timing warms up without a discarded decode).
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
@@ -170,8 +173,12 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
     parallel.check_decode_mesh(mesh, prompts.tokens.shape[0], {"model": cfg.n_kv_heads})
     params = parallel.place_params(params, mesh)
     prompts = on_mesh(prompts, mesh)
-  out = _generate_jit(params, prompts.tokens, prompts.lengths, rng, cfg=cfg, sampling=sampling,
-                      max_new_tokens=int(max_new_tokens), stop_ids=tuple(int(i) for i in stop_ids),
-                      mesh=mesh)
+  args = (params, prompts.tokens, prompts.lengths, rng)
+  kwargs = dict(cfg=cfg, sampling=sampling, max_new_tokens=int(max_new_tokens),
+                stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
+  if compile_only:
+    _generate_jit.lower(*args, **kwargs).compile()
+    return None
+  out = _generate_jit(*args, **kwargs)
   sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "generate")
   return out

@@ -263,7 +263,8 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
                          decode: DecodeConfig = DecodeConfig(),
                          sampling: sampling_lib.Sampling, max_new_tokens: int,
                          stop_ids: Sequence[int] = (),
-                         max_cache_len: int | None = None, mesh=None) -> DecodeOutput:
+                         max_cache_len: int | None = None, mesh=None,
+                         compile_only: bool = False) -> DecodeOutput | None:
   """Generate up to `max_new_tokens` per row with `drafter` proposing and `verifier` checking
   (exactly, or leniently if decode.rule = 'lenient'). Same stopping rule and output layout as
   `generate.generate`; greedy output equals it token for token.
@@ -280,6 +281,8 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   (`parallel.place_params`) and their KV caches shard rows and key/value heads ('tensor'); the
   output equals the single-device one (greedy: token for token). Multi-host: every process
   passes the same global prompts and parameters; each contributes its own rows.
+  compile_only: run every check and compile for these shapes, then return None without decoding
+  (the next call with the same shapes runs the compiled program).
   """
   check_pair(verifier, drafter)
   max_new_tokens = acceptance.positive_int(max_new_tokens, "max_new_tokens")
@@ -305,10 +308,13 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
     verifier_params = parallel.place_params(verifier_params, mesh)
     drafter_params = parallel.place_params(drafter_params, mesh)
     prompts = generate_lib.on_mesh(prompts, mesh)
-  out = _generate_jit(
-      verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng, verifier=verifier,
-      drafter=drafter, decode=decode, sampling=sampling, max_new_tokens=max_new_tokens,
-      stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
+  args = (verifier_params, drafter_params, prompts.tokens, prompts.lengths, rng)
+  kwargs = dict(verifier=verifier, drafter=drafter, decode=decode, sampling=sampling,
+                max_new_tokens=max_new_tokens, stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
+  if compile_only:
+    _generate_jit.lower(*args, **kwargs).compile()
+    return None
+  out = _generate_jit(*args, **kwargs)
   sampling_lib.raise_for_laws(out.law_error, out.law_error_at, sampling, "speculative decoding")
   return out
 

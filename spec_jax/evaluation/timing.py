@@ -35,13 +35,19 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
   return out, time.perf_counter() - t0
 
 
-def timed_pass(fn: Callable[[Any, int], Any], inputs: Sequence[Any], *,
-               desc: str | None = None) -> tuple[list[Any], float]:
+def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | None = None,
+               compile_only: bool = False) -> tuple[list[Any], float]:
   """Compile on inputs[0] (untimed), then run fn(x, i) once for every input, timed.
 
-  The batch index i lets callers fold it into an rng. Returns (outputs, total seconds).
+  The batch index i lets callers fold it into an rng. compile_only: fn takes a `compile_only`
+  keyword (as `generate.generate` and `loop.speculative_generate` do) and compiles without
+  decoding; otherwise the untimed warm-up is a whole call on inputs[0], its output discarded.
+  Returns (outputs, total seconds).
   """
-  jax.block_until_ready(fn(inputs[0], 0))
+  if compile_only:
+    fn(inputs[0], 0, compile_only=True)
+  else:
+    jax.block_until_ready(fn(inputs[0], 0))
   outputs, seconds = [], 0.0
   for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
     out, s = timed(lambda: fn(x, i))

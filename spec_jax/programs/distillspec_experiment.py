@@ -107,9 +107,9 @@ def _chain_sd(v_cfg, d_cfg, *, gamma: int, rule: str, lenience: str, epsilon: fl
   verifier = verifier_lib.lm_verifier(v_cfg)
   drafter = lm_drafter.LMDrafter(d_cfg, trees.chain(gamma))
   decode = loop.DecodeConfig(rule=rule, lenience=lenience, epsilon=epsilon)
-  return lambda v_params, d_params, prompts, rng: loop.speculative_generate(
+  return lambda v_params, d_params, prompts, rng, **kw: loop.speculative_generate(
       v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, decode=decode,
-      sampling=sampling, max_new_tokens=new_tokens)
+      sampling=sampling, max_new_tokens=new_tokens, **kw)
 
 
 class Evaluator:
@@ -150,11 +150,11 @@ class Evaluator:
       rng = jax.random.key(self.cfg.base.seed)
 
       def ar(params, cfg):
-        return lambda prompts, i: generate_lib.generate(
+        return lambda prompts, i, **kw: generate_lib.generate(
             params, prompts, jax.random.fold_in(rng, i), cfg=cfg, sampling=s,
-            max_new_tokens=self.ev.new_tokens)
-      v_out, v_s = timing.timed_pass(ar(self.v_params, self.v_cfg), batches)
-      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), batches)
+            max_new_tokens=self.ev.new_tokens, **kw)
+      v_out, v_s = timing.timed_pass(ar(self.v_params, self.v_cfg), batches, compile_only=True)
+      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), batches, compile_only=True)
       q = quality.summarize(quality.quality_sums(self.v_params, None, o, verifier_cfg=self.v_cfg,
                                                  drafter_cfg=None, sampling=s) for o in v_out)
       self.ar[(temperature, batch_size)] = dict(
@@ -191,8 +191,9 @@ class Evaluator:
                        epsilon=epsilon, sampling=s, new_tokens=self.ev.new_tokens)
     rng = jax.random.key(self.cfg.base.seed)
     outs, seconds = timing.timed_pass(
-        lambda prompts, i: decode(self.v_params, d_params, prompts, jax.random.fold_in(rng, i)),
-        batches)
+        lambda prompts, i, **kw: decode(self.v_params, d_params, prompts,
+                                        jax.random.fold_in(rng, i), **kw),
+        batches, compile_only=True)
     # τ, α and τ's standard error over prompts (each prompt's own tokens / verifier calls: for
     # comparing drafters on this small prompt set).
     summary = metrics.summarize(outs)

@@ -6,7 +6,7 @@ For every (temperature, batch_size) it measures, in one process on the same prom
   * speculative decoding for every γ in `eval.gammas`,
 and writes one row per setting to `results.json` (metric names from DESIGN.md §3), a markdown
 table `results.md` and PNG plots (τ vs γ, speedup vs γ). Timings exclude compilation: each
-setting runs once on the first batch to compile before the timed pass. Each speculative row also
+setting is compiled for the first batch's shapes (nothing decoded) before the timed pass. Each speculative row also
 carries r(M), the verifier's measured cost for the M tokens of one call over one token at the same
 batch size (`verifier_cost_ratio_r`), and the theoretical speedup τ / (r(M) + d·c) it implies.
 Metrics come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
@@ -285,9 +285,9 @@ def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, b_cfg, shap
   BPD heads, refined or not)."""
   drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg, method, _bpd_options(ev), rescorer_cfg)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
-  return lambda prompts, i: loop.speculative_generate(
+  return lambda prompts, i, **kw: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
-      drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common)
+      drafter=drafter, decode=decode, max_cache_len=ev.max_cache_len, **common, **kw)
 
 
 def _decode_config(ev, tree, epsilon) -> loop.DecodeConfig:
@@ -451,21 +451,21 @@ def run(config, workdir: str) -> list[dict]:
         continue
 
       def ar(params, cfg):
-        return lambda prompts, i: generate_lib.generate(
-            params, prompts, jax.random.fold_in(rng, i), cfg=cfg, **common)
+        return lambda prompts, i, **kw: generate_lib.generate(
+            params, prompts, jax.random.fold_in(rng, i), cfg=cfg, **common, **kw)
 
       ar_out, ar_s = timing.timed_pass(ar(v_params, v_cfg), prompts,
-                                       desc=f"{label} autoregressive")
+                                       desc=f"{label} autoregressive", compile_only=True)
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
       if b_cfg is None:
         d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts,
-                                       desc=f"{label} drafter-only")
+                                       desc=f"{label} drafter-only", compile_only=True)
       c_rescorer = 0.0  # bpd_neural's LM, one call per draft: its cost relative to the verifier
       if rescorer_cfg is not None:
         r_out, r_s = timing.timed_pass(ar(d_params["lm"], rescorer_cfg), prompts,
-                                       desc=f"{label} rescorer-only")
+                                       desc=f"{label} rescorer-only", compile_only=True)
         c_rescorer = (timing.seconds_per_step(r_out, r_s)
                       / timing.seconds_per_step(ar_out, ar_s))
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
@@ -498,7 +498,8 @@ def run(config, workdir: str) -> list[dict]:
         fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
                              b_cfg=b_cfg, shape=shape, decode=decode, ev=ev, common=common,
                              method=method, rescorer_cfg=rescorer_cfg)
-        sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}")
+        sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}",
+                                         compile_only=True)
         sd_tokens = metrics.token_lists(sd_out, reals)
         if ev.get("save_text", False) and parallel.is_writer():
           _save_text(workdir, texts, sd_tokens, tokenizer, temperature=float(temperature),
