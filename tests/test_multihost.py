@@ -12,6 +12,8 @@ import sys
 import jax
 import numpy as np
 
+import conftest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,9 +27,8 @@ def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
   """Run launch.py as processes 0 and 1 of a 2-process job (extra[i]: process i's own extra
   arguments); returns their outputs, asserting success (or, with ok=False, failure)."""
   port = _free_port()
-  env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=(
-      "--xla_force_host_platform_device_count=4 "
-      "--xla_cpu_collective_call_terminate_timeout_seconds=600"))
+  env = dict(os.environ, PYTHONUNBUFFERED="1",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4 " + conftest.TEST_XLA_FLAGS)
   procs = [subprocess.Popen(
       [sys.executable, "launch.py", *args, "--distributed",
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}",
