@@ -145,7 +145,7 @@ def budget_methods(config, width: int, budget: int) -> tuple[str, ...]:
 
 def collect_rows(config, workdir: str) -> tuple[list[dict], dict[int, list[int]]]:
   """Every run's rows (each tagged with its part), and width → budgets it ran for, for widths
-  after the first (those run last and may not have finished)."""
+  after the first (those run after the first width's and may not have finished)."""
   rows, extra_widths = [], {}
 
   def measured_in_part_a(entry: str, dataset: str) -> bool:
@@ -176,19 +176,25 @@ def collect_rows(config, workdir: str) -> tuple[list[dict], dict[int, list[int]]
         out += got
     return out
 
+  def fixed_runs(temperature):
+    methods = config.greedy_methods if temperature == 0 else config.fixed_methods
+    return [row for depth in config.fixed_depths for dataset in config.datasets
+            for row in _run(config, workdir, dataset, temperature,
+                            [f"{m}@{depth}" for m in methods], "fixed_length", f"L{depth}")]
+
   # One evaluate run per (T, L) or (width, B), so results come in as they finish; settings that
   # share compiled shapes run back to back (the second dataset reuses the first one's programs).
-  # The first budget width shares shapes with part (a); the other widths come last.
-  for temperature in config.fixed_temperatures:
-    methods = config.greedy_methods if temperature == 0 else config.fixed_methods
-    for depth in config.fixed_depths:
-      for dataset in config.datasets:
-        rows += _run(config, workdir, dataset, temperature, [f"{m}@{depth}" for m in methods],
-                     "fixed_length", f"L{depth}")
+  # Part (b)'s temperature first, with every budget right after its fixed-L runs (the first
+  # width shares their shapes), so the rows the ordering claims need finish before the rest.
+  temperatures = sorted(config.fixed_temperatures, key=lambda t: t != config.budget_temperature)
+  for temperature in temperatures:
+    rows += fixed_runs(temperature)
     if temperature == config.budget_temperature:
-      rows += budget_runs(0, config.budget_widths[0])
-  for i, width in enumerate(config.budget_widths[1:], start=1):
-    rows += budget_runs(i, width)
+      for i, width in enumerate(config.budget_widths):
+        rows += budget_runs(i, width)
+  if config.budget_temperature not in temperatures:
+    for i, width in enumerate(config.budget_widths):
+      rows += budget_runs(i, width)
   return rows, extra_widths
 
 
