@@ -6,9 +6,10 @@ For every (temperature, batch_size) it measures, in one process on the same prom
   * speculative decoding for every γ in `eval.gammas`,
 and writes one row per setting to `results.json` (metric names from DESIGN.md §3), a markdown
 table `results.md` and PNG plots (τ vs γ, speedup vs γ). Timings exclude compilation: each
-setting is compiled for the first batch's shapes (nothing decoded) before the timed pass. Each speculative row also
-carries r(M), the verifier's measured cost for the M tokens of one call over one token at the same
-batch size (`verifier_cost_ratio_r`), and the theoretical speedup τ / (r(M) + d·c) it implies.
+setting is compiled for the first batch's shapes (nothing decoded) before the timed pass, which
+then runs every batch once. Each speculative row also carries r(M), the verifier's measured cost
+for the M tokens of one call over one token at the same batch size (`verifier_cost_ratio_r`),
+and the theoretical speedup τ / (r(M) + d·c) it implies.
 Metrics come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
 Every field is validated, and the cache room of the actual prompts checked, before any model
 loads. Each finished row goes to `rows.jsonl` as it completes; a rerun reads finished rows back
