@@ -19,9 +19,10 @@ from spec_jax.decoding.sampling import Sampling
 @pytest.fixture(scope="module", autouse=True)
 def _no_cache_writes():
   """This module's programs are written to no shared compilation cache. XLA:CPU's worker crash
-  (pytest.ini) came in this module in 5 of 7 full runs on 2026-11-24: twice while serializing an
-  executable for the cache, three times while compiling. The writes are skipped because no other test
-  compiles these programs (entries already present are still read)."""
+  (pytest.ini) came in this module in 5 of 7 full runs on 2026-11-24 with the MLIR fusion
+  emitters: twice while serializing an executable for the cache, three times while compiling.
+  The writes are skipped because no other test compiles these programs (entries already present
+  are still read)."""
   key = "jax_persistent_cache_min_compile_time_secs"
   old = getattr(jax.config, key)
   jax.config.update(key, 1e9)
