@@ -72,6 +72,9 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
           f"{rsd_workdir}`") in md
   assert "Does RSD-S ≥ RSD-C ≥ SpecTr ≥ SD (τ) hold at fixed L?" in md
   assert "**block_efficiency**" in md
+  # Counts only: wall-clock speedups of an hours-long, paused-and-resumed run stay in results.json.
+  assert "speedup" not in md.split("## Glossary")[1] and "kept in results.json" in md
+  assert all("speedup" in r for r in rows)
   # Part (c): per-level acceptance per rule and k; at k = 1 every rule is SD.
   levels, = json.load(open(os.path.join(rsd_workdir, "level_acceptance.json")))
   assert levels["k"] == [1, 2] and levels["rows"] == config.eval.num_prompts
@@ -123,8 +126,13 @@ def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   config = rsd_config.get_config("smoke")
   config.render_only = True
   assert _dispatch(config, str(tmp_path)) == []
-  assert "The order holds in 0 of 0 settings" in open(tmp_path / "results.md").read()
+  md = open(tmp_path / "results.md").read()
+  assert "The order holds in 0 of 0 settings" in md
   assert not os.path.exists(tmp_path / "runs" / "fixed_length_L1_spec_jax_shakespeare_T1")
+  # It says which runs have not finished.
+  assert ("**Not finished yet: 3 runs** (fixed_length_L1_spec_jax_shakespeare_T1, "
+          "fixed_budget_K3_B4_spec_jax_shakespeare_T1, fixed_length_L1_spec_jax_shakespeare_T0)"
+          ) in md
 
 
 def test_rsd_prompts_are_checked_for_every_dataset_before_any_run(tmp_path):
@@ -158,6 +166,7 @@ def test_rsd_through_the_launcher(rsd_workdir):
   assert ("Command: `python launch.py --config experiments/rsd/config.py:smoke --workdir "
           f"{rsd_workdir}`") in md  # the render_only override is not part of the command
   assert "### spec_jax_shakespeare, T = 0" in md
+  assert "Not finished yet" not in md
 
 
 def test_distillspec_configs_cover_the_grid_and_the_longer_budget():
