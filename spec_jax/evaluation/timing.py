@@ -2,9 +2,9 @@
 
 Every timed call blocks until its outputs are ready, so asynchronous dispatch never hides work,
 and compilation is never timed: each function runs once untimed (or timed apart as compile_s)
-before its measured calls, or is only compiled (`timed_pass(..., compile_only=True)`). On a machine shared with other jobs a slow spell lands on whichever
-call runs during it, so methods that are compared run in turns (`interleave`, `round_robin`)
-rather than one after the other.
+before its measured calls, or is only compiled (`timed_pass(..., compile_only=True)`). On a
+machine shared with other jobs a slow spell lands on whichever call runs during it, so methods
+that are compared run in turns (`interleave`, `round_robin`) rather than one after the other.
 """
 
 from __future__ import annotations

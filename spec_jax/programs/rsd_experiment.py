@@ -4,8 +4,8 @@
 
 Runs the `evaluate` program once per (part, dataset, temperature, shape) with the methods as
 NAME:SHAPE@L entries, so every row of results.json carries τ, α, the measured speedup over
-autoregressive decoding in the same process (in results.json only: `speed_note`), the verifier tokens per call and the drafter calls
-per round:
+autoregressive decoding in the same process (results.json only: `speed_note`), the verifier
+tokens per call and the drafter calls per round:
   (a) fixed draft length: `fixed_methods` (`greedy_methods` at T = 0) at every L in
       `fixed_depths`, on every dataset in `datasets`, at every temperature in
       `fixed_temperatures`;
@@ -197,14 +197,14 @@ def collect_rows(config, workdir: str
   # Part (b)'s temperature first, with every budget right after its fixed-L runs (the first
   # width shares their shapes), so the rows the ordering claims need finish before the rest.
   temperatures = sorted(config.fixed_temperatures, key=lambda t: t != config.budget_temperature)
+  every_budget = lambda: [row for i, width in enumerate(config.budget_widths)  # noqa: E731
+                          for row in budget_runs(i, width)]
   for temperature in temperatures:
     rows += fixed_runs(temperature)
     if temperature == config.budget_temperature:
-      for i, width in enumerate(config.budget_widths):
-        rows += budget_runs(i, width)
+      rows += every_budget()
   if config.budget_temperature not in temperatures:
-    for i, width in enumerate(config.budget_widths):
-      rows += budget_runs(i, width)
+    rows += every_budget()
   return rows, extra_widths, missing
 
 
