@@ -6,7 +6,9 @@
       --config.render_only=True   # report the runs that have finished, run nothing
 
 Program: spec_jax/programs/rsd_experiment.py (one `evaluate` run per setting in
-<workdir>/runs/; a finished run is read back, so a killed experiment resumes). Writes
+<workdir>/runs/; a finished run is read back, so a killed experiment resumes). The finished runs'
+runs/*/results.json and runs/level_acceptance_*.json are committed (.gitignore keeps them), so a
+fresh checkout resumes too; to run everything again, use another workdir. Writes
 results.json, results.md, tau_vs_depth.png and tau_vs_budget.png into the workdir.
 Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter).
 Part (a), fixed draft length L ∈ {2, 3, 4}: SD (chain of L), SpecInfer and SpecTr (K = 3 i.i.d.
