@@ -4,18 +4,21 @@
   python launch.py --config configs/benchmark.py:smoke --workdir /tmp/bench   # tiny model, seconds
 
 Writes runs/benchmark/results.json (rows: method, batch_size, new_tokens, tokens_per_s,
-ms_per_token, ms_per_step, compile_s, device).
-Time: 1 min 22 s on 2 CPU cores (measured); GPU not measured yet (`:gpu`, `:gpu,dtype=bfloat16`:
+ms_per_token, ms_per_step, prefill_ms, ms_per_decode_step, compile_s, device, and the memory
+roofline measured in turns with the decode calls: memory_bandwidth_gb_s, roofline_ms_per_step,
+vs_roofline, decode_vs_roofline).
+Time: ~50 s on 2 CPU cores (measured); GPU not measured yet (`:gpu`, `:gpu,dtype=bfloat16`:
 batch 1, 8 and 32).
-Reference (measured, 2 CPU cores, 2026-11-21): batch 1: 30.9 tokens/s = 32.4 ms/token; batch 8:
-80.7 tokens/s = 12.4 ms/token. HF transformers greedy on the same machine and GGUF: 60.4 ms/token.
+Reference (measured, 2 CPU cores, 2026-11-24, medians of 3 runs of 5 repeats): batch 1: 17.6
+ms/token (decode steps 17.1 ms, prefill 78 ms) = 1.33× the roofline (1.25–1.47 between runs);
+batch 8: 3.89 ms/token. HF transformers greedy on the same machine and GGUF: 41.9 ms/token.
 """
 
 from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, new_tokens=128, repeats=3, gpu=False,
+  args = common.parse_arg(arg, smoke=False, new_tokens=128, repeats=5, gpu=False,
                           dtype="float32")
   config = common.base("benchmark")
   config.mesh = common.mesh(data=1)  # one device; --config.mesh.* to decode on several

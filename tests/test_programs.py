@@ -87,6 +87,13 @@ def test_benchmark_smoke_writes_rows(tmp_path):
         row["roofline_ms_per_step"] / row["batch_size"], rel=1e-2)
     assert row["vs_roofline"] == pytest.approx(row["ms_per_step"] / row["roofline_ms_per_step"],
                                                rel=2e-2)
+    # Prefill (one new token) and the decode steps after it, from calls timed in the same turns.
+    assert row["prefill_ms"] > 0
+    assert row["ms_per_decode_step"] == pytest.approx(
+        (row["ms_per_step"] * row["new_tokens"] - row["prefill_ms"]) / (row["new_tokens"] - 1),
+        rel=2e-2, abs=1e-2)
+    assert row["decode_vs_roofline"] == pytest.approx(
+        row["ms_per_decode_step"] / row["roofline_ms_per_step"], rel=2e-2)
 
 
 def test_benchmark_sampling_smoke_writes_rows(tmp_path):

@@ -170,14 +170,32 @@ def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[]
   return costs[m] / costs[1]
 
 
+class MemoryReads:
+  """Calls that each read `nbytes` from memory once, from an array far beyond any cache: a jitted
+  sum and a jitted GEMV (a decode step's own kind of read) over the same float32 array. On a
+  shared VM either one can run well below the other in a given minute, so the bandwidth is the
+  faster median (`bandwidth`). Timed in turns with the calls a roofline bounds
+  (`timing.round_robin`), they see the same machine those calls do."""
+
+  def __init__(self, nbytes: int = 512 * 2**20, rows: int = 512):
+    n = max(int(nbytes) // (4 * rows), 1)
+    self.x = jnp.ones((rows, n), jnp.float32)
+    self.vector = jnp.ones((rows,), jnp.float32)
+    self.nbytes = self.x.size * 4
+    total, gemv = jax.jit(jnp.sum), jax.jit(jnp.dot)
+    self.calls = {"read_sum": lambda: total(self.x), "read_gemv": lambda: gemv(self.vector, self.x)}
+
+  def bandwidth(self, times: Mapping[str, Mapping[str, float]]) -> float:
+    """Bytes per second from `round_robin` results that include `self.calls`."""
+    return self.nbytes / min(times[name]["median_s"] for name in self.calls)
+
+
 def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
-  """Bytes per second one jitted reduction reads from memory: a sum over a float32 array of
-  `nbytes` (far beyond any cache), median of `repeats`. The memory roofline of a decode step is
-  the bytes it must read (the weights, then the KV cache) over this."""
-  x = jnp.ones((max(int(nbytes) // 4, 1),), jnp.float32)
-  total = jax.jit(jnp.sum)
-  seconds = time_call(lambda: total(x), repeats)["median_s"]
-  return x.size * 4 / seconds
+  """Bytes per second a jitted read of `nbytes` achieves (`MemoryReads`: the faster of a sum and
+  a GEMV, medians of `repeats`). The memory roofline of a decode step is the bytes it must read
+  (the weights, then the KV cache) over this."""
+  reads = MemoryReads(nbytes)
+  return reads.bandwidth(round_robin(reads.calls, repeats))
 
 
 def param_bytes(params: Any) -> int:

@@ -1,16 +1,25 @@
 """Program `benchmark`: decoding throughput of a model, rows in `workdir/results.json`.
 
 Each row: method, batch_size, new_tokens, tokens_per_s, ms_per_token (= 1000 / tokens_per_s,
-i.e. wall time per emitted token over the batch), ms_per_step (wall time per decode step, the
-per-token latency a user of one row sees), compile_s, device, and the memory roofline measured in
-the same run: memory_bandwidth_gb_s (`timing.memory_bandwidth`), roofline_ms_per_step (parameter
-bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step / batch) and
-vs_roofline = ms_per_step / roofline_ms_per_step. Every call generates exactly
-`new_tokens` per row (stop tokens are ignored) from prompts of the configured split, and the
-timed region is the whole jitted generate call, prefill included.
+i.e. wall time per emitted token over the batch), ms_per_step (wall time per emitted token of
+one row, prefill included: the per-token latency a user of one row sees), prefill_ms (the same
+call with one new token: prefill and the first token, the time to first token) and
+ms_per_decode_step ((call − prefill call) / (new_tokens − 1): one decode step, the time per
+output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
+(`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB), roofline_ms_per_step
+(parameter bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step /
+batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
+ms_per_decode_step / roofline_ms_per_step. Every call generates exactly `new_tokens` per row
+(stop tokens are ignored) from prompts of the configured split; the timed region is the whole
+jitted generate call. The memory reads, the prefill calls and the full calls run in turns
+(`timing.round_robin`, medians of `repeats`), so all of them see the same machine: on a shared
+VM the measured read bandwidth moves by 10-40% between minutes and processes, and a roofline
+measured apart from the decode it bounds moves the ratio as much.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 
@@ -38,31 +47,41 @@ def run(config, workdir: str) -> list[dict]:
                                 data_dir=d.data_dir or None, text_key=d.text_key)
   sampling = sampling_lib.Sampling.from_config(config.sampling)
   device = timing.device_description()
-  # The memory roofline, measured in this run: a decode step reads every weight at least once.
-  bandwidth = timing.memory_bandwidth(repeats=b.repeats)
-  roofline_step_ms = 1e3 * timing.param_bytes(params) / bandwidth
-  rows = []
+  reads = timing.MemoryReads()
+  calls = dict(reads.calls)
   for batch_size in b.batch_sizes:
     prompts = generate_lib.encode_prompts(tokenizer, texts[:batch_size], b.prompt_tokens,
                                           field="benchmark.prompt_tokens")
 
-    def call():
+    def call(prompts=prompts, new_tokens=b.new_tokens):
       return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
-                                   sampling=sampling, max_new_tokens=b.new_tokens,
+                                   sampling=sampling, max_new_tokens=new_tokens,
                                    mesh=mesh).tokens
 
-    t = timing.time_call(call, b.repeats)
+    calls[batch_size] = call
+    calls[batch_size, "prefill"] = functools.partial(call, new_tokens=1)
+  times = timing.round_robin(calls, b.repeats)
+  bandwidth = reads.bandwidth(times)
+  roofline_step_ms = 1e3 * timing.param_bytes(params) / bandwidth
+  rows = []
+  for batch_size in b.batch_sizes:
+    t, prefill = times[batch_size], times[batch_size, "prefill"]
     tokens_per_s = batch_size * b.new_tokens / t["median_s"]
+    step_ms = 1000 * t["median_s"] / b.new_tokens
+    decode_ms = (1000 * (t["median_s"] - prefill["median_s"]) / (b.new_tokens - 1)
+                 if b.new_tokens > 1 else None)
     rows.append(dict(
         method="autoregressive", sampling="greedy" if sampling.greedy else str(sampling),
         batch_size=batch_size, new_tokens=b.new_tokens, prompt_tokens=b.prompt_tokens,
         tokens_per_s=round(tokens_per_s, 2), ms_per_token=round(1000 / tokens_per_s, 3),
-        ms_per_step=round(1000 * t["median_s"] / b.new_tokens, 3),
+        ms_per_step=round(step_ms, 3), prefill_ms=round(1000 * prefill["median_s"], 2),
+        ms_per_decode_step=None if decode_ms is None else round(decode_ms, 3),
         compile_s=round(t["compile_s"], 2), repeats=b.repeats, device=device,
         memory_bandwidth_gb_s=round(bandwidth / 1e9, 2),
         roofline_ms_per_step=round(roofline_step_ms, 6),
         roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
-        vs_roofline=round(1000 * t["median_s"] / b.new_tokens / roofline_step_ms, 3),
+        vs_roofline=round(step_ms / roofline_step_ms, 3),
+        decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
         model=config.model.checkpoint or config.model.size))
   base = rows[0]["tokens_per_s"]
   for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
