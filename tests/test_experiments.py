@@ -125,9 +125,11 @@ def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   monkeypatch.setattr(evaluate, "run", _refuse)
   config = rsd_config.get_config("smoke")
   config.render_only = True
+  config.note = "Made in two sessions."
   assert _dispatch(config, str(tmp_path)) == []
   md = open(tmp_path / "results.md").read()
   assert "The order holds in 0 of 0 settings" in md
+  assert "\n\nMade in two sessions.\n\n" in md  # the config's note, under the heading
   assert not os.path.exists(tmp_path / "runs" / "fixed_length_L1_spec_jax_shakespeare_T1")
   # It says which runs have not finished.
   assert ("**Not finished yet: 3 runs** (fixed_length_L1_spec_jax_shakespeare_T1, "

@@ -56,6 +56,15 @@ def get_config(arg=None):
   # The --config argument that built this config: results.md names the command to rerun it.
   config.config_file = "experiments/rsd/config.py" + (f":{arg}" if arg else "")
   config.render_only = False  # True: report the runs that have finished, run nothing
+  # Free text shown under results.md's heading: how the runs were made, where that matters.
+  config.note = "" if args.smoke else (
+      "The runs were made in several sessions, resuming from the finished runs' results.json "
+      "(committed under runs/). A fresh checkout on 2026-11-24 rebuilt the scratch drafter with "
+      "its command (`configs/quickstart.py:recipe=scratch,vocab=0`); every run from "
+      "fixed_budget_K3_B14 on Python code onwards used the rebuilt one. It is the same recipe "
+      "but not bit-identical: part (c) on Python code gave per-level acceptance 0.0910 / 0.1208 "
+      "/ 0.1406 (SpecInfer, k = 1, 2, 3) against the first drafter's 0.0911 / 0.1217 / 0.1418, "
+      "differences far inside their standard errors (0.006-0.009).")
   config.title = "RSD: draft trees vs chains"
   config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
   config.fixed_methods = ("sd", "specinfer", "spectr", "rsd_c", "rsd_s")

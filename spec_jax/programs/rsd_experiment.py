@@ -374,6 +374,7 @@ def render_markdown(config, rows, extra_widths, command_line: str, levels=None,
         f"Shakespeare). Command: `{command_line}`. "
         f"{config.eval.num_prompts} prompts × {config.eval.new_tokens} new tokens per setting, "
         f"batch {config.eval.batch_sizes[0]}, device: {rows[0]['device'] if rows else '?'}.", "",
+        *([config.note, ""] if config.get("note") else []),
         *([f"**Not finished yet: {len(missing)} runs** ({', '.join(missing)}). Their rows are "
            "missing below, so part (b) shows only shapes measured so far; the command resumes "
            "them.", ""] if missing else []),
