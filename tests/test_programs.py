@@ -117,7 +117,18 @@ def test_cost_model_smoke_writes_rows(tmp_path):
       for r in verifier)
   drafter = [r for r in rows if r["model"] == "drafter"]
   assert [r["batch_size"] for r in drafter] == [1, 2] and all(r["c"] > 0 for r in drafter)
-  assert "| T |" in open(tmp_path / "results.md").read()
+  md = open(tmp_path / "results.md").read()
+  assert "| T |" in md
+  # The theory checked against chain SD decoded in the same turns, one row per (γ, T).
+  checks = [r for r in rows if r["model"] == "speculative"]
+  assert [(r["gamma"], r["temperature"]) for r in checks] == [(2, 0.0), (2, 1.0)]
+  for r in checks:
+    assert 1.0 <= r["tau"] <= 3.0 and r["d"] == 2 and r["r"] > 0 and r["c"] > 0
+    assert r["speedup"] == pytest.approx(r["ar_ms"] / r["ms"], rel=0.02)
+    assert r["theoretical_speedup"] == pytest.approx(r["tau"] / (r["r"] + 2 * r["c"]), rel=0.01)
+    assert r["speedup_vs_theory"] == pytest.approx(
+        r["speedup"] / r["theoretical_speedup"], rel=0.02)
+  assert "## The theory against measured speedups: chain SD, batch 1" in md
 
 
 def test_quickstart_smoke_through_the_launcher(tmp_path):

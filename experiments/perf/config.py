@@ -5,9 +5,13 @@
 
 Program: spec_jax/programs/cost_model.py. SmolLM2-135M verifier (its GGUF) and the quickstart
 drafter of the scratch recipe (common.SCRATCH_DRAFTER; a random drafter-s without it),
-T ∈ {1, 2, 3, 5, 8, 13, 16, 32} at batch 1 and 8, float32. Writes results.json (rows: model,
-T, batch_size, ms, r, c, roofline_ms, vs_roofline, memory_bandwidth_gb_s, device) and results.md.
-Time on 2 CPU cores: ~2 min. Reference numbers: experiments/perf/results.md.
+T ∈ {1, 2, 3, 5, 8, 13, 16, 32} at batch 1 and 8, float32; then the theory τ / (r(γ + 1) + γ·c)
+checked against chain SD decoded in the same turns at batch 1 (γ ∈ {2, 4, 6}, T = 0 and 1, 2
+Shakespeare test prompts × 128 new tokens, medians of 5). Writes results.json (rows: model, T,
+batch_size, ms, r, c, roofline_ms, vs_roofline, memory_bandwidth_gb_s, device; the check's rows
+have model "speculative") and results.md.
+Time on 2 CPU cores: 4.7 min (2026-11-24, idle cores; ~3 min of it the check).
+Reference numbers: experiments/perf/results.md (measured / theory 0.965-1.052 at batch 1).
 """
 
 from configs import common
@@ -22,10 +26,16 @@ def get_config(arg=None):
   config.cost = dict(tokens=(1, 2, 3, 5, 8, 13, 16, 32), batch_sizes=(1, 8), repeats=args.repeats,
                      position=128,     # the T tokens' first position (a mid-generation cache)
                      bandwidth_mb=512)  # size of the array the bandwidth is measured on
+  config.data = common.data()  # the check's prompts: its prompt split
+  # The theory checked against measured chain SD at batch 1 (empty to skip).
+  config.cost.check = dict(gammas=(2, 4, 6), temperatures=(0.0, 1.0), num_prompts=2,
+                           prompt_tokens=64, new_tokens=128, repeats=5)
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")
     config.drafter = common.model(size="test-tiny")
     config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=2, position=8,
                        bandwidth_mb=16)
+    config.cost.check.update(gammas=(2,), temperatures=(0.0, 1.0), num_prompts=1,
+                             prompt_tokens=8, new_tokens=8, repeats=1)
   return config

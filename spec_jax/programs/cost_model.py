@@ -10,16 +10,35 @@ Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median o
 calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 model's parameter bytes over the measured memory bandwidth: the floor of any call that reads the
-weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device. Also results.md.
+weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device.
+
+Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
+γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
+split (`prompt_tokens` tokens, `new_tokens` new ones, stop tokens off), timed in turns with
+autoregressive decoding of the same prompts and with the forward calls r and c come from
+(`timing.round_robin`, medians of `repeats`). Rows with model "speculative": gamma,
+temperature, batch_size, tau (block efficiency of those outputs), r (r(γ + 1)), c, d (drafter
+calls per round = γ: the catch-up window, then one per draft but the last), ms (per prompt),
+ar_ms, speedup (ar_ms / ms), theoretical_speedup (τ / (r + d·c)) and speedup_vs_theory.
+Also results.md.
 """
 
 from __future__ import annotations
 
 import os
 
+import jax
+
 from spec_jax import loading
+from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.evaluation import report, timing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import lm as lm_drafter
+from spec_jax.decoding.drafters import trees
+from spec_jax.evaluation import metrics, report, timing
 from spec_jax.models import llama
 
 
@@ -51,8 +70,69 @@ def run(config, workdir: str) -> list[dict]:
             roofline_ms=round(roofline_ms, 3), vs_roofline=round(ms / roofline_ms, 3),
             memory_bandwidth_gb_s=round(bandwidth / 1e9, 2), device=device,
             checkpoint=(config.verifier if name == "verifier" else config.drafter).checkpoint))
+  if c.get("check"):
+    rows += check_theory(config, tokenizer, (v_cfg, v_params), (d_cfg, d_params), device)
   report.write_results(workdir, rows)
   _write_markdown(workdir, rows, report.launch_command(config, workdir), bandwidth, device)
+  return rows
+
+
+def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
+  """Chain SD at batch 1 against τ / (r(γ + 1) + γ·c), everything timed in the same turns (see
+  the module docstring). verifier, drafter: (cfg, params)."""
+  k = config.cost.check
+  (v_cfg, v_params), (d_cfg, d_params) = verifier, drafter
+  d = config.data
+  texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=k.num_prompts,
+                                prompt_tokens=k.prompt_tokens, seed=config.seed,
+                                data_dir=d.data_dir or None, text_key=d.text_key)
+  prompts = [generate_lib.encode_prompts(tokenizer, [t], k.prompt_tokens,
+                                         field="cost.check.prompt_tokens") for t in texts]
+  rng = jax.random.key(config.seed)
+  size = k.prompt_tokens + k.new_tokens + max(k.gammas) + 1
+  position = k.prompt_tokens + k.new_tokens // 2
+  outputs = {}
+
+  def decode(name, fn):
+    def call():
+      outputs[name] = [fn(p) for p in prompts]
+      return [o.tokens for o in outputs[name]]
+    return call
+
+  calls = {"ar": decode("ar", lambda p: generate_lib.generate(
+      v_params, p, rng, cfg=v_cfg, sampling=sampling_lib.Sampling(0.0),
+      max_new_tokens=k.new_tokens))}
+  for gamma in k.gammas:
+    for temperature in k.temperatures:
+      calls["sd", gamma, temperature] = decode(("sd", gamma, temperature), (
+          lambda p, gamma=gamma, temperature=temperature: loop.speculative_generate(
+              v_params, d_params, p, rng, verifier=verifier_lib.lm_verifier(v_cfg),
+              drafter=lm_drafter.LMDrafter(d_cfg, trees.chain(gamma)),
+              sampling=sampling_lib.Sampling(float(temperature)),
+              max_new_tokens=k.new_tokens)))
+  for name, cfg, params, tokens in (("v", v_cfg, v_params, (1, *[g + 1 for g in k.gammas])),
+                                    ("d", d_cfg, d_params, (1,))):
+    forward = timing.forward_calls(llama.make_apply(cfg), params,
+                                   lambda cfg=cfg: llama.init_cache(cfg, 1, size), batch_size=1,
+                                   tokens=sorted(set(tokens)), position=position)
+    calls.update({(name, t): call for t, call in forward.items()})
+  ms = {key: 1e3 * t["median_s"] for key, t in timing.round_robin(calls, k.repeats).items()}
+  ar_ms = ms["ar"] / len(prompts)
+  c = ms["d", 1] / ms["v", 1]
+  rows = []
+  for gamma in k.gammas:
+    r = ms["v", gamma + 1] / ms["v", 1]
+    for temperature in k.temperatures:
+      tau = metrics.summarize(outputs["sd", gamma, temperature])["block_efficiency"]
+      theory = metrics.theoretical_speedup(tau, r_m=r, c=c, drafter_calls=gamma)
+      sd_ms = ms["sd", gamma, temperature] / len(prompts)
+      rows.append(dict(
+          model="speculative", gamma=gamma, temperature=float(temperature), batch_size=1,
+          num_prompts=len(prompts), new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3),
+          c=round(c, 4), d=gamma, ms=round(sd_ms, 2), ar_ms=round(ar_ms, 2),
+          speedup=round(ar_ms / sd_ms, 4), theoretical_speedup=round(theory, 4),
+          speedup_vs_theory=round(ar_ms / sd_ms / theory, 3), repeats=k.repeats,
+          device=device, checkpoint=config.drafter.checkpoint))
   return rows
 
 
@@ -60,7 +140,7 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
   from spec_jax import parallel  # noqa: PLC0415
   if not parallel.is_writer():
     return
-  batches = sorted({r["batch_size"] for r in rows})
+  batches = sorted({r["batch_size"] for r in rows if r["model"] != "speculative"})
   verifier = [r for r in rows if r["model"] == "verifier"]
   tokens = sorted({r["T"] for r in verifier})
   lines = ["# Verifier cost ratio r(T) and drafter cost c", "",
@@ -83,5 +163,16 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
     d = next(r for r in rows if r["model"] == "drafter" and r["batch_size"] == b)
     lines.append(f"| {b} | {v['ms']:.2f} | {v['roofline_ms']:.2f} | {v['vs_roofline']:.2f} | "
                  f"{d['ms']:.2f} | {d['c']:.3f} |")
+  checks = [r for r in rows if r["model"] == "speculative"]
+  if checks:
+    lines += ["", "## The theory against measured speedups: chain SD, batch 1", "",
+              f"{checks[0]['num_prompts']} prompts × {checks[0]['new_tokens']} new tokens, "
+              "decoded in turns with autoregressive decoding and the forward calls r and c "
+              f"come from (medians of {checks[0]['repeats']}); theory = τ / (r(γ + 1) + γ·c).",
+              "", "| γ | T | τ | r(γ + 1) | c | SD ms | AR ms | speedup | theory | "
+              "measured / theory |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['gamma']} | {r['temperature']:g} | {r['tau']:.3f} | {r['r']:.3f} | "
+              f"{r['c']:.3f} | {r['ms']:.0f} | {r['ar_ms']:.0f} | {r['speedup']:.3f} | "
+              f"{r['theoretical_speedup']:.3f} | {r['speedup_vs_theory']:.3f} |" for r in checks]
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
