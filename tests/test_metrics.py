@@ -1,5 +1,6 @@
 """Evaluation measurement: metrics from hand-made loop stats, and the timing helpers' schedules."""
 
+import time
 import types
 
 import jax
@@ -146,6 +147,22 @@ def test_round_robin_and_timed_pass_compile_first():
   assert seen == [(5, 0, {"compile_only": True}), (5, 0, {}), (6, 1, {})] and outputs == [10, 12]
   steps = [types.SimpleNamespace(steps=np.int32(3)), types.SimpleNamespace(steps=np.int32(5))]
   assert timing.seconds_per_step(steps, 4.0) == 0.5
+
+
+def test_timed_pass_reports_cpu_per_wall_so_a_stalled_pass_shows():
+  """A pass that computes keeps a core busy (cpu_per_wall near 1 or more); one that waits
+  (paused, starved: here sleeping) reads near 0."""
+  def spin(x, i):
+    end = time.perf_counter() + 0.05
+    while time.perf_counter() < end:
+      pass
+    return x
+
+  busy, idle = {}, {}
+  timing.timed_pass(spin, [0, 1, 2], usage=busy)
+  timing.timed_pass(lambda x, i: time.sleep(0.05) or x, [0, 1, 2], usage=idle)
+  assert busy["cpu_per_wall"] > 0.5 > 0.2 > idle["cpu_per_wall"] >= 0
+  assert timing.cpu_per_wall(3.0, 2.0) == 1.5 and timing.cpu_per_wall(1.0, 0.0) is None
 
 
 def test_verifier_cost_ratio_runs_the_forward():

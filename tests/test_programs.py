@@ -231,9 +231,10 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   keys = {"method", "gamma", "block_efficiency", "mean_accepted_tokens", "acceptance_rate",
           "empirical_acceptance", "per_position_acceptance", "verifier_calls", "drafter_calls",
           "tokens_per_s", "speedup", "cost_ratio_c", "theoretical_speedup", "speedup_vs_theory",
-          "verifier_tokens_per_call", "seed", "identical_to_greedy"}
+          "verifier_tokens_per_call", "seed", "identical_to_greedy", "cpu_per_wall"}
   for row in rows:
     assert keys <= set(row), keys - set(row)
+    assert row["cpu_per_wall"] > 0  # its timed pass ran (a paused one reads near 0)
     if row["method"] == "sd":
       assert 1.0 <= row["block_efficiency"] <= row["gamma"] + 1
       assert row["verifier_tokens_per_call"] == row["gamma"] + 1

@@ -38,6 +38,9 @@ GLOSSARY: dict[str, str] = {
     "verifier_calls": "verifier forward calls, prefill excluded",
     "drafter_calls": "drafter forward calls (one per draft step), prefill excluded",
     "tokens_per_s": "wall-clock tokens emitted per second, whole batch, compilation excluded",
+    "cpu_per_wall": "the process's CPU seconds (all threads) per wall second of the timed pass: "
+                    "about the cores it kept busy; far below an idle run's value means the pass "
+                    "was paused or starved and its tokens_per_s and speedup are suspect",
     "speedup": "speedup: wall-clock tokens/s of the method over autoregressive decoding of the "
                "same verifier, measured in the same process",
     "cost_ratio_c": "c: drafter step time / verifier one-token step time (autoregressive "

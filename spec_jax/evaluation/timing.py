@@ -36,24 +36,39 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | None = None,
-               compile_only: bool = False) -> tuple[list[Any], float]:
+               compile_only: bool = False,
+               usage: dict | None = None) -> tuple[list[Any], float]:
   """Compile on inputs[0] (untimed), then run fn(x, i) once for every input, timed.
 
   The batch index i lets callers fold it into an rng. compile_only: fn takes a `compile_only`
   keyword (as `generate.generate` and `loop.speculative_generate` do) and compiles without
   decoding; otherwise the untimed warm-up is a whole call on inputs[0], its output discarded.
+  usage: a dict that receives cpu_per_wall, the process's CPU seconds (every thread) per wall
+  second over the timed calls (`cpu_per_wall`).
   Returns (outputs, total seconds).
   """
   if compile_only:
     fn(inputs[0], 0, compile_only=True)
   else:
     jax.block_until_ready(fn(inputs[0], 0))
-  outputs, seconds = [], 0.0
+  outputs, seconds, cpu = [], 0.0, 0.0
   for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
+    cpu0 = time.process_time()
     out, s = timed(lambda: fn(x, i))
+    cpu += time.process_time() - cpu0
     outputs.append(out)
     seconds += s
+  if usage is not None:
+    usage["cpu_per_wall"] = cpu_per_wall(cpu, seconds)
   return outputs, seconds
+
+
+def cpu_per_wall(cpu_s: float, wall_s: float) -> float | None:
+  """Process CPU seconds per wall second of a timed region: about the cores the program kept
+  busy. A pass that was paused, or starved by other jobs, reads far below what the same program
+  reads on idle cores (e.g. 0.4 where an idle run reads 1.9 on 2 cores), so its wall time, and
+  any speedup from it, is suspect."""
+  return round(cpu_s / wall_s, 3) if wall_s > 0 else None
 
 
 def seconds_per_step(outputs: Sequence[Any], seconds: float) -> float:

@@ -455,8 +455,10 @@ def run(config, workdir: str) -> list[dict]:
         return lambda prompts, i, **kw: generate_lib.generate(
             params, prompts, jax.random.fold_in(rng, i), cfg=cfg, **common, **kw)
 
+      ar_usage = {}
       ar_out, ar_s = timing.timed_pass(ar(v_params, v_cfg), prompts,
-                                       desc=f"{label} autoregressive", compile_only=True)
+                                       desc=f"{label} autoregressive", compile_only=True,
+                                       usage=ar_usage)
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
@@ -483,7 +485,8 @@ def run(config, workdir: str) -> list[dict]:
                        block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
                        empirical_acceptance=None, per_position_acceptance=None,
                        verifier_calls=sum(int(o.steps) for o in ar_out), drafter_calls=0,
-                       tokens_per_s=round(ar_tps, 2), speedup=1.0, verifier_cost_ratio_r=1.0,
+                       tokens_per_s=round(ar_tps, 2), cpu_per_wall=ar_usage["cpu_per_wall"],
+                       speedup=1.0, verifier_cost_ratio_r=1.0,
                        theoretical_speedup=1.0,
                        speedup_vs_theory=None, verifier_tokens_per_call=1,
                        identical_to_greedy=True if sampling.greedy else None,
@@ -499,8 +502,9 @@ def run(config, workdir: str) -> list[dict]:
         fn = _speculative_fn(v_params, d_params, rng, v_cfg=v_cfg, d_cfg=d_cfg, s_cfg=s_cfg,
                              b_cfg=b_cfg, shape=shape, decode=decode, ev=ev, common=common,
                              method=method, rescorer_cfg=rescorer_cfg)
+        sd_usage = {}
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}",
-                                         compile_only=True)
+                                         compile_only=True, usage=sd_usage)
         sd_tokens = metrics.token_lists(sd_out, reals)
         if ev.get("save_text", False) and parallel.is_writer():
           _save_text(workdir, texts, sd_tokens, tokenizer, temperature=float(temperature),
@@ -549,7 +553,8 @@ def run(config, workdir: str) -> list[dict]:
             candidates_per_call=_round(summary["candidates_per_call"]),
             verifier_calls=calls, drafter_calls=calls * d_calls,
             drafter_calls_per_round=d_calls,
-            tokens_per_s=round(tps, 2), speedup=round(measured, 4),
+            tokens_per_s=round(tps, 2), cpu_per_wall=sd_usage["cpu_per_wall"],
+            speedup=round(measured, 4),
             verifier_cost_ratio_r=round(r_m, 4), theoretical_speedup=_round(theoretical),
             speedup_vs_theory=_round(measured / theoretical if theoretical else None),
             verifier_tokens_per_call=tokens_per_call,
