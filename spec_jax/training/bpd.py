@@ -65,12 +65,13 @@ def _verifier_pass(v_apply: Callable, v_params, inputs: jax.Array):
 
 
 def head_terms(head_params, x, log_p, batch: Mapping[str, jax.Array], *, cfg, v_cfg, v_out,
-               objective: Objective) -> dict[str, jax.Array]:
+               objective: Objective, with_topk: bool = True) -> dict[str, jax.Array]:
   """Per head (leading axis A) and position: loss f32[A, B, T], weight f32[A, B, T], top-1 and
-  top-k agreement with the verifier's greedy token f32[A, B, T]."""
+  (with_topk) top-k agreement with the verifier's greedy token f32[A, B, T]. The training step
+  leaves top-k out: a top-k over the whole vocabulary per position is not free on a CPU."""
   logits = bpd_heads.head_logits(cfg, head_params, v_cfg, v_out, x)      # [B, T, A, V]
   log_q = jax.nn.log_softmax(logits, axis=-1)
-  out = {k: [] for k in ("loss", "weight", "top1", "topk")}
+  out = {k: [] for k in ("loss", "weight", "top1") + (("topk",) if with_topk else ())}
   weights = batch["weights"].astype(jnp.float32)
   for j in range(cfg.num_heads):
     k = j + 1
@@ -83,17 +84,18 @@ def head_terms(head_params, x, log_p, batch: Mapping[str, jax.Array], *, cfg, v_
     else:
       loss = jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
     greedy = jnp.argmax(lp, axis=-1)
-    top = jax.lax.top_k(lq, objective.top_k)[1]
     out["loss"].append(loss)
     out["weight"].append(w)
-    out["top1"].append((top[..., 0] == greedy).astype(jnp.float32))
-    out["topk"].append(jnp.any(top == greedy[..., None], axis=-1).astype(jnp.float32))
+    out["top1"].append((jnp.argmax(lq, axis=-1) == greedy).astype(jnp.float32))
+    if with_topk:
+      top = jax.lax.top_k(lq, objective.top_k)[1]
+      out["topk"].append(jnp.any(top == greedy[..., None], axis=-1).astype(jnp.float32))
   return {k: jnp.stack(v) for k, v in out.items()}
 
 
 def loss_fn(head_params, x, log_p, batch, *, cfg, v_cfg, v_out, objective: Objective):
   terms = head_terms(head_params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, v_out=v_out,
-                     objective=objective)
+                     objective=objective, with_topk=False)
   w = terms["weight"]
   per_head = jnp.sum(terms["loss"] * w, axis=(1, 2)) / jnp.maximum(jnp.sum(w, axis=(1, 2)), 1e-8)
   decay = objective.decay ** jnp.arange(cfg.num_heads, dtype=jnp.float32)
