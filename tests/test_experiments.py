@@ -104,9 +104,13 @@ def test_rsd_ordering_check_on_synthetic_rows():
                + rows((2.0, 2.05, 1.8, 1.5), 4, 0.05)
                + [dict(method="sd", block_efficiency=1.4, tau_se=0.01, dataset="d",
                        temperature=1.0, gamma=5)])  # an incomplete setting is skipped
-  lines, counts, trees_win = rsd_experiment.ordering_checks(synthetic)
-  assert counts == {"holds": 1, "within noise": 1, "does not hold": 1} and trees_win == 2
+  # Greedy: SpecTr is SD's chain and is not needed; RSD-C below SD beyond noise.
+  greedy = [dict(r, temperature=0.0) for r in rows((1.6, 1.2, 0.0, 1.3), 2, 0.01)
+            if r["method"] != "spectr"]
+  lines, counts, trees_win = rsd_experiment.ordering_checks(synthetic + greedy)
+  assert counts == {"holds": 1, "within noise": 1, "does not hold": 2} and trees_win == 2
   assert lines[2:] == [
+      "| d | 0 | 2 | 1.60 ± 0.01 | 1.20 ± 0.01 | = sd (greedy) | 1.30 ± 0.01 | > < | does not hold |",
       "| d | 1 | 2 | 2.00 ± 0.01 | 1.90 ± 0.01 | 1.80 ± 0.01 | 1.50 ± 0.01 | > > > | holds |",
       "| d | 1 | 3 | 2.00 ± 0.01 | 2.10 ± 0.01 | 1.80 ± 0.01 | 1.90 ± 0.01 | < > < | does not hold |",
       "| d | 1 | 4 | 2.00 ± 0.05 | 2.05 ± 0.05 | 1.80 ± 0.05 | 1.50 ± 0.05 | ≈ > > | within noise |"]
