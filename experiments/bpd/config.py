@@ -6,8 +6,10 @@
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
       --config.render_only=True   # report the runs that have finished, run nothing
-  # Longer training (a GPU job): every head set is trained afresh, runs/bpd_h3 not reused.
-  python launch.py --config experiments/bpd/config.py:steps=2000 --workdir runs/bpd_long
+  # Longer training: every head set is trained afresh, runs/bpd_h3 not reused. The recipe
+  # measured on Shakespeare, h = 3 (README: greedy bpd_ngram p=16 τ 2.13 ± 0.15 at k = 8):
+  python launch.py --config experiments/bpd/config.py:steps=420,seq_len=128,top_k=8 \
+      --workdir runs/bpd_long
 
 Program: spec_jax/programs/bpd_experiment.py. For every dataset in `datasets` and every head
 count h in `heads`: (1) the heads: `heads_checkpoints[f"{dataset}_h{h}"]` if given, else
@@ -29,9 +31,13 @@ Needs the scratch quickstart drafter as the neural rescorer (common.SCRATCH_DRAF
 runs/quickstart_scratch/drafter) and reuses runs/bpd_h3 (the README's 120-step heads) for
 Shakespeare, h = 3.
 
+Arguments (`:key=value,...`): steps, seq_len (train_bpd's, batch 8), top_k (the lattice's k),
+smoke.
+
 Time on 2 CPU cores (estimate, not measured end to end): training ~5 s per step for SmolLM2
 (runs/bpd_h3's 120 steps took 14.5 min on shared cores), so ≈ 10–15 min per (dataset, h)
-trained (three of the four here); each evaluate run 3–6 min (8 prompts × 64 tokens, 5 methods
+trained (three of the four here; steps=420,seq_len=128 took 28.8 min for h = 3 on idle cores,
+3.8 s per step); each evaluate run 3–6 min (8 prompts × 64 tokens, 5 methods
 at T = 0, 3 at T = 1; the first pystdlib run also counts its 4-gram LM once), the analysis
 ~2–4 min (it compiles once per prompt length): about 1.5–2 h in all. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
@@ -61,7 +67,7 @@ from configs import train_bpd as train_bpd_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, steps=120)
+  args = common.parse_arg(arg, smoke=False, steps=120, seq_len=64, top_k=4)
   config = common.base("bpd_experiment")
   del config["mesh"]  # each section keeps its own mesh (train: every device; eval: one)
   # The --config argument that built this config: results.md names the command to rerun it.
@@ -75,8 +81,8 @@ def get_config(arg=None):
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
   # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
   # reused only at that step count.
-  config.heads_checkpoints = ({"spec_jax_shakespeare_h3": "runs/bpd_h3"} if args.steps == 120
-                              else {})
+  config.heads_checkpoints = ({"spec_jax_shakespeare_h3": "runs/bpd_h3"}
+                              if (args.steps, args.seq_len) == (120, 64) else {})
   config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
   # The static lattice tree, written NAME:SHAPE (evaluate's grammar, @h added per run):
   # rsd_c:3-2 is the heads' top-3 × top-2 × top-1 ... lattice (Medusa-style at T = 0).
@@ -85,7 +91,7 @@ def get_config(arg=None):
   config.num_prompts = 8
   config.new_tokens = 64
   config.batch_size = 1
-  config.top_k = 4             # candidates per head in the lattice (both rescorings)
+  config.top_k = args.top_k    # candidates per head in the lattice (both rescorings)
   # w in (1 - w)·log q_heads + w·log p_ngram and a in (1 - a)·log q_head + a·log p_LM, tuned on
   # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
   config.ngram_weight = 0.5
@@ -94,7 +100,7 @@ def get_config(arg=None):
   config.oracle_k = 4          # the bpd_oracle rows' τ: the lattice oracle at this k
   # Training: the recipe of runs/bpd_h3 (README): self-distillation (fkl), 8 × 64 tokens, lr 2e-3.
   config.train = train_bpd_config.get_config(
-      "smoke" if args.smoke else f"steps={args.steps},seq_len=64,lr=2e-3")
+      "smoke" if args.smoke else f"steps={args.steps},seq_len={args.seq_len},lr=2e-3")
   # Evaluation: one evaluate run per (dataset, h, temperature); per-run fields are set by the
   # program (data.name, drafter.checkpoint, eval.methods / gammas / temperatures, eval.bpd).
   config.eval = evaluate_config.get_config("smoke" if args.smoke else None)
