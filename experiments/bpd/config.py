@@ -80,7 +80,7 @@ def get_config(arg=None):
   config.train_steps = args.steps
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
   # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
-  # reused only at that step count.
+  # reused only with that recipe (steps=120, seq_len=64).
   config.heads_checkpoints = ({"spec_jax_shakespeare_h3": "runs/bpd_h3"}
                               if (args.steps, args.seq_len) == (120, 64) else {})
   config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
