@@ -82,6 +82,7 @@ def main(argv):
     with open(os.path.join(_WORKDIR.value, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
+  cli.interrupt_on_stop_signals()  # `kill` and background Ctrl-C checkpoint like a terminal's
   t0 = time.perf_counter()
   try:
     module.run(config, _WORKDIR.value)

@@ -1,7 +1,7 @@
 """What launch.py does besides dispatching (kept here so the launcher stays short): reject
 unknown or mistyped `--config.*` overrides before anything runs, list programs and configs for
 `--help`, check that every process of a multi-host job resolved the same config, quiet noisy
-libraries' logs, and say at the end where a run's output is."""
+libraries' logs, turn stop signals into Ctrl-C, and say at the end where a run's output is."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import glob
 import importlib.util
 import os
 import pkgutil
+import signal
 import sys
 
 from absl.app import UsageError
@@ -24,6 +25,17 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
 def programs() -> list[str]:
   import spec_jax.programs
   return sorted(m.name for m in pkgutil.iter_modules(spec_jax.programs.__path__))
+
+
+def interrupt_on_stop_signals() -> None:
+  """SIGTERM (`kill`, a scheduler's preemption) and SIGINT raise KeyboardInterrupt, as Ctrl-C does
+  in a terminal, so a training run checkpoints its newest step before it stops. SIGINT needs this
+  too: a job started in the background (`cmd &`) inherits SIGINT ignored, and Python keeps it so."""
+  def interrupt(signum, frame):
+    del frame
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+  signal.signal(signal.SIGTERM, interrupt)
+  signal.signal(signal.SIGINT, interrupt)
 
 
 def check_override_keys(argv: list[str]) -> None:

@@ -17,6 +17,7 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import bpd, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, llama
+from spec_jax.training import bpd as bpd_train
 
 V = 8
 PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
@@ -139,6 +140,47 @@ def test_heads_sharded_over_the_mesh_equal_unsharded():
   assert sharded["w1"].sharding.spec == jax.sharding.PartitionSpec("tensor")
   got = jax.jit(lambda p, x: bpd_heads.head_logits(cfg, p, v_cfg, out, x))(sharded, x)
   np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss, own", [("fkl", False), ("ce", False), ("fkl", True)])
+def test_training_loss_matches_a_numpy_reference(loss, own):
+  """The heads' training loss against a NumPy reference from the all-heads logits: head k at t
+  targets t + 1 + k (fkl: KL(p_{t+k} || q_{k,t}); ce: the corpus token), positions past the end and
+  zero weights weigh 0, head k weighs 0.8^(k-1). Training projects one head at a time, so this also
+  checks that path against `head_logits`."""
+  v_cfg, v_params = _verifier(vocab=64)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=3, hidden=16, own_projection=own)
+  params = _random_heads(cfg, v_cfg, v_params)
+  if own:
+    params["out"] = params["out"] + 0.3 * jax.random.normal(jax.random.key(7), params["out"].shape)
+  apply = llama.make_apply(v_cfg, (-1,))
+  tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, 64)
+  weights = np.ones((2, 9), np.float32)
+  weights[1, 6:] = 0.0
+  batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1), "weights": weights}
+  objective = bpd_train.Objective(loss, decay=0.8)
+  x, log_p = bpd_train._verifier_pass(apply, v_params, tokens)
+  out = bpd_heads.verifier_output(v_cfg, v_params)
+  got, metrics = bpd_train.loss_fn(params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, v_out=out,
+                                   objective=objective)
+  log_q = np.asarray(jax.nn.log_softmax(bpd_heads.head_logits(cfg, params, v_cfg, out, x)))
+  log_p, targets = np.asarray(log_p), np.asarray(batch["targets"])
+  per_head = []
+  for j in range(3):
+    k = j + 1
+    num = den = 0.0
+    for b in range(2):
+      for t in range(9 - k):
+        if loss == "fkl":
+          term = np.sum(np.exp(log_p[b, t + k]) * (log_p[b, t + k] - log_q[b, t, j]))
+        else:
+          term = -log_q[b, t, j, targets[b, t + k]]
+        num += weights[b, t + k] * term
+        den += weights[b, t + k]
+    per_head.append(num / den)
+    np.testing.assert_allclose(metrics[f"head{k}_loss"], per_head[-1], rtol=1e-4)
+  decay = 0.8 ** np.arange(3)
+  np.testing.assert_allclose(got, np.sum(decay * per_head) / np.sum(decay), rtol=1e-4)
 
 
 def test_bad_input_names_the_field():

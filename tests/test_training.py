@@ -426,31 +426,33 @@ def test_resume_after_sigkill_in_a_subprocess(data_dir, tmp_path):
   assert leaves_equal(checkpoints.load_model(workdir)[1], checkpoints.load_model(ref_dir)[1])
 
 
-def test_ctrl_c_in_a_subprocess_saves_a_checkpoint_to_resume_from(data_dir, tmp_path):
-  """A real SIGINT (what Ctrl-C sends) mid-run, checkpoints otherwise only at the end: the
-  process stops with the step it reached saved, and the rerun resumes there."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_in_a_subprocess_saves_a_checkpoint_to_resume_from(data_dir, tmp_path, stop):
+  """A real SIGINT (what Ctrl-C sends) or SIGTERM (`kill`) mid-run, checkpoints otherwise only at
+  the end: the process stops with the step it reached saved, and the rerun resumes there. SIGINT
+  starts ignored, as in a background job (`cmd &`); launch.py's handlers must still catch it."""
   workdir = str(tmp_path / "run")
   script = textwrap.dedent(f"""
       import os, signal
-      # As in a terminal: SIGINT raises KeyboardInterrupt (a child of a background job inherits
-      # SIGINT ignored, and Python then keeps it ignored).
-      signal.signal(signal.SIGINT, signal.default_int_handler)
+      signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a background job inherits
       os.environ["JAX_PLATFORMS"] = "cpu"
       from configs import train_lm as c
+      from spec_jax import cli
       from spec_jax.programs import train_lm
+      cli.interrupt_on_stop_signals()  # what launch.py installs
       config = c.get_config("smoke")
       config.mesh.data = 1
       config.data.data_dir = {data_dir!r}
       config.train.update(num_steps=12, checkpoint_every=100, eval_every=0, log_every=2)
       def hook(step):
         if step == 6:
-          os.kill(os.getpid(), signal.SIGINT)
+          os.kill(os.getpid(), signal.{stop})
       train_lm.run(config, {workdir!r}, step_hook=hook)
   """)
   env = {**os.environ, "PYTHONPATH": str(REPO)}
   proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
-  assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr, proc.stderr[-3000:]
+  assert proc.returncode != 0 and f"KeyboardInterrupt: {stop}" in proc.stderr, proc.stderr[-3000:]
   assert "Interrupted: saving step 6" in proc.stderr
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["6"]
   resumed = []

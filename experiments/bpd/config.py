@@ -36,8 +36,8 @@ smoke.
 
 Time on 2 CPU cores (estimate, not measured end to end): training ~5 s per step for SmolLM2
 (runs/bpd_h3's 120 steps took 14.5 min on shared cores), so ≈ 10–15 min per (dataset, h)
-trained (three of the four here; steps=420,seq_len=128 took 28.8 min for h = 3 on idle cores,
-3.8 s per step); each evaluate run 3–6 min (8 prompts × 64 tokens, 5 methods
+trained (three of the four here; steps=420,seq_len=128: 3.7 s per step for h = 3, 5.4 s for
+h = 5 on idle cores, i.e. 26 and 38 min); each evaluate run 3–6 min (8 prompts × 64 tokens, 5 methods
 at T = 0, 3 at T = 1; the first pystdlib run also counts its 4-gram LM once), the analysis
 ~2–4 min (it compiles once per prompt length): about 1.5–2 h in all. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s

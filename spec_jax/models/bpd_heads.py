@@ -153,6 +153,16 @@ def head_logits(cfg: BPDConfig, params, v_cfg, v_out, x: jax.Array) -> jax.Array
   return jnp.einsum("...AD,ADV->...AV", y, params["out"])
 
 
+def one_head_logits(cfg: BPDConfig, params, v_cfg, v_out, u: jax.Array, j: int) -> jax.Array:
+  """logits f32[..., V] of head j (0-based) from its state u f32[..., D] (`head_states`'s
+  [..., j, :]). Training projects one head at a time: h [.., V] slabs at once are h times the
+  memory traffic, which costs more than the matmuls on a CPU."""
+  if not cfg.own_projection:
+    return decoder.output_logits(v_cfg, v_out, u)
+  y = decoder.final_norm(v_cfg, v_out, u).astype(jnp.float32)
+  return y @ params["out"][j]
+
+
 def shard_params(params, mesh) -> dict:
   """The stacked heads placed with their head axis split over HEAD_AXIS (replicated when the
   axis size does not divide h); None mesh: unchanged."""

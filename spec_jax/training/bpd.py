@@ -69,14 +69,14 @@ def head_terms(head_params, x, log_p, batch: Mapping[str, jax.Array], *, cfg, v_
   """Per head (leading axis A) and position: loss f32[A, B, T], weight f32[A, B, T], top-1 and
   (with_topk) top-k agreement with the verifier's greedy token f32[A, B, T]. The training step
   leaves top-k out: a top-k over the whole vocabulary per position is not free on a CPU."""
-  logits = bpd_heads.head_logits(cfg, head_params, v_cfg, v_out, x)      # [B, T, A, V]
-  log_q = jax.nn.log_softmax(logits, axis=-1)
+  u = bpd_heads.head_states(head_params, x.astype(jnp.float32))           # [B, T, A, D]
   out = {k: [] for k in ("loss", "weight", "top1") + (("topk",) if with_topk else ())}
   weights = batch["weights"].astype(jnp.float32)
   for j in range(cfg.num_heads):
     k = j + 1
     w = _shift(weights, k)
-    lq = log_q[:, :, j]                                                   # [B, T, V]
+    lq = jax.nn.log_softmax(bpd_heads.one_head_logits(
+        cfg, head_params, v_cfg, v_out, u[:, :, j], j), axis=-1)          # [B, T, V]
     lp = _shift(log_p, k)
     if objective.loss == "ce":
       target = _shift(batch["targets"], k)
