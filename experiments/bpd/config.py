@@ -6,10 +6,11 @@
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
       --config.render_only=True   # report the runs that have finished, run nothing
-  # Longer training: every head set is trained afresh, runs/bpd_h3 not reused. The recipe
-  # measured on Shakespeare, h = 3 (README: greedy bpd_ngram p=16 τ 2.13 ± 0.15 at k = 8):
-  python launch.py --config experiments/bpd/config.py:steps=420,seq_len=128,top_k=8 \
-      --workdir runs/bpd_long
+  # --config.note="..." adds a line about the machine's load to results.md (not to the command).
+  # The first comparison (experiments/bpd/short_120/): heads trained 120 steps of 8 × 64 tokens,
+  # a k = 4 lattice; it reuses runs/bpd_h3 (the README's heads) for Shakespeare, h = 3:
+  python launch.py --config experiments/bpd/config.py:steps=120,seq_len=64,top_k=4 \
+      --workdir runs/bpd_short
 
 Program: spec_jax/programs/bpd_experiment.py. For every dataset in `datasets` and every head
 count h in `heads`: (1) the heads: `heads_checkpoints[f"{dataset}_h{h}"]` if given, else
@@ -28,18 +29,15 @@ entropy_repetition.png into the workdir. The top-level fields (num_prompts, new_
 batch_size, top_k, weights, rescorer, train_steps, and tokenizer, verifier and seed, which both
 share) override the `train` / `eval` sections' own.
 Needs the scratch quickstart drafter as the neural rescorer (common.SCRATCH_DRAFTER,
-runs/quickstart_scratch/drafter) and reuses runs/bpd_h3 (the README's 120-step heads) for
-Shakespeare, h = 3.
+runs/quickstart_scratch/drafter).
 
-Arguments (`:key=value,...`): steps, seq_len (train_bpd's, batch 8), top_k (the lattice's k),
-smoke.
+Arguments (`:key=value,...`): steps (default 420), seq_len (train_bpd's, batch 8; default 128),
+top_k (the lattice's k; default 8), smoke.
 
-Time on 2 CPU cores (estimate, not measured end to end): training ~5 s per step for SmolLM2
-(runs/bpd_h3's 120 steps took 14.5 min on shared cores), so ≈ 10–15 min per (dataset, h)
-trained (three of the four here; steps=420,seq_len=128: 3.7 s per step for h = 3, 5.4 s for
-h = 5 on idle cores, i.e. 26 and 38 min); each evaluate run 3–6 min (8 prompts × 64 tokens, 5 methods
-at T = 0, 3 at T = 1; the first pystdlib run also counts its 4-gram LM once), the analysis
-~2–4 min (it compiles once per prompt length): about 1.5–2 h in all. GPU not measured.
+Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
+step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
+takes ~5 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
+about 2.7 h in all. With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 
@@ -67,13 +65,14 @@ from configs import train_bpd as train_bpd_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, steps=120, seq_len=64, top_k=4)
+  args = common.parse_arg(arg, smoke=False, steps=420, seq_len=128, top_k=8)
   config = common.base("bpd_experiment")
   del config["mesh"]  # each section keeps its own mesh (train: every device; eval: one)
   # The --config argument that built this config: results.md names the command to rerun it.
   config.config_file = "experiments/bpd/config.py" + (f":{arg}" if arg else "")
   config.title = "Blockwise parallel decoding: heads, lattice trees and rescored drafts"
   config.render_only = False  # True: report the runs that have finished, run nothing
+  config.note = ""  # free text for results.md: the machine's load while the timings ran
   config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
   config.heads = (3, 5)
   config.temperatures = (0.0, 1.0)
@@ -96,9 +95,10 @@ def get_config(arg=None):
   # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
   config.ngram_weight = 0.5
   config.rescorer_weight = 0.25
-  config.analysis_ks = (1, 2, 4, 8)
-  config.oracle_k = 4          # the bpd_oracle rows' τ: the lattice oracle at this k
-  # Training: the recipe of runs/bpd_h3 (README): self-distillation (fkl), 8 × 64 tokens, lr 2e-3.
+  config.analysis_ks = tuple(sorted({1, 2, 4, 8, args.top_k}))
+  config.oracle_k = args.top_k  # the bpd_oracle rows' τ: the oracle of the lattice decoded
+  # Training: the recipe of runs/bpd_h3 (README), self-distillation (fkl), lr 2e-3, for `steps`
+  # steps of 8 × seq_len tokens.
   config.train = train_bpd_config.get_config(
       "smoke" if args.smoke else f"steps={args.steps},seq_len={args.seq_len},lr=2e-3")
   # Evaluation: one evaluate run per (dataset, h, temperature); per-run fields are set by the

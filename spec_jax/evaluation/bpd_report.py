@@ -235,8 +235,9 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         f"{config.new_tokens} new tokens per run, batch {config.batch_size}; device "
         f"{decoded[0]['device'] if decoded else '?'}.", "",
         "Speedup: wall-clock tokens/s over the verifier's autoregressive decoding measured in "
-        "the same evaluate run (its row, `autoregressive`, opens each h's block); these 2 "
-        "CPU cores were shared with other jobs, so speedups swing; τ is a count and compares.",
+        "the same evaluate run (its row, `autoregressive`, opens each h's block), so it swings "
+        "with the machine's load; τ is a count and compares across runs."
+        + (f" {config.note}" if config.get("note") else ""),
         "", "## Results", ""]
   for dataset in config.datasets:
     for t in config.temperatures:
