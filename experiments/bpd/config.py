@@ -115,6 +115,7 @@ def get_config(arg=None):
     config.tree = "rsd_c:2"
     config.num_prompts = 2
     config.new_tokens = 6
+    config.top_k = 4
     config.analysis_ks = (1, 2, 4)
     config.oracle_k = 2
     config.train_steps = config.train.train.num_steps  # the train_bpd smoke's 20
