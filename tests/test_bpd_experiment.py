@@ -92,9 +92,25 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
       ("datasets", ("shakespeare",), "datasets has 'shakespeare'"),
       ("heads", (0,), "heads has 0"), ("heads", (), "heads is empty"),
       ("temperatures", (-1.0,), "temperatures has -1.0"),
-      ("ngram_paths", (32,), "ngram_paths has 32")):
+      ("ngram_paths", (32,), "ngram_paths has 32"),
+      ("top_k_per_heads", {"x2": 4}, "top_k_per_heads has 'x2'"),
+      # k = 1 for h = 2 leaves one lattice path, fewer than the 4 and 16 bpd_ngram keeps.
+      ("top_k_per_heads", {"h2": 1}, r"ngram_paths has 4, but h = 2 heads with a top-1"),
+      ("oracle_k", 3, "gives k = 3 for h = 2, which is not in analysis_ks")):
     config = bpd_config.get_config("smoke")
     config[field] = value
     with pytest.raises(ValueError, match=message):
       _run(config, str(tmp_path / "bad"))
   assert not os.path.exists(tmp_path / "bad")
+
+
+def test_lattice_k_per_head_count_and_the_oracle_at_the_decoded_k():
+  from spec_jax.programs import bpd_experiment
+  config = bpd_config.get_config()  # the full run: k = 16, and 8 for h = 5 (16^5 paths)
+  assert [bpd_experiment.lattice_k(config, h) for h in (3, 5)] == [16, 8]
+  assert [bpd_experiment.oracle_k(config, h) for h in (3, 5)] == [16, 8]
+  assert {16, 8} <= set(config.analysis_ks)
+  assert bpd_experiment.eval_config(config, "spec_jax_pystdlib", 5, 0.0, "x").eval.bpd.top_k == 8
+  config.oracle_k = 4  # a fixed k for every h
+  assert [bpd_experiment.oracle_k(config, h) for h in (3, 5)] == [4, 4]
+  assert not bpd_config.get_config("top_k=8").top_k_per_heads  # 8^5 paths are all scored

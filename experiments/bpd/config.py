@@ -2,6 +2,9 @@
 "Exploring and Improving Drafts in Blockwise Parallel Decoding") on SmolLM2-135M
 (program: bpd_experiment).
 
+  # The Python-code h = 3 heads first (given through heads_checkpoints; ~75 min on 2 cores):
+  python launch.py --workdir runs/bpd_py_h3_1200 \
+      --config configs/train_bpd.py:heads=3,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd     # full run
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
@@ -32,7 +35,8 @@ Needs the scratch quickstart drafter as the neural rescorer (common.SCRATCH_DRAF
 runs/quickstart_scratch/drafter).
 
 Arguments (`:key=value,...`): steps (default 420), seq_len (train_bpd's, batch 8; default 128),
-top_k (the lattice's k; default 8), smoke.
+top_k (the lattice's k; default 16, and 8 for h = 5 through `top_k_per_heads`: 16^5 paths are more
+than the n-gram rescoring scores), smoke. With other steps / seq_len no heads are given.
 
 Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
 step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
@@ -50,6 +54,9 @@ runs/bpd_h3, k = 4; plain bpd τ = 1.28 there), one run per value w = a:
       --config.eval.bpd.ngram_weight=$W --config.eval.bpd.rescorer_weight=$W
   w (bpd_ngram p=4):      0.25 → τ 1.52, 0.5 → 1.54, 0.75 → 1.53 (flat; SE ≈ 0.10): w = 0.5
   a (bpd_neural):         0.25 → τ 1.37, 0.5 → 1.35, 0.75 → 1.32 (SE ≈ 0.06): a = 0.25
+Checked on the Python-code validation split (same settings, the 420-step code heads h = 3,
+k = 16, bpd_ngram p = 16, --config.data.name / eval.bpd.ngram = spec_jax_pystdlib):
+  w:                      0.25 → τ 1.72, 0.5 → 1.74, 0.75 → 1.75 (flat; SE ≈ 0.1): w = 0.5 kept
 
 Reference numbers (from the papers, not reproduced here; our heads train for only `train_steps`
 steps on CPU, so absolute τ is far below): Kim et al. 2024 report block-efficiency gains of
@@ -65,7 +72,7 @@ from configs import train_bpd as train_bpd_config
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, steps=420, seq_len=128, top_k=8)
+  args = common.parse_arg(arg, smoke=False, steps=420, seq_len=128, top_k=16)
   config = common.base("bpd_experiment")
   del config["mesh"]  # each section keeps its own mesh (train: every device; eval: one)
   # The --config argument that built this config: results.md names the command to rerun it.
@@ -79,9 +86,12 @@ def get_config(arg=None):
   config.train_steps = args.steps
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
   # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
-  # reused only with that recipe (steps=120, seq_len=64).
-  config.heads_checkpoints = ({"spec_jax_shakespeare_h3": "runs/bpd_h3"}
-                              if (args.steps, args.seq_len) == (120, 64) else {})
+  # reused only with that recipe (steps=120, seq_len=64). runs/bpd_py_h3_1200: Python-code
+  # heads trained 1200 steps with this recipe (the 420-step code heads stop at τ 1.79 with a
+  # k = 8 lattice), made by the train_bpd command in the module docstring.
+  config.heads_checkpoints = {(120, 64): {"spec_jax_shakespeare_h3": "runs/bpd_h3"},
+                              (420, 128): {"spec_jax_pystdlib_h3": "runs/bpd_py_h3_1200"},
+                              }.get((args.steps, args.seq_len), {})
   config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
   # The static lattice tree, written NAME:SHAPE (evaluate's grammar, @h added per run):
   # rsd_c:3-2 is the heads' top-3 × top-2 × top-1 ... lattice (Medusa-style at T = 0).
@@ -91,12 +101,15 @@ def get_config(arg=None):
   config.new_tokens = 64
   config.batch_size = 1
   config.top_k = args.top_k    # candidates per head in the lattice (both rescorings)
+  # "h<n>" -> the lattice's k for n heads instead of top_k: the n-gram rescoring scores all k^h
+  # paths (at most 65,536), so h = 5 keeps k = 8 when 16^5 is too many.
+  config.top_k_per_heads = {"h5": 8} if args.top_k ** 5 > 1 << 16 else {}
   # w in (1 - w)·log q_heads + w·log p_ngram and a in (1 - a)·log q_head + a·log p_LM, tuned on
   # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
   config.ngram_weight = 0.5
   config.rescorer_weight = 0.25
-  config.analysis_ks = tuple(sorted({1, 2, 4, 8, args.top_k}))
-  config.oracle_k = args.top_k  # the bpd_oracle rows' τ: the oracle of the lattice decoded
+  config.analysis_ks = tuple(sorted({1, 2, 4, 8, 16, args.top_k}))
+  config.oracle_k = 0  # the bpd_oracle rows' k; 0: the k of the lattice decoded with those heads
   # Training: the recipe of runs/bpd_h3 (README), self-distillation (fkl), lr 2e-3, for `steps`
   # steps of 8 × seq_len tokens.
   config.train = train_bpd_config.get_config(
@@ -116,6 +129,7 @@ def get_config(arg=None):
     config.num_prompts = 2
     config.new_tokens = 6
     config.top_k = 4
+    config.top_k_per_heads = {}
     config.analysis_ks = (1, 2, 4)
     config.oracle_k = 2
     config.train_steps = config.train.train.num_steps  # the train_bpd smoke's 20

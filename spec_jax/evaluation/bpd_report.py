@@ -175,9 +175,9 @@ def analysis_lines(config, rows: list[dict]) -> list[str]:
   if not oracles:
     return ["_No head analysis has finished._", ""]
   ks = [str(k) for k in config.analysis_ks]
-  k = str(config.oracle_k)
   lines = ["| dataset | h | head_entropy (nats, per head) | repetition_rate | top-1 accuracy | "
-           f"top-{k} accuracy | oracle_tau at k = {' / '.join(ks)} | bpd τ (T = 0, measured) |",
+           "top-k accuracy (k of the oracle row) | "
+           f"oracle_tau at k = {' / '.join(ks)} | bpd τ (T = 0, measured) |",
            "|---|---:|---|---:|---|---|---|---:|"]
   for r in oracles:
     plain = next(iter(_by(rows, method="bpd", dataset=r["dataset"], heads=r["heads"],
@@ -185,7 +185,7 @@ def analysis_lines(config, rows: list[dict]) -> list[str]:
     lines.append(
         f"| {r['dataset']} | {r['heads']} | {tables.format_value(r['head_entropy'])} | "
         f"{r['repetition_rate']:.2f} | {tables.format_value(r['topk_accuracy'].get('1'))} | "
-        f"{tables.format_value(r['topk_accuracy'].get(k))} | "
+        f"k = {r['oracle_k']}: {tables.format_value(r['topk_accuracy'].get(str(r['oracle_k'])))} | "
         + " / ".join(f"{r['oracle_tau'][x]:.2f}" if x in r["oracle_tau"] else "–" for x in ks)
         + f" | {_tau(plain) if plain else '–'} |")
   return lines + [
@@ -221,7 +221,9 @@ def heads_key(dataset: str, h: int) -> str:
 
 def render_markdown(config, rows: list[dict], command_line: str) -> str:
   decoded = [r for r in rows if r["method"] != "bpd_oracle"]
-  reused = [f"{k} → `{v}`" for k, v in config.heads_checkpoints.items()
+  steps = {heads_key(r["dataset"], r["heads"]): r.get("heads_steps") for r in rows}
+  reused = [f"{k} → `{v}` (given" + (f", {steps[k]} steps)" if steps.get(k) else ")")
+            for k, v in config.heads_checkpoints.items()
             if any(k == heads_key(d, h) for d in config.datasets for h in config.heads)]
   tc = config.train
   md = [f"# {config.title}", "",
@@ -229,9 +231,12 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         "heads on the verifier's last residual (no drafter model), trained with the verifier "
         f"frozen for {config.train_steps} steps ({tc.bpd.loss}, batch {tc.train.batch_size} × "
         f"{tc.data.seq_len} tokens, lr {tc.train.lr:g}) on each dataset's train split"
-        + (f", except {', '.join(reused)} (given)" if reused else "") + ". Neural rescorer "
+        + (f", except {', '.join(reused)}" if reused else "") + ". Neural rescorer "
         f"{model_name(config.rescorer)} (weight {config.rescorer_weight:g}); n-gram weight "
-        f"{config.ngram_weight:g}; lattice top-k {config.top_k}. {config.num_prompts} prompts × "
+        f"{config.ngram_weight:g}; lattice top-k {config.top_k}"
+        + "".join(f" ({key[1:]} heads: {k})" for key, k in sorted(config.top_k_per_heads.items())
+                  if int(key[1:]) in config.heads)
+        + f". {config.num_prompts} prompts × "
         f"{config.new_tokens} new tokens per run, batch {config.batch_size}; device "
         f"{decoded[0]['device'] if decoded else '?'}.", "",
         "Speedup: wall-clock tokens/s over the verifier's autoregressive decoding measured in "

@@ -12,7 +12,8 @@ For every dataset in `datasets` and head count h in `heads`:
      rescored lattice paths bpd_ngram:P (greedy only) and the LM-rescored chains bpd_neural,
      beside the verifier's autoregressive baseline measured in the same process;
   3. the head analysis (spec_jax.evaluation.bpd_analysis) on the same prompts, cached in
-     <workdir>/runs/analysis_<dataset>_h<h>/analysis.json: its lattice oracle τ at `oracle_k`
+     <workdir>/runs/analysis_<dataset>_h<h>/analysis.json: its lattice oracle τ at the decoded
+     lattice's k (`top_k`, or `top_k_per_heads["h<h>"]`; a fixed `oracle_k` if nonzero)
      becomes a `bpd_oracle` row (no decoding: an upper bound for any rescoring of the lattice).
 Every finished piece is read back instead of redone (an evaluate run only while its config is
 unchanged), so a killed experiment resumes, and `render_only` reports what has finished without
@@ -79,6 +80,16 @@ def train_config(config, dataset: str, h: int):
   return cfg
 
 
+def lattice_k(config, h: int) -> int:
+  """The lattice's k for h heads: `top_k_per_heads[f"h{h}"]` if given, else `top_k`."""
+  return int(config.top_k_per_heads.get(f"h{int(h)}", config.top_k))
+
+
+def oracle_k(config, h: int) -> int:
+  """The k of the bpd_oracle row for h heads: `oracle_k`, or the decoded lattice's k if 0."""
+  return int(config.oracle_k) or lattice_k(config, h)
+
+
 def eval_methods(config, h: int, temperature: float) -> tuple[str, ...]:
   """evaluate's eval.methods for one run: bpd_ngram verifies a deterministic set of paths (no
   exact law), so it runs at T = 0 only (evaluate refuses it otherwise)."""
@@ -104,7 +115,7 @@ def eval_config(config, dataset: str, h: int, temperature: float, heads: str):
   cfg.eval.update(methods=eval_methods(config, h, temperature), gammas=(int(h),),
                   temperatures=(float(temperature),), batch_sizes=(int(config.batch_size),),
                   num_prompts=int(config.num_prompts), new_tokens=int(config.new_tokens))
-  cfg.eval.bpd.update(top_k=int(config.top_k), ngram=dataset,
+  cfg.eval.bpd.update(top_k=lattice_k(config, h), ngram=dataset,
                       ngram_weight=float(config.ngram_weight),
                       rescorer_weight=float(config.rescorer_weight))
   cfg.eval.bpd.rescorer = copy.deepcopy(config.rescorer)
@@ -139,18 +150,26 @@ def check_config(config, workdir: str) -> None:
   for name in ("train_steps", "num_prompts", "new_tokens", "batch_size", "top_k"):
     if int(config[name]) < 1:
       raise ValueError(f"{name}={config[name]} must be >= 1.")
-  if min(int(k) for k in config.analysis_ks) < 1 or config.oracle_k not in config.analysis_ks:
-    raise ValueError(f"oracle_k={config.oracle_k} must be one of analysis_ks="
-                     f"{tuple(config.analysis_ks)} (each >= 1). Fix: --config.oracle_k=4 with "
-                     "analysis_ks=(1, 2, 4, 8).")
-  k = int(config.top_k)
+  for key, k in config.top_k_per_heads.items():
+    if not re.fullmatch(r"h[1-9][0-9]*", key) or isinstance(k, bool) or not isinstance(k, int) \
+        or k < 1:
+      raise ValueError(f"top_k_per_heads has {key!r}: {k!r}; entries are 'h<heads>': k >= 1 "
+                       "(e.g. --config.top_k_per_heads='{\"h5\": 8}').")
+  if min(int(k) for k in config.analysis_ks) < 1 or int(config.oracle_k) < 0:
+    raise ValueError(f"analysis_ks={tuple(config.analysis_ks)} and oracle_k={config.oracle_k} "
+                     "must be >= 1 (oracle_k: 0 = each h's decoded k).")
   for h in config.heads:
+    k = lattice_k(config, h)
+    if oracle_k(config, h) not in config.analysis_ks:
+      raise ValueError(f"oracle_k={config.oracle_k} gives k = {oracle_k(config, h)} for h = {h}, "
+                       f"which is not in analysis_ks={tuple(config.analysis_ks)}. Fix: add it "
+                       "to analysis_ks, or set oracle_k to one of them.")
     for p in config.ngram_paths:
       if not 1 <= int(p) <= k ** h or k ** h > lattice.MAX_PATHS:
-        raise ValueError(f"ngram_paths has {p}, but h = {h} heads with top_k={k} give "
+        raise ValueError(f"ngram_paths has {p}, but h = {h} heads with a top-{k} lattice give "
                          f"{k ** h} lattice paths (at most {lattice.MAX_PATHS} are scored). Fix: "
                          f"ngram_paths entries in [1, {min(k ** h, lattice.MAX_PATHS)}], or "
-                         "change top_k.")
+                         f"lower top_k (top_k_per_heads['h{h}'] for h = {h} alone).")
   for key in config.heads_checkpoints:
     match = re.fullmatch(r"(.+)_h([1-9][0-9]*)", key)
     if not match or match.group(1) not in corpora.NAMES:
@@ -293,8 +312,8 @@ def _heads_record(heads: str | None) -> dict:
 
 
 def oracle_row(config, dataset: str, h: int, stats: dict) -> dict:
-  """The bpd_oracle row: the lattice oracle's τ at oracle_k, with the whole analysis."""
-  k = str(config.oracle_k)
+  """The bpd_oracle row: the lattice oracle's τ at oracle_k(config, h), with the analysis."""
+  k = str(oracle_k(config, h))
   return dict(method="bpd_oracle", dataset=dataset, temperature=0.0, heads=h, gamma=h,
               oracle_k=int(k), block_efficiency=stats["oracle_tau"][k], tau_se=None,
               speedup=None, tokens_per_s=None, theoretical_speedup=None,
