@@ -156,8 +156,8 @@ def check_config(config, workdir: str) -> None:
       raise ValueError(f"top_k_per_heads has {key!r}: {k!r}; entries are 'h<heads>': k >= 1 "
                        "(e.g. --config.top_k_per_heads='{\"h5\": 8}').")
   if min(int(k) for k in config.analysis_ks) < 1 or int(config.oracle_k) < 0:
-    raise ValueError(f"analysis_ks={tuple(config.analysis_ks)} and oracle_k={config.oracle_k} "
-                     "must be >= 1 (oracle_k: 0 = each h's decoded k).")
+    raise ValueError(f"analysis_ks={tuple(config.analysis_ks)} must all be >= 1 and "
+                     f"oracle_k={config.oracle_k} >= 0 (0: each h's decoded k).")
   for h in config.heads:
     k = lattice_k(config, h)
     if oracle_k(config, h) not in config.analysis_ks:
