@@ -40,8 +40,9 @@ than the n-gram rescoring scores), smoke. With other steps / seq_len no heads ar
 
 Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
 step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
-takes ~5 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
-about 2.7 h in all. With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
+takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
+about 2.5 h in all, plus 82 min for the 1200-step code heads (the results.md run reused the other
+three head sets from an earlier run and took 15.9 min). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 
