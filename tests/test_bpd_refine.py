@@ -27,27 +27,41 @@ V = 8
 PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
 
 
+def _path_scores(logp, lm, hist, w, paths):
+  """Brute force, one row: Σ_i (1 − w)·log q_i(x_i) + w·log p_ngram(x_i | hist, x_<i) for every
+  path (a list of equal-length token tuples), each context written out in full."""
+  a, o = len(paths[0]), len(hist)
+  ctx = np.full((len(paths), a, o + a), -1, np.int32)
+  for j, x in enumerate(paths):
+    for i in range(a):
+      full = list(hist) + list(x[:i])
+      ctx[j, i, o + a - len(full):] = full
+  toks = np.asarray(paths, np.int32)
+  lm_logp = np.asarray(ngram.log_prob(lm, jnp.asarray(ctx), jnp.asarray(toks)))
+  return [float(sum((1 - w) * logp[i, x[i]] + w * lm_logp[j, i] for i in range(a)))
+          for j, x in enumerate(paths)]
+
+
 def test_best_paths_match_brute_force_and_form_a_prefix_tree():
-  """Exhaustive lattice search under a score with a pairwise term (what an n-gram adds): the
-  kept paths are exactly the p best of the k^h by brute force, best first, and the prefix tree
-  holds each of them as a root-to-leaf path with every shared prefix once."""
+  """The lattice search under heads + n-gram scores (an order-3 LM: each position's term
+  depends on the earlier path tokens) with no prefix dropped: the kept paths are exactly the p
+  best of the k^h by brute force, best first, and the prefix tree holds each of them as a
+  root-to-leaf path with every shared prefix once."""
   rng = np.random.default_rng(0)
-  b, a, k, v, p = 2, 3, 3, 7, 5
+  b, a, k, v, p, w = 2, 3, 3, 7, 5, 0.6
   logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
-  pair = rng.normal(size=(v, v))                                       # bonus(x_{i-1}, x_i)
+  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
+  hist = jnp.asarray([[-1, 4], [2, 6]], jnp.int32)
   lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
-  index = lattice.path_index(k, a)
-  assert index.shape == (k ** a, a) and (index[0] == 0).all()
-  cand = lattice.lattice_paths(lat_tokens, index)
-  score = jnp.sum(lattice.lattice_paths(lat_logp, index), -1) + jnp.sum(
-      jnp.asarray(pair)[cand[..., :-1], cand[..., 1:]], -1)
+  cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w)
+  assert cand.shape == (b, k ** a, a)
   kept, top = lattice.best_paths(score, cand, p)
   logp = np.asarray(jax.nn.log_softmax(logits, -1))
   for row in range(b):
     heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
-    brute = sorted(((sum(logp[row, i, x[i]] for i in range(a))
-                     + sum(pair[x[i - 1], x[i]] for i in range(1, a)), x)
-                    for x in itertools.product(*heads_top)), key=lambda t: -t[0])[:p]
+    every = [tuple(map(int, x)) for x in itertools.product(*heads_top)]
+    scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, every)
+    brute = sorted(zip(scores, every), key=lambda t: -t[0])[:p]
     assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == [x for _, x in brute]
     np.testing.assert_allclose(np.asarray(top[row]), [s for s, _ in brute], rtol=1e-5)
   root = jnp.asarray([11, 12])
@@ -68,6 +82,42 @@ def test_best_paths_match_brute_force_and_form_a_prefix_tree():
     assert leaves == paths
     prefixes = {x[:d] for x in paths for d in range(1, a + 1)}
     assert val[row, 1:].sum() == len(prefixes)
+
+
+def test_search_beyond_max_paths_is_a_beam_over_prefix_scores():
+  """With fewer prefixes kept per level than the lattice has (what k^h > MAX_PATHS forces), the
+  search keeps the `beam` best prefixes of each level by their exact prefix scores: checked
+  against a brute-force beam on a 3^3 lattice; and with the heads alone (w = 0, a score that
+  sums independent per-position terms) its p ≤ beam best paths are still the exact p best."""
+  rng = np.random.default_rng(3)
+  b, a, k, v, beam, w = 2, 3, 3, 7, 2, 0.7
+  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
+  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
+  hist = jnp.asarray([[5, 1], [-1, -1]], jnp.int32)
+  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w, beam=beam)
+  assert cand.shape == (b, beam * k, a)
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  for row in range(b):
+    heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
+    prefixes = [()]
+    for i in range(a):
+      grown = [x + (int(t),) for x in prefixes for t in heads_top[i]]
+      scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, grown)
+      ranked = [x for _, x in sorted(zip(scores, grown), key=lambda t: -t[0])]
+      prefixes = ranked[:beam] if i < a - 1 else ranked
+    got = [tuple(map(int, x)) for x in np.asarray(cand[row])]
+    assert sorted(got) == sorted(prefixes)
+    np.testing.assert_allclose(
+        np.asarray(score[row]), _path_scores(logp[row], lm, np.asarray(hist[row]), w, got),
+        rtol=1e-5)
+  cand, score = lattice.search(lat_tokens, lat_logp, None, None, 0.0, beam=beam)
+  kept, _ = lattice.best_paths(score, cand, beam)
+  for row in range(b):
+    heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
+    every = [tuple(map(int, x)) for x in itertools.product(*heads_top)]
+    best = sorted(every, key=lambda x: -sum(logp[row, i, t] for i, t in enumerate(x)))[:beam]
+    assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == best
 
 
 def _setup(num_heads=3, seed=1):
@@ -123,6 +173,20 @@ def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
       [plain.stats.accepted, plain.stats.verifier_calls]))
   # The n-gram reorders the kept paths (a rescoring that ignored it would match weight 0).
   assert not np.array_equal(stats[6, 0.5], stats[6, 0.0])
+
+
+def test_pruned_lattice_search_stays_greedy_exact(monkeypatch):
+  """A lattice larger than MAX_PATHS (here lowered to 6: two prefixes of 3^3 kept per level) is
+  searched with a beam; the output is still the verifier's greedy one."""
+  monkeypatch.setattr(lattice, "MAX_PATHS", 6)
+  v_cfg, v_params, cfg, heads = _setup()
+  prompts, ar, _ = _greedy_baselines(v_cfg, v_params, cfg, heads)
+  drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=4, weight=0.4))
+  out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, _ngram()), prompts,
+                Sampling(), 12)
+  assert out.new_tokens() == ar.new_tokens()
+  with pytest.raises(ValueError, match=r"bpd.paths=7 exceeds the 6 paths"):
+    bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=7))
 
 
 def test_rescoring_bad_input_names_the_field():

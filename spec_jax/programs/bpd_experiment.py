@@ -165,11 +165,12 @@ def check_config(config, workdir: str) -> None:
                        f"which is not in analysis_ks={tuple(config.analysis_ks)}. Fix: add it "
                        "to analysis_ks, or set oracle_k to one of them.")
     for p in config.ngram_paths:
-      if not 1 <= int(p) <= k ** h or k ** h > lattice.MAX_PATHS:
+      most = lattice.max_paths(h, k)
+      if not 1 <= int(p) <= most:
         raise ValueError(f"ngram_paths has {p}, but h = {h} heads with a top-{k} lattice give "
-                         f"{k ** h} lattice paths (at most {lattice.MAX_PATHS} are scored). Fix: "
-                         f"ngram_paths entries in [1, {min(k ** h, lattice.MAX_PATHS)}], or "
-                         f"lower top_k (top_k_per_heads['h{h}'] for h = {h} alone).")
+                         f"{most} scored lattice paths (k^h, at most {lattice.MAX_PATHS}). Fix: "
+                         f"ngram_paths entries in [1, {most}], or raise top_k "
+                         f"(top_k_per_heads['h{h}'] for h = {h} alone).")
   for key in config.heads_checkpoints:
     match = re.fullmatch(r"(.+)_h([1-9][0-9]*)", key)
     if not match or match.group(1) not in corpora.NAMES:

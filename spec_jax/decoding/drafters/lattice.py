@@ -4,21 +4,24 @@ n-gram LM, the p best paths, and the prefix tree that verifies them in one call 
 Stern et al. 2018's).
 
 Shape letters (repo legend): B batch, A = h lattice positions (one per head), K candidates per
-position (each head's top k), N = K^A paths, P kept paths, V vocabulary, O = n-gram order − 1
-context tokens, M = 1 + P·A tree nodes.
+position (each head's top k), W partial paths kept per level, P kept paths, V vocabulary, O =
+n-gram order − 1 context tokens, M = 1 + P·A tree nodes.
 
-Path j at position i takes candidate `path_index(K, A)[j, i]` of head i + 1. The search is
-exhaustive (N ≤ MAX_PATHS), so the p best paths are exact for any score, an n-gram of any order
-included (a beam search would be approximate for orders > 2). The kept paths merge into a prefix
-tree laid out level by level (`trees` layout): node 1 + (d − 1)·P + j holds path j's token at
-depth d, valid only where no better path shares its prefix of length d; a duplicate's children
-hang under the first path with that prefix. Siblings are distinct tokens, at most min(P, K) of
-them, so the greedy tree walk examines at most min(P, K) candidates per step.
+The search walks the lattice level by level: every kept partial path is extended by each of the K
+candidates of the next head and scored by its prefix sum (each position's n-gram term depends only
+on the history and the path's earlier tokens, so a prefix's score is final). At most MAX_PATHS
+paths are scored per level: while K^d ≤ MAX_PATHS no path is dropped, so when K^(A − 1) ≤
+MAX_PATHS / K (K^A ≤ MAX_PATHS) the p best paths are exact for any score, an n-gram of any order
+included. Beyond that it is a beam search keeping the MAX_PATHS / K best prefixes per level, exact
+only for scores that decompose over positions (a dropped prefix could still end better under an
+n-gram's later terms). The kept paths merge into a prefix tree laid out level by level (`trees`
+layout): node 1 + (d − 1)·P + j holds path j's token at depth d, valid only where no better path
+shares its prefix of length d; a duplicate's children hang under the first path with that prefix.
+Siblings are distinct tokens, at most min(P, K) of them, so the greedy tree walk examines at most
+min(P, K) candidates per step.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +29,7 @@ import numpy as np
 
 from spec_jax.decoding.drafters import trees
 
-MAX_PATHS = 1 << 16  # K^A paths scored exhaustively per row
+MAX_PATHS = 1 << 16  # paths scored per lattice level and row (beam width · K)
 
 
 def check_shape(num_heads: int, top_k: int, paths: int, *, field: str = "bpd") -> None:
@@ -34,20 +37,19 @@ def check_shape(num_heads: int, top_k: int, paths: int, *, field: str = "bpd") -
   for name, value in (("top_k", top_k), ("paths", paths)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f"{field}.{name}={value!r} must be an integer >= 1.")
-  if top_k ** num_heads > MAX_PATHS:
-    raise ValueError(f"{field}.top_k={top_k} with {num_heads} heads gives {top_k ** num_heads} "
-                     f"lattice paths; at most {MAX_PATHS} are scored exhaustively. Fix: lower "
-                     f"{field}.top_k or the draft depth.")
-  if paths > top_k ** num_heads:
-    raise ValueError(f"{field}.paths={paths} exceeds the lattice's k^h = {top_k}^{num_heads} = "
-                     f"{top_k ** num_heads} paths. Fix: {field}.paths <= {top_k ** num_heads}.")
+  if top_k > MAX_PATHS:
+    raise ValueError(f"{field}.top_k={top_k} exceeds the {MAX_PATHS} paths scored per lattice "
+                     f"level. Fix: {field}.top_k <= {MAX_PATHS}.")
+  most = max_paths(num_heads, top_k)
+  if paths > most:
+    raise ValueError(f"{field}.paths={paths} exceeds the {most} paths the search scores at the "
+                     f"last level (k^h = {top_k}^{num_heads} = {top_k ** num_heads}, at most "
+                     f"{MAX_PATHS}). Fix: {field}.paths <= {most}.")
 
 
-def path_index(top_k: int, num_heads: int) -> np.ndarray:
-  """int32[K^A, A]: candidate index of every path at every position, lexicographic (path 0 takes
-  every head's top-1)."""
-  return np.asarray(list(itertools.product(range(top_k), repeat=num_heads)),
-                    np.int32).reshape(-1, num_heads)
+def max_paths(num_heads: int, top_k: int) -> int:
+  """How many full paths the search scores at its last level: min(k^h, MAX_PATHS / k · k)."""
+  return min(top_k ** num_heads, MAX_PATHS // top_k * top_k)
 
 
 def top_k_lattice(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
@@ -58,13 +60,6 @@ def top_k_lattice(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
   return tokens.astype(jnp.int32), values
 
 
-def lattice_paths(lat: jax.Array, index: np.ndarray) -> jax.Array:
-  """[B, N, A]: per-position values of every path (lat [B, A, K] tokens or log-probs)."""
-  a = lat.shape[1]
-  idx = jnp.asarray(index)                                             # [N, A]
-  return lat[:, jnp.arange(a)[None, :], idx]                           # [B, N, A]
-
-
 def history(tokens: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
   """int32[B, O]: the last O = `size` committed tokens (most recent last), −1 before the start."""
   pos = lengths[:, None] - size + jnp.arange(size, dtype=jnp.int32)[None]
@@ -72,15 +67,34 @@ def history(tokens: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
   return jnp.where(pos >= 0, got, -1).astype(jnp.int32)
 
 
-def ngram_log_probs(lm, hist: jax.Array, paths: jax.Array) -> jax.Array:
-  """f32[B, N, A]: log p_ngram(path token i | the O tokens before it), the committed history
-  hist int32[B, O] followed by the path's own earlier tokens (paths int32[B, N, A])."""
-  from spec_jax.models import ngram  # noqa: PLC0415  (only the n-gram refinement needs it)
-  b, n, a = paths.shape
-  o = hist.shape[1]
-  full = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, n, o)), paths], axis=-1)
-  contexts = jnp.stack([full[..., i:i + o] for i in range(a)], axis=2)   # [B, N, A, O]
-  return ngram.log_prob(lm, contexts, paths)
+def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, lm,
+           weight: float, *, beam: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(paths int32[B, N, A], scores f32[B, N]): the lattice paths the level-by-level search
+  scores at its last level (module docstring), each scored by
+      Σ_i (1 − w) · log q_i(x_i) + w · log p_ngram(x_i | history, x_<i)
+  lat_tokens / lat_logp [B, A, K] the lattice (`top_k_lattice`), hist int32[B, O] the committed
+  history (most recent last, −1 before the start), w = `weight` (lm None or w = 0: the heads
+  alone). `beam`: prefixes kept per level (default MAX_PATHS / K; ≥ K^(A − 1) keeps them all)."""
+  b, a, k = lat_tokens.shape
+  beam = MAX_PATHS // k if beam is None else beam
+  paths = jnp.zeros((b, 1, 0), jnp.int32)
+  scores = jnp.zeros((b, 1), jnp.float32)
+  for i in range(a):
+    w = paths.shape[1]
+    new = jnp.broadcast_to(lat_tokens[:, None, i], (b, w, k))             # [B, W, K]
+    step = lat_logp[:, None, i]                                          # [B, 1, K]
+    if lm is not None and weight > 0:
+      from spec_jax.models import ngram  # noqa: PLC0415  (only the n-gram refinement needs it)
+      context = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, w, hist.shape[1])),
+                                 paths], axis=-1)                        # [B, W, O + i]
+      step = (1.0 - weight) * step + weight * ngram.log_prob(lm, context[:, :, None], new)
+    scores = (scores[:, :, None] + step).reshape(b, w * k)
+    paths = jnp.concatenate([jnp.broadcast_to(paths[:, :, None], (b, w, k, i)), new[..., None]],
+                            axis=-1).reshape(b, w * k, i + 1)
+    if i < a - 1 and w * k > beam:
+      scores, keep = jax.lax.top_k(scores, beam)
+      paths = jnp.take_along_axis(paths, keep[..., None], axis=1)
+  return paths, scores
 
 
 def best_paths(scores: jax.Array, paths: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
@@ -114,16 +128,12 @@ def rescored_tree(logits: jax.Array, root: jax.Array, hist: jax.Array, lm, *, to
                   paths: int, weight: float) -> trees.Tree:
   """Global rescoring: the `paths` best lattice paths under
       score = Σ_i (1 − w) · log q_i(x_i) + w · log p_ngram(x_i | history, x_<i)
-  (w = `weight`; w = 0 keeps the heads' own ranking), merged into a prefix tree.
+  (w = `weight`; w = 0 keeps the heads' own ranking; `search`), merged into a prefix tree.
   logits f32[B, A, V] the heads' logits, root int32[B] the last committed token, hist int32[B, O]
   the committed history the n-gram conditions on (None or w = 0: no n-gram)."""
-  index = path_index(top_k, logits.shape[1])
   lat_tokens, lat_logp = top_k_lattice(logits, top_k)
-  cand = lattice_paths(lat_tokens, index)                               # [B, N, A]
-  score = lattice_paths(lat_logp, index)
-  if lm is not None and weight > 0:
-    score = (1.0 - weight) * score + weight * ngram_log_probs(lm, hist, cand)
-  kept, _ = best_paths(jnp.sum(score, axis=-1), cand, paths)
+  cand, score = search(lat_tokens, lat_logp, hist, lm, weight)
+  kept, _ = best_paths(score, cand, paths)
   return prefix_tree(root, kept)
 
 
