@@ -2,9 +2,11 @@
 "Exploring and Improving Drafts in Blockwise Parallel Decoding") on SmolLM2-135M
 (program: bpd_experiment).
 
-  # The Python-code h = 3 heads first (given through heads_checkpoints; ~75 min on 2 cores):
+  # The Python-code heads first (given through heads_checkpoints; 82 and 108 min on 2 cores):
   python launch.py --workdir runs/bpd_py_h3_1200 \
       --config configs/train_bpd.py:heads=3,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
+  python launch.py --workdir runs/bpd_py_h5_1200 \
+      --config configs/train_bpd.py:heads=5,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd     # full run
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
@@ -41,8 +43,8 @@ other steps / seq_len no heads are given.
 Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
 step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
 takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
-about 2.5 h in all, plus 82 min for the 1200-step code heads (the results.md run reused the other
-three head sets from an earlier run and took 15.9 min). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
+about 2.5 h in all, plus 82 + 108 min for the 1200-step code heads (h = 3, 5; the results.md run
+reused the two Shakespeare head sets and the other runs of an earlier run). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 
@@ -58,8 +60,9 @@ runs/bpd_h3, k = 4; plain bpd τ = 1.28 there), one run per value w = a:
 Checked on the Python-code validation split (same settings, the 420-step code heads h = 3,
 k = 16, bpd_ngram p = 16, --config.data.name / eval.bpd.ngram = spec_jax_pystdlib):
   w:                      0.25 → τ 1.72, 0.5 → 1.74, 0.75 → 1.75 (flat; SE ≈ 0.1): w = 0.5 kept
-and for h = 5 (the 420-step code heads, bpd_ngram:16@5, gammas=5, eval.bpd.top_k=$K):
-  k:                      8 → τ 1.63, 16 → 1.66 (SE ≈ 0.1; 16 costs a 4,096-prefix beam): k = 8
+and for h = 5 (code heads, bpd_ngram:16@5, gammas=5, eval.bpd.top_k=$K; SE ≈ 0.1):
+  k, 420-step heads:      8 → τ 1.63, 16 → 1.66
+  k, 1200-step heads:     8 → τ 1.75, 16 → 1.73: k = 8 (16 costs a 4,096-prefix beam per round)
 
 Reference numbers (from the papers, not reproduced here; our heads train for only `train_steps`
 steps on CPU, so absolute τ is far below): Kim et al. 2024 report block-efficiency gains of
@@ -89,11 +92,12 @@ def get_config(arg=None):
   config.train_steps = args.steps
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
   # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
-  # reused only with that recipe (steps=120, seq_len=64). runs/bpd_py_h3_1200: Python-code
-  # heads trained 1200 steps with this recipe (the 420-step code heads stop at τ 1.79 with a
-  # k = 8 lattice), made by the train_bpd command in the module docstring.
+  # reused only with that recipe (steps=120, seq_len=64). runs/bpd_py_h{3,5}_1200: Python-code
+  # heads trained 1200 steps with this recipe (the 420-step code heads stop at τ 1.79 / 1.75
+  # for h = 3 / 5), made by the train_bpd commands in the module docstring.
   config.heads_checkpoints = {(120, 64): {"spec_jax_shakespeare_h3": "runs/bpd_h3"},
-                              (420, 128): {"spec_jax_pystdlib_h3": "runs/bpd_py_h3_1200"},
+                              (420, 128): {"spec_jax_pystdlib_h3": "runs/bpd_py_h3_1200",
+                                           "spec_jax_pystdlib_h5": "runs/bpd_py_h5_1200"},
                               }.get((args.steps, args.seq_len), {})
   config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
   # The static lattice tree, written NAME:SHAPE (evaluate's grammar, @h added per run):
