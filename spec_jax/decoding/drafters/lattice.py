@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spec_jax.decoding.drafters import trees
 
@@ -68,14 +69,26 @@ def history(tokens: jax.Array, lengths: jax.Array, size: int) -> jax.Array:
 
 def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, lm,
            weight: float, *, beam: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """(paths int32[B, N, A], scores f32[B, N]): the lattice paths the level-by-level search
-  scores at its last level (module docstring), each scored by
+  """(paths int32[B, N, A], scores f32[B, N]): the lattice paths the search scores at its last
+  level (module docstring), each scored by
       Σ_i (1 − w) · log q_i(x_i) + w · log p_ngram(x_i | history, x_<i)
   lat_tokens / lat_logp [B, A, K] the lattice (`top_k_lattice`), hist int32[B, O] the committed
   history (most recent last, −1 before the start), w = `weight` (lm None or w = 0: the heads
-  alone). `beam`: prefixes kept per level (default MAX_PATHS / K; ≥ K^(A − 1) keeps them all)."""
+  alone). `beam`: prefixes kept per level (default MAX_PATHS / K). When it keeps them all
+  (K^(A − 1) ≤ beam) every path is scored at once, in one n-gram query: the level-by-level
+  loop's A queries cost ~1.4× the round on 2 CPU cores (each a chain of small binary searches)."""
   b, a, k = lat_tokens.shape
   beam = MAX_PATHS // k if beam is None else beam
+  if k ** (a - 1) <= beam:
+    index = jnp.asarray(np.indices((k,) * a).reshape(a, -1).T)          # [N, A], lexicographic
+    paths = lat_tokens[:, jnp.arange(a)[None, :], index]                 # [B, N, A]
+    step = lat_logp[:, jnp.arange(a)[None, :], index]
+    if lm is not None and weight > 0:
+      n, o = paths.shape[1], hist.shape[1]
+      full = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, n, o)), paths], axis=-1)
+      contexts = jnp.stack([full[..., i:i + o] for i in range(a)], axis=2)  # [B, N, A, O]
+      step = (1.0 - weight) * step + weight * _ngram_log_prob(lm, contexts, paths)
+    return paths, jnp.sum(step, axis=-1)
   paths = jnp.zeros((b, 1, 0), jnp.int32)
   scores = jnp.zeros((b, 1), jnp.float32)
   for i in range(a):
@@ -83,10 +96,9 @@ def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, l
     new = jnp.broadcast_to(lat_tokens[:, None, i], (b, w, k))             # [B, W, K]
     step = lat_logp[:, None, i]                                          # [B, 1, K]
     if lm is not None and weight > 0:
-      from spec_jax.models import ngram  # noqa: PLC0415  (only the n-gram refinement needs it)
       context = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, w, hist.shape[1])),
                                  paths], axis=-1)                        # [B, W, O + i]
-      step = (1.0 - weight) * step + weight * ngram.log_prob(lm, context[:, :, None], new)
+      step = (1.0 - weight) * step + weight * _ngram_log_prob(lm, context[:, :, None], new)
     scores = (scores[:, :, None] + step).reshape(b, w * k)
     paths = jnp.concatenate([jnp.broadcast_to(paths[:, :, None], (b, w, k, i)), new[..., None]],
                             axis=-1).reshape(b, w * k, i + 1)
@@ -94,6 +106,11 @@ def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, l
       scores, keep = jax.lax.top_k(scores, beam)
       paths = jnp.take_along_axis(paths, keep[..., None], axis=1)
   return paths, scores
+
+
+def _ngram_log_prob(lm, context, token):
+  from spec_jax.models import ngram  # noqa: PLC0415  (only the n-gram refinement needs it)
+  return ngram.log_prob(lm, context, token)
 
 
 def best_paths(scores: jax.Array, paths: jax.Array, num: int) -> tuple[jax.Array, jax.Array]:
