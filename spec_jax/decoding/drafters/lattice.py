@@ -7,17 +7,18 @@ Shape letters (repo legend): B batch, A = h lattice positions (one per head), K 
 position (each head's top k), W partial paths kept per level, P kept paths, V vocabulary, O =
 n-gram order − 1 context tokens, M = 1 + P·A tree nodes.
 
-The search walks the lattice level by level: every kept partial path is extended by each of the K
-candidates of the next head and scored by its prefix sum (each position's n-gram term depends only
-on the history and the path's earlier tokens, so a prefix's score is final). At most MAX_PATHS
-paths are scored per level: while K^d ≤ MAX_PATHS no path is dropped, so when K^(A − 1) ≤
-MAX_PATHS / K (K^A ≤ MAX_PATHS) the p best paths are exact for any score, an n-gram of any order
-included. Beyond that it is a beam search keeping the MAX_PATHS / K best prefixes per level, exact
-only for scores that decompose over positions (a dropped prefix could still end better under an
-n-gram's later terms). The kept paths merge into a prefix tree laid out level by level (`trees`
-layout): node 1 + (d − 1)·P + j holds path j's token at depth d, valid only where no better path
-shares its prefix of length d; a duplicate's children hang under the first path with that prefix.
-Siblings are distinct tokens, at most min(P, K) of them, so the greedy tree walk examines at most
+The search scores at most MAX_PATHS paths per level. While K^A ≤ MAX_PATHS it scores all K^A
+paths at once, so the p best are exact for any score, an n-gram of any order included. Beyond
+that it walks the lattice level by level, extending each kept prefix by the K candidates of the
+next head and keeping the MAX_PATHS / K best prefixes by their prefix sums (a prefix's score is
+final: each n-gram term depends only on the history and earlier path tokens): a beam search,
+exact for the heads alone (w = 0) when p ≤ MAX_PATHS / K, approximate with an n-gram (a dropped
+prefix could still end better under later terms).
+
+The kept paths merge into a prefix tree laid out level by level (`trees` layout): node
+1 + (d − 1)·P + j holds path j's token at depth d, valid only where no better path shares its
+prefix of length d; a duplicate's children hang under the first path with that prefix. Siblings
+are distinct tokens, at most min(P, K) of them, so the greedy tree walk examines at most
 min(P, K) candidates per step.
 """
 
@@ -76,7 +77,8 @@ def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, l
   history (most recent last, −1 before the start), w = `weight` (lm None or w = 0: the heads
   alone). `beam`: prefixes kept per level (default MAX_PATHS / K). When it keeps them all
   (K^(A − 1) ≤ beam) every path is scored at once, in one n-gram query: the level-by-level
-  loop's A queries cost ~1.4× the round on 2 CPU cores (each a chain of small binary searches)."""
+  loop's A queries (each a chain of small binary searches) made a bpd_ngram p = 4 round ~1.5×
+  slower on 2 CPU cores."""
   b, a, k = lat_tokens.shape
   beam = MAX_PATHS // k if beam is None else beam
   if k ** (a - 1) <= beam:
