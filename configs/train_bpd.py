@@ -9,7 +9,8 @@ Then decode with the heads as a drafter (BPD, no drafter model):
 
 Arguments (`:key=value,...`): heads (h), hidden (each head's width; 0 = the verifier's), loss
 (fkl: distil the verifier's own next-token laws, Medusa-2 style; ce: corpus tokens), steps,
-batch, seq_len, lr, data, smoke. Head k predicts the token k + 1 positions after the verifier's
+batch, seq_len, lr, data, vocab (bpd.train_vocab: 0 = the loss over the whole vocabulary; N =
+over the train split's N most frequent tokens, which cuts the heads' projections N / V), smoke. Head k predicts the token k + 1 positions after the verifier's
 position (the verifier's own head is position 1) and weighs decay^(k-1) in the loss.
 Re-running the same command resumes from the newest checkpoint in the workdir.
 
@@ -24,12 +25,13 @@ from configs import common
 
 def get_config(arg=None):
   args = common.parse_arg(arg, heads=3, hidden=0, loss="fkl", steps=1000, batch=8, seq_len=128,
-                          lr=1e-3, data="spec_jax_shakespeare", smoke=False)
+                          lr=1e-3, data="spec_jax_shakespeare", vocab=0, smoke=False)
   config = common.base("train_bpd")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.data = common.data(name=args.data, seq_len=args.seq_len)
   config.bpd = dict(num_heads=args.heads, hidden=args.hidden, own_projection=False,
-                    loss=args.loss, decay=0.8, top_k=5)
+                    loss=args.loss, decay=0.8, top_k=5,
+                    train_vocab=args.vocab)
   config.train = common.train(num_steps=args.steps, batch_size=args.batch)
   config.train.update(lr=args.lr, warmup_steps=min(50, max(args.steps // 10, 1)))
   if args.smoke:

@@ -142,12 +142,16 @@ def test_heads_sharded_over_the_mesh_equal_unsharded():
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("loss, own", [("fkl", False), ("ce", False), ("fkl", True)])
-def test_training_loss_matches_a_numpy_reference(loss, own):
+@pytest.mark.parametrize("loss, own, subset", [
+    ("fkl", False, False), ("ce", False, False), ("fkl", True, False),
+    ("fkl", False, True), ("ce", False, True), ("fkl", True, True)])
+def test_training_loss_matches_a_numpy_reference(loss, own, subset):
   """The heads' training loss against a NumPy reference from the all-heads logits: head k at t
   targets t + 1 + k (fkl: KL(p_{t+k} || q_{k,t}); ce: the corpus token), positions past the end and
   zero weights weigh 0, head k weighs 0.8^(k-1). Training projects one head at a time, so this also
-  checks that path against `head_logits`."""
+  checks that path against `head_logits`. subset (bpd.train_vocab): p and q renormalised over 40
+  of the 64 tokens, corpus targets outside them weigh 0, top-1 still against the verifier's
+  greedy token over all 64."""
   v_cfg, v_params = _verifier(vocab=64)
   cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=3, hidden=16, own_projection=own)
   params = _random_heads(cfg, v_cfg, v_params)
@@ -161,24 +165,40 @@ def test_training_loss_matches_a_numpy_reference(loss, own):
   objective = bpd_train.Objective(loss, decay=0.8)
   x, log_p = bpd_train._verifier_pass(apply, v_params, tokens)
   out = bpd_heads.verifier_output(v_cfg, v_params)
-  got, metrics = bpd_train.loss_fn(params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, v_out=out,
-                                   objective=objective)
-  log_q = np.asarray(jax.nn.log_softmax(bpd_heads.head_logits(cfg, params, v_cfg, out, x)))
-  log_p, targets = np.asarray(log_p), np.asarray(batch["targets"])
+  ids = np.sort(np.random.default_rng(0).permutation(64)[:40]).astype(np.int32) if subset else None
+  got, metrics = bpd_train.loss_fn(
+      params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, objective=objective,
+      v_out=out if ids is None else bpd_heads.verifier_output(v_cfg, v_params, jnp.asarray(ids)),
+      vocab_ids=None if ids is None else jnp.asarray(ids))
+  logits = np.asarray(bpd_heads.head_logits(cfg, params, v_cfg, out, x), np.float64)
+  log_p, targets = np.asarray(log_p, np.float64), np.asarray(batch["targets"])
+  greedy = log_p.argmax(-1)
+  keep = np.arange(64) if ids is None else ids
+  lse = lambda a: np.log(np.sum(np.exp(a - a.max(-1, keepdims=True)), -1, keepdims=True)) + (  # noqa: E731
+      a.max(-1, keepdims=True))
+  log_q = logits[..., keep] - lse(logits[..., keep])
+  log_ps = log_p[..., keep] - lse(log_p[..., keep])
+  if subset:
+    assert not set(targets.ravel()) <= set(ids)   # some corpus targets fall outside
   per_head = []
   for j in range(3):
     k = j + 1
-    num = den = 0.0
+    num = den = agree = 0.0
     for b in range(2):
       for t in range(9 - k):
+        w = weights[b, t + k]
         if loss == "fkl":
-          term = np.sum(np.exp(log_p[b, t + k]) * (log_p[b, t + k] - log_q[b, t, j]))
+          term = np.sum(np.exp(log_ps[b, t + k]) * (log_ps[b, t + k] - log_q[b, t, j]))
+        elif targets[b, t + k] in keep:
+          term = -log_q[b, t, j, list(keep).index(targets[b, t + k])]
         else:
-          term = -log_q[b, t, j, targets[b, t + k]]
-        num += weights[b, t + k] * term
-        den += weights[b, t + k]
+          term, w = 0.0, 0.0
+        num += w * term
+        den += w
+        agree += w * (keep[log_q[b, t, j].argmax()] == greedy[b, t + k])
     per_head.append(num / den)
     np.testing.assert_allclose(metrics[f"head{k}_loss"], per_head[-1], rtol=1e-4)
+    np.testing.assert_allclose(metrics[f"head{k}_top1"], agree / den, rtol=1e-5)
   decay = 0.8 ** np.arange(3)
   np.testing.assert_allclose(got, np.sum(decay * per_head) / np.sum(decay), rtol=1e-4)
 
@@ -229,6 +249,25 @@ def test_train_bpd_resumes_and_records_its_verifier(tmp_path):
   with pytest.raises(ValueError,
                      match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):
     evaluate.make_drafter(v_cfg, None, trees.chain(4), b_cfg)
+
+
+def test_train_bpd_over_a_token_subset(tmp_path):
+  """bpd.train_vocab: the loss over the train split's N most frequent tokens trains (the held-out
+  metrics stay over the whole vocabulary); a negative N or one past the vocabulary is refused
+  naming the field."""
+  from configs import train_bpd as train_bpd_config
+  from spec_jax.programs import train_bpd
+  config = train_bpd_config.get_config("smoke")
+  config.bpd.train_vocab = 48
+  config.train.update(num_steps=6, eval_every=6, checkpoint_every=6)
+  result = train_bpd.run(config, str(tmp_path / "sub"))
+  assert result["step"] == 6 and np.isfinite(result["train_loss"])
+  assert 0.0 <= result["eval"]["head1_top1"] <= 1.0
+  for bad, message in ((-1, r"bpd.train_vocab=-1 must be >= 0"),
+                       (100_000, r"bpd.train_vocab=100000 exceeds the verifier's vocabulary")):
+    config.bpd.train_vocab = bad
+    with pytest.raises(ValueError, match=message):
+      train_bpd.run(config, str(tmp_path / f"bad{bad}"))
 
 
 def test_head_analysis_oracle_at_k1_is_greedy_bpd_tau():

@@ -62,14 +62,18 @@ class BPDConfig:
     return cls(num_heads, v_cfg.d_model, v_cfg.vocab_size, hidden, own_projection)
 
 
-def verifier_output(v_cfg, v_params) -> dict:
+def verifier_output(v_cfg, v_params, ids=None) -> dict:
   """The verifier parameters the heads share: its final norm and output projection (the
-  embedding when tied). A view of `v_params`, not a copy."""
+  embedding when tied). A view of `v_params`, not a copy; with `ids` (int[N], training over a
+  token subset: `training/bpd.py`) the projection keeps only those tokens' rows, so
+  `decoder.output_logits` gives logits [..., N] in the order of `ids`."""
   out = {"final_norm": v_params["final_norm"]}
   if v_cfg.tie_embeddings:
-    out["embed"] = v_params["embed"]
+    table = v_params["embed"]["embedding"]
+    out["embed"] = {"embedding": table if ids is None else jnp.take(table, ids, axis=0)}
   else:
-    out["lm_head"] = v_params["lm_head"]
+    kernel = v_params["lm_head"]["kernel"]
+    out["lm_head"] = {"kernel": kernel if ids is None else jnp.take(kernel, ids, axis=1)}
   return out
 
 
@@ -153,14 +157,16 @@ def head_logits(cfg: BPDConfig, params, v_cfg, v_out, x: jax.Array) -> jax.Array
   return jnp.einsum("...AD,ADV->...AV", y, params["out"])
 
 
-def one_head_logits(cfg: BPDConfig, params, v_cfg, v_out, u: jax.Array, j: int) -> jax.Array:
+def one_head_logits(cfg: BPDConfig, params, v_cfg, v_out, u: jax.Array, j: int,
+                    ids=None) -> jax.Array:
   """logits f32[..., V] of head j (0-based) from its state u f32[..., D] (`head_states`'s
-  [..., j, :]). Training projects one head at a time: h [.., V] slabs at once are h times the
-  memory traffic, which costs more than the matmuls on a CPU."""
+  [..., j, :]); with `ids` (int[N]) only those tokens' logits [..., N], v_out then being
+  `verifier_output(..., ids)`. Training projects one head at a time: h [.., V] slabs at once are
+  h times the memory traffic, which costs more than the matmuls on a CPU."""
   if not cfg.own_projection:
     return decoder.output_logits(v_cfg, v_out, u)
   y = decoder.final_norm(v_cfg, v_out, u).astype(jnp.float32)
-  return y @ params["out"][j]
+  return y @ (params["out"][j] if ids is None else jnp.take(params["out"][j], ids, axis=1))
 
 
 def shard_params(params, mesh) -> dict:

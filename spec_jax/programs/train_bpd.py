@@ -2,11 +2,12 @@
 
 `run(config, workdir)` reads configs/train_bpd.py's sections: tokenizer, verifier (the model the
 heads sit on), data (a corpus, packed windows of seq_len tokens), bpd (num_heads, hidden,
-own_projection, loss ce | fkl, decay, top_k), train, mesh, seed. The verifier stays frozen: only
-the heads train (`training/bpd.py`). Checkpoints hold the heads alone, with the verifier's config
-and tokenizer fingerprint and the heads' config in their meta; the run resumes from its newest
-checkpoint; metrics (per-head loss and top-1 agreement with the verifier's greedy token; held-out
-top-1 / top-k) go to TensorBoard and metrics.jsonl. `evaluate --config.drafter.checkpoint=WORKDIR`
+own_projection, loss ce | fkl, decay, top_k, train_vocab: 0 or the loss over the N most frequent
+tokens), train, mesh, seed. The verifier stays frozen: only the heads train (`training/bpd.py`).
+Checkpoints hold the heads alone, with the verifier's config and tokenizer fingerprint and the
+heads' config in their meta; the run resumes from its newest checkpoint; metrics (per-head loss
+and top-1 agreement with the verifier's greedy token; held-out top-1 / top-k) go to TensorBoard
+and metrics.jsonl. `evaluate --config.drafter.checkpoint=WORKDIR`
 decodes with the heads as a BPD drafter (on the verifier they were trained for).
 """
 
@@ -20,11 +21,12 @@ from typing import Callable
 
 from absl import logging
 import jax
+import numpy as np
 
 from spec_jax import loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.models import bpd_heads, llama
+from spec_jax.models import bpd_heads, draft_init, llama
 from spec_jax.training import bpd, checkpoints, metrics as metrics_lib, optim, train
 
 
@@ -35,6 +37,9 @@ def check_config(config) -> tuple[bpd.Objective, int]:
     raise ValueError(f"bpd.num_heads={b.num_heads}: give at least one head (h >= 1).")
   if int(b.hidden) < 0:
     raise ValueError(f"bpd.hidden={b.hidden} must be >= 0 (0 = the verifier's width).")
+  if int(b.get("train_vocab", 0)) < 0:
+    raise ValueError(f"bpd.train_vocab={b.train_vocab} must be >= 0 (0: the loss over the whole "
+                     "vocabulary; N: over the train split's N most frequent tokens).")
   if int(config.data.seq_len) <= int(b.num_heads) + 1:
     raise ValueError(f"data.seq_len={config.data.seq_len} leaves no target for the last of "
                      f"bpd.num_heads={b.num_heads} heads: use seq_len > num_heads + 1.")
@@ -100,7 +105,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
           _held_out, jitted_eval, v_params, [eval_ds[i] for i in range(
               min(tc.eval_batches, len(eval_ds)))], batch_sh, num_heads)
 
-    step = bpd.jit_bpd_step(cfg, v_cfg, v_apply, tx, objective, shardings, v_shardings, mesh)
+    step = bpd.jit_bpd_step(cfg, v_cfg, v_apply, tx, objective, shardings, v_shardings, mesh,
+                            _train_vocab(config, tokenizer, v_cfg))
     t0 = time.perf_counter()
     state, last, last_eval = train.train_loop(
         state=state, step_fn=lambda st, batch, r: step(st, batch, r, v_params),
@@ -118,6 +124,25 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
     manager.wait_until_finished()
     manager.close()
     writer.close()
+
+
+def _train_vocab(config, tokenizer, v_cfg) -> np.ndarray | None:
+  """int32[N]: the N = bpd.train_vocab most frequent tokens of data.train_split, the loss's
+  token subset (`training/bpd.py`); None for 0 (the whole vocabulary)."""
+  n = int(config.bpd.get("train_vocab", 0))
+  if not n:
+    return None
+  if not n <= v_cfg.vocab_size:
+    raise ValueError(f"bpd.train_vocab={n} exceeds the verifier's vocabulary of "
+                     f"{v_cfg.vocab_size} tokens. Fix: 0 (all) or N <= {v_cfg.vocab_size}.")
+  dc = config.data
+  counts = draft_init.count_tokens(pipeline.token_stream(
+      dc.name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
+      v_cfg.vocab_size)
+  ids = np.asarray(draft_init.top_ids(counts, n, "bpd.train_vocab"), np.int32)
+  logging.info("BPD: the loss over the %d most frequent tokens (%.2f%% of the train split).",
+               n, 100.0 * counts[ids].sum() / max(counts.sum(), 1))
+  return ids
 
 
 def _held_out(jitted_eval, v_params, batches, batch_sh, num_heads: int, state) -> dict:

@@ -13,6 +13,14 @@ Positions with t + k ≥ T have no target and weigh 0. Head k's loss is weighted
 (Medusa: 0.8^k) and the total is normalised by the sum of those weights.
 Held-out metrics per head: top-1 and top-k agreement with the verifier's greedy token argmax
 p_{t+k} (its greedy continuation under teacher forcing) and the head's loss.
+
+Training over a token subset (`bpd.train_vocab` = N, `vocab_ids` int[N] here): the heads' h
+projections onto the 49,152-token vocabulary cost more than the verifier's whole forward on a
+CPU. With `vocab_ids` the training step projects onto those N tokens only (the N most frequent
+of the train split): q and the target law p are both renormalised over them ("fkl"), and corpus
+targets outside them weigh 0 ("ce"). Top-1 agreement still compares with the verifier's greedy
+token over the whole vocabulary, and the held-out evaluation (`eval_step`) and decoding always
+use the whole vocabulary, so a subset that truncates too much shows there.
 """
 
 from __future__ import annotations
@@ -65,37 +73,55 @@ def _verifier_pass(v_apply: Callable, v_params, inputs: jax.Array):
 
 
 def head_terms(head_params, x, log_p, batch: Mapping[str, jax.Array], *, cfg, v_cfg, v_out,
-               objective: Objective, with_topk: bool = True) -> dict[str, jax.Array]:
+               objective: Objective, with_topk: bool = True,
+               vocab_ids: jax.Array | None = None) -> dict[str, jax.Array]:
   """Per head (leading axis A) and position: loss f32[A, B, T], weight f32[A, B, T], top-1 and
   (with_topk) top-k agreement with the verifier's greedy token f32[A, B, T]. The training step
-  leaves top-k out: a top-k over the whole vocabulary per position is not free on a CPU."""
+  leaves top-k out: a top-k over the whole vocabulary per position is not free on a CPU. With
+  `vocab_ids` int[N] (v_out then `bpd_heads.verifier_output(..., vocab_ids)`) the loss is taken
+  over those N tokens only (module docstring)."""
   u = bpd_heads.head_states(head_params, x.astype(jnp.float32))           # [B, T, A, D]
   out = {k: [] for k in ("loss", "weight", "top1") + (("topk",) if with_topk else ())}
   weights = batch["weights"].astype(jnp.float32)
+  greedy_all = jnp.argmax(log_p, axis=-1)                                 # [B, T]
+  targets = batch["targets"]
+  if vocab_ids is not None:
+    sub = jnp.take(log_p, vocab_ids, axis=-1)                             # [B, T, N]
+    log_p = sub - jax.nn.logsumexp(sub, axis=-1, keepdims=True)
+    index = jnp.full((v_cfg.vocab_size,), -1, jnp.int32).at[vocab_ids].set(
+        jnp.arange(vocab_ids.shape[0], dtype=jnp.int32))
+    targets = index[targets]                                              # -1: outside
   for j in range(cfg.num_heads):
     k = j + 1
     w = _shift(weights, k)
     lq = jax.nn.log_softmax(bpd_heads.one_head_logits(
-        cfg, head_params, v_cfg, v_out, u[:, :, j], j), axis=-1)          # [B, T, V]
-    lp = _shift(log_p, k)
+        cfg, head_params, v_cfg, v_out, u[:, :, j], j, vocab_ids), axis=-1)  # [B, T, V | N]
     if objective.loss == "ce":
-      target = _shift(batch["targets"], k)
-      loss = -jnp.take_along_axis(lq, target[..., None], axis=-1)[..., 0]
+      target = _shift(targets, k)
+      w = w * (target >= 0)
+      loss = -jnp.take_along_axis(lq, jnp.maximum(target, 0)[..., None], axis=-1)[..., 0]
     else:
+      lp = _shift(log_p, k)
       loss = jnp.sum(jnp.exp(lp) * (lp - lq), axis=-1)
-    greedy = jnp.argmax(lp, axis=-1)
+    greedy = _shift(greedy_all, k)
+    pred = jnp.argmax(lq, axis=-1)
+    if vocab_ids is not None:
+      pred = vocab_ids[pred]
     out["loss"].append(loss)
     out["weight"].append(w)
-    out["top1"].append((jnp.argmax(lq, axis=-1) == greedy).astype(jnp.float32))
+    out["top1"].append((pred == greedy).astype(jnp.float32))
     if with_topk:
       top = jax.lax.top_k(lq, objective.top_k)[1]
+      if vocab_ids is not None:
+        top = vocab_ids[top]
       out["topk"].append(jnp.any(top == greedy[..., None], axis=-1).astype(jnp.float32))
   return {k: jnp.stack(v) for k, v in out.items()}
 
 
-def loss_fn(head_params, x, log_p, batch, *, cfg, v_cfg, v_out, objective: Objective):
+def loss_fn(head_params, x, log_p, batch, *, cfg, v_cfg, v_out, objective: Objective,
+            vocab_ids: jax.Array | None = None):
   terms = head_terms(head_params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, v_out=v_out,
-                     objective=objective, with_topk=False)
+                     objective=objective, with_topk=False, vocab_ids=vocab_ids)
   w = terms["weight"]
   per_head = jnp.sum(terms["loss"] * w, axis=(1, 2)) / jnp.maximum(jnp.sum(w, axis=(1, 2)), 1e-8)
   decay = objective.decay ** jnp.arange(cfg.num_heads, dtype=jnp.float32)
@@ -110,15 +136,20 @@ def loss_fn(head_params, x, log_p, batch, *, cfg, v_cfg, v_out, objective: Objec
 
 def bpd_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: jax.Array, v_params,
              *, cfg, v_cfg, v_apply: Callable, tx: optax.GradientTransformation,
-             objective: Objective) -> tuple[train.TrainState, dict[str, jax.Array]]:
+             objective: Objective, vocab_ids=None
+             ) -> tuple[train.TrainState, dict[str, jax.Array]]:
   """One optimizer update of the heads; the verifier runs forward only. Pure: jit once
   (`jit_bpd_step`). Metrics (f32[]): loss, head{k}_loss, head{k}_top1 (agreement with the
-  verifier's greedy token on this batch), grad_norm, param_norm."""
+  verifier's greedy token on this batch), grad_norm, param_norm. `vocab_ids` (int[N] or None):
+  the loss over those tokens only (module docstring)."""
   del rng  # deterministic objective
   x, log_p = _verifier_pass(v_apply, v_params, batch["inputs"])
-  v_out = bpd_heads.verifier_output(v_cfg, v_params)
+  if vocab_ids is not None:
+    vocab_ids = jnp.asarray(vocab_ids, jnp.int32)
+  v_out = bpd_heads.verifier_output(v_cfg, v_params, vocab_ids)
   grad_fn = jax.value_and_grad(functools.partial(
-      loss_fn, cfg=cfg, v_cfg=v_cfg, v_out=v_out, objective=objective), has_aux=True)
+      loss_fn, cfg=cfg, v_cfg=v_cfg, v_out=v_out, objective=objective, vocab_ids=vocab_ids),
+      has_aux=True)
   (_, metrics), grads = grad_fn(state.params, x, log_p, batch)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -155,13 +186,14 @@ def summarize(sums: Mapping[str, float], num_heads: int) -> dict[str, float]:
 
 
 def jit_bpd_step(cfg, v_cfg, v_apply: Callable, tx, objective: Objective, state_shardings,
-                 v_shardings, mesh):
+                 v_shardings, mesh, vocab_ids=None):
   """bpd_step jitted once: the heads' state in/out in its shardings and donated, the verifier's
-  params in theirs and not donated (reused every step), batch over (data, fsdp)."""
+  params in theirs and not donated (reused every step), batch over (data, fsdp); `vocab_ids`
+  (a host array or None) is baked in as a constant."""
   rep = parallel.replicated(mesh)
   return jax.jit(
       functools.partial(bpd_step, cfg=cfg, v_cfg=v_cfg, v_apply=v_apply, tx=tx,
-                        objective=objective),
+                        objective=objective, vocab_ids=vocab_ids),
       in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep, v_shardings),
       out_shardings=(state_shardings, rep), donate_argnums=(0,))
 
