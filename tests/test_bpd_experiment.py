@@ -44,8 +44,9 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
   by = {}
   for r in rows:
     by.setdefault(r["method"], []).append(r)
-  assert {"bpd", "bpd_tree", "bpd_ngram", "bpd_neural", "bpd_oracle"} <= set(by)
+  assert {"bpd", "bpd_tree", "bpd_ngram", "bpd_ngram_beam", "bpd_neural", "bpd_oracle"} <= set(by)
   assert sorted(r["p"] for r in by["bpd_ngram"]) == [4, 16]
+  assert [r["p"] for r in by["bpd_ngram_beam"]] == [3]
   for r in rows:
     assert math.isfinite(r["block_efficiency"]) and r["block_efficiency"] >= 1.0
     assert r["dataset"] == "spec_jax_shakespeare" and r["heads"] == 2
@@ -57,6 +58,7 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
   assert by["bpd_neural"][0]["drafter_calls_per_round"] == 2
   assert by["bpd_neural"][0]["cost_ratio_c"] > 0 and by["bpd"][0]["cost_ratio_c"] == 0
   assert {r["verifier_tokens_per_call"] for r in by["bpd_ngram"]} == {1 + 2 * 4, 1 + 2 * 16}
+  assert by["bpd_ngram_beam"][0]["verifier_tokens_per_call"] == 1 + 2 * 3
   oracle, = by["bpd_oracle"]
   assert set(oracle["oracle_tau"]) == {"1", "2", "4"} and len(oracle["head_entropy"]) == 2
   # The oracle at k = 1 replays greedy BPD on the evaluate run's prompts: the same τ.
@@ -64,7 +66,8 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
   assert oracle["block_efficiency"] == oracle["oracle_tau"]["2"]  # the smoke's oracle_k
   md = open(os.path.join(workdir, "results.md")).read()
   for text in ("### spec_jax_shakespeare, T = 0", "## Paper numbers beside ours",
-               "**Greedy in-domain τ ≥ 2**", "Kim et al. 2024", "**gain_over_bpd**"):
+               "**Greedy in-domain τ ≥ 2**", "Kim et al. 2024", "**gain_over_bpd**",
+               "bpd_ngram_beam W=3"):
     assert text in md
   for name in PNGS:
     assert os.path.getsize(os.path.join(workdir, name)) > 0

@@ -120,6 +120,49 @@ def test_search_beyond_max_paths_is_a_beam_over_prefix_scores():
     assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == best
 
 
+def test_beam_tree_keeps_every_levels_beam():
+  """lattice.beam_tree against a brute-force beam on a 3^3 lattice with an order-3 n-gram: level d
+  holds exactly the W best extensions of level d − 1 (W = 4 > k = 3: level 1 is the 3 lattice
+  tokens and one padding node), with their exact prefix scores' order, each node under its own
+  prefix; a valid tree for the greedy walk."""
+  rng = np.random.default_rng(4)
+  b, a, k, v, width, w = 2, 3, 3, 7, 4, 0.6
+  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
+  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
+  hist = jnp.asarray([[-1, 4], [2, 6]], jnp.int32)
+  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  root = jnp.asarray([11, 12])
+  tree = lattice.beam_tree(root, lat_tokens, lat_logp, hist, lm, w, width)
+  assert tree.tokens.shape == (b, 1 + width * a)
+  tree_acceptance.check_tree(tree.tokens, tree.parent, tree.depth, tree.valid, max_depth=a,
+                             max_candidates=min(width, k))
+  toks, par, val, dep = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid,
+                                                 tree.depth))
+  logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  for row in range(b):
+    heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
+    prefixes, levels = [()], []
+    for i in range(a):
+      grown = [x + (int(t),) for x in prefixes for t in heads_top[i]]
+      scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, grown)
+      prefixes = [x for _, x in sorted(zip(scores, grown), key=lambda t: -t[0])][:width]
+      levels.append(prefixes)
+    got = [[] for _ in range(a)]
+    for node in np.flatnonzero(val[row]):
+      if node == 0:
+        continue
+      path, n = [], node
+      while n > 0:
+        path.append(int(toks[row, n]))
+        n = par[row, n]
+      got[dep[row, node] - 1].append(tuple(reversed(path)))
+    assert got == levels   # best first within each level
+  assert val[:, 1:1 + width].sum(axis=1).tolist() == [k, k]   # level 1: k real nodes, 1 pad
+  # Width 1 at w = 0 is the heads' own argmax chain (plain greedy BPD's draft).
+  chain = lattice.beam_tree(root, lat_tokens, lat_logp, None, None, 0.0, 1)
+  np.testing.assert_array_equal(np.asarray(chain.tokens[:, 1:]), np.argmax(logp, -1))
+
+
 def _setup(num_heads=3, seed=1):
   v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=V, sharpness=3.0)
   cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=num_heads, hidden=16)
@@ -161,18 +204,21 @@ def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
   stats = {}
   for rescore in (bpd.LatticeRescoring(top_k=3, paths=6, weight=0.5),
                   bpd.LatticeRescoring(top_k=3, paths=6, weight=0.0),
-                  bpd.LatticeRescoring(top_k=2, paths=1, weight=0.0)):
+                  bpd.LatticeRescoring(top_k=2, paths=1, weight=0.0),
+                  bpd.LatticeRescoring(top_k=3, paths=5, weight=0.5, beam=True),
+                  bpd.LatticeRescoring(top_k=2, paths=1, weight=0.0, beam=True)):
     drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=rescore)
     out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, lm), prompts,
                   Sampling(), 12)
     assert out.new_tokens() == ar.new_tokens()
-    stats[rescore.paths, rescore.weight] = np.asarray(
+    stats[rescore.paths, rescore.weight, rescore.beam] = np.asarray(
         [out.stats.accepted, out.stats.verifier_calls, out.stats.candidates])
-  # Weight 0, one path: the heads' own argmax chain, call for call.
-  np.testing.assert_array_equal(stats[1, 0.0][:2], np.asarray(
-      [plain.stats.accepted, plain.stats.verifier_calls]))
+  # Weight 0, one path (or a beam of width 1): the heads' own argmax chain, call for call.
+  for beam in (False, True):
+    np.testing.assert_array_equal(stats[1, 0.0, beam][:2], np.asarray(
+        [plain.stats.accepted, plain.stats.verifier_calls]))
   # The n-gram reorders the kept paths (a rescoring that ignored it would match weight 0).
-  assert not np.array_equal(stats[6, 0.5], stats[6, 0.0])
+  assert not np.array_equal(stats[6, 0.5, False], stats[6, 0.0, False])
 
 
 def test_pruned_lattice_search_stays_greedy_exact(monkeypatch):
@@ -193,6 +239,8 @@ def test_rescoring_bad_input_names_the_field():
   v_cfg, v_params, cfg, heads = _setup()
   with pytest.raises(ValueError, match=r"bpd.paths=28 exceeds .* 3\^3 = 27"):
     bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=28))
+  with pytest.raises(ValueError, match=r"bpd.paths=70000 \(the beam width\) times "):
+    bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=70_000, beam=True))
   with pytest.raises(ValueError, match=r"bpd.top_k=0 must be an integer >= 1"):
     bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=0))
   with pytest.raises(ValueError, match=r"ngram_weight=1.5 must be in \[0, 1\]"):

@@ -104,6 +104,9 @@ def get_config(arg=None):
   # rsd_c:3-2 is the heads' top-3 × top-2 × top-1 ... lattice (Medusa-style at T = 0).
   config.tree = "rsd_c:3-2"
   config.ngram_paths = (4, 16)  # bpd_ngram:P keeps the P best of the k^h lattice paths
+  # bpd_ngram_beam:W: a beam of W prefixes per level under the same score, every level kept as
+  # the draft tree (the same 1 + W·h verifier tokens as p = W paths).
+  config.ngram_beams = (16,)
   config.num_prompts = 8
   config.new_tokens = 64
   config.batch_size = 1
@@ -137,6 +140,7 @@ def get_config(arg=None):
     config.num_prompts = 2
     config.new_tokens = 6
     config.top_k = 4
+    config.ngram_beams = (3,)
     config.top_k_per_heads = {}
     config.analysis_ks = (1, 2, 4)
     config.oracle_k = 2

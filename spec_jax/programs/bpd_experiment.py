@@ -91,11 +91,12 @@ def oracle_k(config, h: int) -> int:
 
 
 def eval_methods(config, h: int, temperature: float) -> tuple[str, ...]:
-  """evaluate's eval.methods for one run: bpd_ngram verifies a deterministic set of paths (no
-  exact law), so it runs at T = 0 only (evaluate refuses it otherwise)."""
+  """evaluate's eval.methods for one run: bpd_ngram(_beam) verifies a deterministic set of paths
+  (no exact law), so it runs at T = 0 only (evaluate refuses it otherwise)."""
   entries = [f"sd@{h}", f"{config.tree}@{h}"]
   if float(temperature) == 0.0:
     entries += [f"bpd_ngram:{int(p)}@{h}" for p in config.ngram_paths]
+    entries += [f"bpd_ngram_beam:{int(w)}@{h}" for w in config.get("ngram_beams", ())]
   return tuple(entries + [f"bpd_neural@{h}"])
 
 
@@ -325,7 +326,8 @@ def oracle_row(config, dataset: str, h: int, stats: dict) -> dict:
 
 
 def _paths_kept(row: dict) -> int | None:
-  match = re.match(r"p=(\d+)", row.get("tree") or "")
+  """bpd_ngram's kept paths p, or bpd_ngram_beam's width W, from the row's tree description."""
+  match = re.search(r"(?:p|W)=(\d+)", row.get("tree") or "")
   return int(match.group(1)) if match else None
 
 
@@ -353,7 +355,7 @@ def collect_rows(config, workdir: str) -> list[dict]:
       for t in config.temperatures:
         for r in evaluate_heads(config, workdir, dataset, h, t, heads):
           r.update(dataset=dataset, heads=h, **record)
-          if r["method"] == "bpd_ngram":
+          if r["method"] in ("bpd_ngram", "bpd_ngram_beam"):
             r["p"] = _paths_kept(r)
           rows.append(r)
       stats = analyse_heads(config, workdir, dataset, h, heads, verifier)

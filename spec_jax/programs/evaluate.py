@@ -47,10 +47,12 @@ CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acc
 # Speculative methods by name; each row of results.json names one. "sd" is chain speculative
 # decoding; every method runs in the one loop (decoding/loop.py) with an LM drafter of its shape.
 # With BPD heads as the drafter (a train_bpd checkpoint), rows are named bpd (chains) and
-# bpd_tree (trees from the heads' lattice), and two refinements run (eval.bpd): bpd_ngram[:P]
-# verifies the P best lattice paths under an n-gram rescoring (greedy only), bpd_neural drafts
-# a chain whose per-head top-k is rescored by a small LM.
-BPD_METHODS = ("bpd_ngram", "bpd_neural")
+# bpd_tree (trees from the heads' lattice), and the refinements run (eval.bpd): bpd_ngram[:P]
+# verifies the P best lattice paths under an n-gram rescoring (greedy only), bpd_ngram_beam[:W]
+# the tree of a width-W beam search under the same score (greedy only), bpd_neural drafts a
+# chain whose per-head top-k is rescored by a small LM.
+NGRAM_METHODS = ("bpd_ngram", "bpd_ngram_beam")
+BPD_METHODS = (*NGRAM_METHODS, "bpd_neural")
 METHODS = ("sd", *trees.TREE_METHODS, *BPD_METHODS)
 
 
@@ -61,8 +63,9 @@ def parse_method(entry: str, depth: int | None, default_width: int, default_path
   b1-b2-... (rsd_c branching, padded with 1s to depth L); without it K = W = eval.tree_width and
   rsd_c branches eval.tree_width ways at the root only, so all tree methods spend the same
   1 + width·L verifier tokens per call. @L fixes the depth for this entry; otherwise the depth is
-  each of eval.gammas in turn (`depth`). bpd_ngram:P keeps P lattice paths (default
-  eval.bpd.paths, `default_paths`); bpd_neural takes no shape."""
+  each of eval.gammas in turn (`depth`). bpd_ngram:P keeps P lattice paths and
+  bpd_ngram_beam:W a beam of width W per level (default eval.bpd.paths, `default_paths`);
+  bpd_neural takes no shape."""
   head, _, at = entry.partition("@")
   name, _, shape = head.partition(":")
   if name not in METHODS:
@@ -79,11 +82,12 @@ def parse_method(entry: str, depth: int | None, default_width: int, default_path
       raise ValueError(f"eval.methods entry {entry!r}: {name} drafts a chain: no shape, only "
                        "@γ.")
     return name, depth, None
-  if name == "bpd_ngram":
+  if name in NGRAM_METHODS:
     if len(ints) > 1:
-      raise ValueError(f"eval.methods entry {entry!r}: bpd_ngram takes one number, the kept "
-                       "lattice paths P (e.g. 'bpd_ngram:16@3').")
-    return name, depth, lattice.shape(ints[0] if ints else int(default_paths), depth)
+      raise ValueError(f"eval.methods entry {entry!r}: {name} takes one number, the kept "
+                       f"lattice paths P or beam width W (e.g. '{name}:16@3').")
+    return name, depth, lattice.shape(ints[0] if ints else int(default_paths), depth,
+                                      beam=name == "bpd_ngram_beam")
   if name != "rsd_c" and len(ints) > 1:
     raise ValueError(f"eval.methods entry {entry!r}: {name} takes one width, got {shape!r}.")
   if name == "rsd_c":
@@ -147,8 +151,8 @@ def check_config(config, workdir: str, runs) -> None:
   for t in ev.temperatures:  # every rule fits every run's shape at every temperature
     sampling = sampling_lib.Sampling(float(t), int(ev.top_k), float(ev.top_p))
     for _, name, depth, tree in runs:
-      if name == "bpd_ngram" and not sampling.greedy:
-        raise ValueError(f"eval.methods has bpd_ngram, which verifies a deterministic set of "
+      if name in NGRAM_METHODS and not sampling.greedy:
+        raise ValueError(f"eval.methods has {name}, which verifies a deterministic set of "
                          f"lattice paths (no exact law): greedy only, but eval.temperatures has "
                          f"{t}. Fix: temperatures=(0,) for it, or sample with bpd / bpd_neural.")
       for e in _epsilons(ev, tree):
@@ -255,7 +259,8 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=N
                  rescorer_cfg=None):
   """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
   heads (b_cfg, d_cfg then the verifier's config) draft chains and lattice trees of up to h
-  tokens, refined by `method` bpd_ngram / bpd_neural (options `bpd_opts`, eval.bpd)."""
+  tokens, refined by `method` bpd_ngram / bpd_ngram_beam / bpd_neural (options `bpd_opts`,
+  eval.bpd)."""
   if method in BPD_METHODS and b_cfg is None:
     raise ValueError(f"eval.methods has {method}, which refines the drafts of BPD heads, but "
                      "drafter.checkpoint is not a train_bpd checkpoint. Fix: "
@@ -266,9 +271,10 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=N
           f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains and trees "
           f"of depth at most {b_cfg.num_heads}, not {shape.describe()} (depth {shape.depth}). "
           f"Fix: eval.gammas / the methods' @L <= {b_cfg.num_heads}.")
-    if method == "bpd_ngram":
+    if method in NGRAM_METHODS:
       return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth, rescore=bpd.LatticeRescoring(
-          int(bpd_opts.top_k), shape.width, float(bpd_opts.ngram_weight)))
+          int(bpd_opts.top_k), shape.width, float(bpd_opts.ngram_weight),
+          beam=method == "bpd_ngram_beam"))
     if method == "bpd_neural":
       return bpd_neural.NeuralRescoredBPD(b_cfg, d_cfg, rescorer_cfg, gamma=shape.depth,
                                           top_k=int(bpd_opts.top_k),
@@ -313,7 +319,7 @@ def _ngram_lm(opts, tokenizer, vocab_size: int, data_dir: str | None = None):
   from spec_jax.models import ngram  # noqa: PLC0415
   src = str(opts.ngram or "")
   if not src:
-    raise ValueError("eval.methods has bpd_ngram with eval.bpd.ngram_weight > 0, but "
+    raise ValueError("eval.methods has bpd_ngram(_beam) with eval.bpd.ngram_weight > 0, but "
                      "eval.bpd.ngram is empty. Fix: a dataset whose train split is counted "
                      "(e.g. --config.eval.bpd.ngram=spec_jax_shakespeare) or a saved .npz.")
   if src.endswith(".npz"):
@@ -402,7 +408,7 @@ def run(config, workdir: str) -> list[dict]:
   opts, rescorer_cfg = _bpd_options(ev), None
   if b_cfg is not None:  # BPD heads: no drafter model; they share the verifier's projection
     lm = (_ngram_lm(opts, tokenizer, v_cfg.vocab_size, config.data.get("data_dir") or None)
-          if "bpd_ngram" in methods and float(opts.ngram_weight) > 0 else None)
+          if set(NGRAM_METHODS) & set(methods) and float(opts.ngram_weight) > 0 else None)
     d_params = bpd.BPDDrafter(b_cfg, v_cfg).params(d_params, v_params, lm)
     if "bpd_neural" in methods:
       if not opts.rescorer:
@@ -546,7 +552,7 @@ def run(config, workdir: str) -> list[dict]:
             block_efficiency=_round(tau), tau_se=_round(summary["tau_se"]),
             mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
             # α needs the drafter's law; bpd_ngram's kept paths have none (q = None).
-            acceptance_rate=(None if method == "bpd_ngram"
+            acceptance_rate=(None if method in NGRAM_METHODS
                              else _round(summary["acceptance_rate"])),
             empirical_acceptance=_round(summary["empirical_acceptance"]),
             per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],

@@ -40,13 +40,16 @@ class LatticeRescoring:
   paths under (1 − w)·log q_head + w·log p_ngram (w = `weight`, summed over positions) are
   verified together as one prefix tree (`lattice.py`). The kept set is deterministic, with no
   exact law, so only greedy decoding verifies it. params["ngram"] holds the n-gram LM
-  (`models.ngram`); weight 0 ranks by the heads alone (paths = 1 then is plain BPD)."""
+  (`models.ngram`); weight 0 ranks by the heads alone (paths = 1 then is plain BPD).
+  beam: in place of the p best full paths, the tree of a beam search of width `paths` that
+  keeps every level's beam (`lattice.beam_tree`; method bpd_ngram_beam), same score."""
   top_k: int = 4
   paths: int = 16
   weight: float = 0.5
+  beam: bool = False
 
   def check(self, num_heads: int, field: str = "bpd") -> None:
-    lattice.check_shape(num_heads, self.top_k, self.paths, field=field)
+    lattice.check_shape(num_heads, self.top_k, self.paths, field=field, beam=self.beam)
     if not 0.0 <= float(self.weight) <= 1.0:
       raise ValueError(f"{field}.ngram_weight={self.weight} must be in [0, 1] (0 = the heads' "
                        "ranking alone, 1 = the n-gram alone).")
@@ -96,7 +99,7 @@ class BPDDrafter(HeadsDrafter):
   @property
   def shape(self) -> trees.TreeSpec:
     if self.rescore is not None:
-      return lattice.shape(self.rescore.paths, self.depth)
+      return lattice.shape(self.rescore.paths, self.depth, self.rescore.beam)
     return self.tree if self.tree is not None and not self.tree.is_chain else trees.chain(
         self.depth)
 
@@ -168,7 +171,7 @@ class BPDDrafter(HeadsDrafter):
     root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
     hist = lattice.history(tokens, lengths, lm.order - 1) if lm is not None else None
     tree = lattice.rescored_tree(logits, root, hist, lm, top_k=r.top_k, paths=r.paths,
-                                 weight=float(r.weight))
+                                 weight=float(r.weight), beam=r.beam)
     spec = self.shape
     return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
                     q=None, chain=False, scheme=spec.scheme, max_depth=spec.depth,

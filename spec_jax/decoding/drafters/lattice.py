@@ -19,7 +19,7 @@ The kept paths merge into a prefix tree laid out level by level (`trees` layout)
 1 + (d − 1)·P + j holds path j's token at depth d, valid only where no better path shares its
 prefix of length d; a duplicate's children hang under the first path with that prefix. Siblings
 are distinct tokens, at most min(P, K) of them, so the greedy tree walk examines at most
-min(P, K) candidates per step.
+min(P, K) candidates per step. `beam_tree` lays out a beam search's levels (width P) the same way.
 """
 
 from __future__ import annotations
@@ -33,14 +33,22 @@ from spec_jax.decoding.drafters import trees
 MAX_PATHS = 1 << 16  # paths scored per lattice level and row (beam width · K)
 
 
-def check_shape(num_heads: int, top_k: int, paths: int, *, field: str = "bpd") -> None:
-  """Raise ValueError naming the field when (h, k, p) is not a lattice search we can run."""
+def check_shape(num_heads: int, top_k: int, paths: int, *, field: str = "bpd",
+                beam: bool = False) -> None:
+  """Raise ValueError naming the field when (h, k, p) is not a lattice search we can run (with
+  `beam`, p is the beam tree's width)."""
   for name, value in (("top_k", top_k), ("paths", paths)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f"{field}.{name}={value!r} must be an integer >= 1.")
   if top_k > MAX_PATHS:
     raise ValueError(f"{field}.top_k={top_k} exceeds the {MAX_PATHS} paths scored per lattice "
                      f"level. Fix: {field}.top_k <= {MAX_PATHS}.")
+  if beam:
+    if paths * top_k > MAX_PATHS:
+      raise ValueError(f"{field}.paths={paths} (the beam width) times {field}.top_k={top_k} "
+                       f"exceeds the {MAX_PATHS} prefixes scored per lattice level. Fix: "
+                       f"{field}.paths <= {MAX_PATHS // top_k}.")
+    return
   most = max_paths(num_heads, top_k)
   if paths > most:
     raise ValueError(f"{field}.paths={paths} exceeds the {most} paths the search scores at the "
@@ -94,20 +102,64 @@ def search(lat_tokens: jax.Array, lat_logp: jax.Array, hist: jax.Array | None, l
   paths = jnp.zeros((b, 1, 0), jnp.int32)
   scores = jnp.zeros((b, 1), jnp.float32)
   for i in range(a):
-    w = paths.shape[1]
-    new = jnp.broadcast_to(lat_tokens[:, None, i], (b, w, k))             # [B, W, K]
-    step = lat_logp[:, None, i]                                          # [B, 1, K]
-    if lm is not None and weight > 0:
-      context = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, w, hist.shape[1])),
-                                 paths], axis=-1)                        # [B, W, O + i]
-      step = (1.0 - weight) * step + weight * _ngram_log_prob(lm, context[:, :, None], new)
-    scores = (scores[:, :, None] + step).reshape(b, w * k)
-    paths = jnp.concatenate([jnp.broadcast_to(paths[:, :, None], (b, w, k, i)), new[..., None]],
-                            axis=-1).reshape(b, w * k, i + 1)
-    if i < a - 1 and w * k > beam:
+    paths, scores = _extend(paths, scores, lat_tokens[:, i], lat_logp[:, i], hist, lm, weight)
+    if i < a - 1 and paths.shape[1] > beam:
       scores, keep = jax.lax.top_k(scores, beam)
       paths = jnp.take_along_axis(paths, keep[..., None], axis=1)
   return paths, scores
+
+
+def _extend(paths, scores, tokens, logp, hist, lm, weight):
+  """Every kept prefix paths int32[B, W, i] (scores f32[B, W]) extended by the K candidates
+  tokens / logp [B, K] of the next head: (int32[B, W·K, i + 1], f32[B, W·K]), candidate j of
+  prefix r at r·K + j."""
+  b, w, i = paths.shape
+  k = tokens.shape[-1]
+  new = jnp.broadcast_to(tokens[:, None], (b, w, k))                      # [B, W, K]
+  step = logp[:, None]                                                   # [B, 1, K]
+  if lm is not None and weight > 0:
+    context = jnp.concatenate([jnp.broadcast_to(hist[:, None], (b, w, hist.shape[1])),
+                               paths], axis=-1)                          # [B, W, O + i]
+    step = (1.0 - weight) * step + weight * _ngram_log_prob(lm, context[:, :, None], new)
+  grown = jnp.concatenate([jnp.broadcast_to(paths[:, :, None], (b, w, k, i)), new[..., None]],
+                          axis=-1)
+  return grown.reshape(b, w * k, i + 1), (scores[:, :, None] + step).reshape(b, w * k)
+
+
+def beam_tree(root: jax.Array, lat_tokens: jax.Array, lat_logp: jax.Array, hist, lm,
+              weight: float, width: int) -> trees.Tree:
+  """The draft tree of a beam search over the lattice that keeps every level's beam: level d
+  holds the `width` best depth-d prefixes, by the same prefix score as `search`, among the
+  extensions of level d − 1's (a dynamic tree in the manner of EAGLE-2, where `search` keeps
+  full paths only). The p-best paths spend a tree's nodes on complete paths; this spends them
+  level by level on the prefixes most likely to be accepted, so shallow levels, which decide
+  most of τ, get more distinct candidates for the same 1 + W·A verifier tokens.
+  Layout as `prefix_tree`'s: node 1 + (d − 1)·W + j, best first within a level; siblings are
+  distinct (one head's top-k); nodes past the candidates a level has (level 1 when k < W)
+  are padding with valid False. root int32[B], lattice [B, A, K], hist / lm / weight as in
+  `search`. Deterministic, so greedy only."""
+  b, a, _ = lat_tokens.shape
+  k = lat_tokens.shape[-1]
+  paths = jnp.zeros((b, 1, 0), jnp.int32)
+  scores = jnp.zeros((b, 1), jnp.float32)
+  toks, parents, depths, valids = [root[:, None]], [jnp.full((b, 1), -1, jnp.int32)], [
+      jnp.zeros((b, 1), jnp.int32)], [jnp.ones((b, 1), bool)]
+  for i in range(a):
+    paths, scores = _extend(paths, scores, lat_tokens[:, i], lat_logp[:, i], hist, lm, weight)
+    n = paths.shape[1]
+    if n < width:  # only level 1 (n = K): pad with impossible candidates
+      paths = jnp.pad(paths, ((0, 0), (0, width - n), (0, 0)))
+      scores = jnp.pad(scores, ((0, 0), (0, width - n)), constant_values=-jnp.inf)
+    scores, keep = jax.lax.top_k(scores, width)
+    paths = jnp.take_along_axis(paths, keep[..., None], axis=1)
+    toks.append(paths[:, :, -1])
+    parents.append(jnp.zeros((b, width), jnp.int32) if i == 0
+                   else (1 + (i - 1) * width + keep // k).astype(jnp.int32))
+    depths.append(jnp.full((b, width), i + 1, jnp.int32))
+    valids.append(jnp.isfinite(scores))
+  cat = lambda xs: jnp.concatenate(xs, axis=1)  # noqa: E731
+  return trees.Tree(tokens=cat(toks).astype(jnp.int32), parent=cat(parents),
+                    depth=cat(depths), valid=cat(valids))
 
 
 def _ngram_log_prob(lm, context, token):
@@ -143,27 +195,36 @@ def prefix_tree(root: jax.Array, paths: jax.Array) -> trees.Tree:
 
 
 def rescored_tree(logits: jax.Array, root: jax.Array, hist: jax.Array, lm, *, top_k: int,
-                  paths: int, weight: float) -> trees.Tree:
+                  paths: int, weight: float, beam: bool = False) -> trees.Tree:
   """Global rescoring: the `paths` best lattice paths under
       score = Σ_i (1 − w) · log q_i(x_i) + w · log p_ngram(x_i | history, x_<i)
-  (w = `weight`; w = 0 keeps the heads' own ranking; `search`), merged into a prefix tree.
+  (w = `weight`; w = 0 keeps the heads' own ranking; `search`), merged into a prefix tree; with
+  `beam`, the beam tree of width `paths` under the same score (`beam_tree`).
   logits f32[B, A, V] the heads' logits, root int32[B] the last committed token, hist int32[B, O]
   the committed history the n-gram conditions on (None or w = 0: no n-gram)."""
   lat_tokens, lat_logp = top_k_lattice(logits, top_k)
+  if beam:
+    return beam_tree(root, lat_tokens, lat_logp, hist, lm, weight, paths)
   cand, score = search(lat_tokens, lat_logp, hist, lm, weight)
   kept, _ = best_paths(score, cand, paths)
   return prefix_tree(root, kept)
 
 
-def shape(paths: int, depth: int) -> trees.TreeSpec:
-  """The static layout of a kept-paths prefix tree: P nodes per level, depth A (the layout of
-  P draft chains; only greedy verifies it, so the chains' sampling scheme never applies)."""
-  return _PathsShape("specinfer", depth=depth, width=paths)
+def shape(paths: int, depth: int, beam: bool = False) -> trees.TreeSpec:
+  """The static layout of a kept-paths prefix tree (or, `beam`, a beam tree of width `paths`):
+  P nodes per level, depth A (the layout of P draft chains; only greedy verifies it, so the
+  chains' sampling scheme never applies)."""
+  return (_BeamShape if beam else _PathsShape)("specinfer", depth=depth, width=paths)
 
 
 class _PathsShape(trees.TreeSpec):
   def describe(self) -> str:
     return f"p={self.width} best lattice paths L={self.depth}"
+
+
+class _BeamShape(_PathsShape):
+  def describe(self) -> str:
+    return f"lattice beam tree W={self.width} L={self.depth}"
 
   @property
   def max_candidates(self) -> int:
