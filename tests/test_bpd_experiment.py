@@ -90,6 +90,18 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
   assert "_No run has finished._" in open(tmp_path / "empty" / "results.md").read()
   assert not os.path.exists(tmp_path / "empty" / "runs" / "heads_spec_jax_shakespeare_h2")
 
+  # carry: a setting's rows read from an earlier results.json, nothing run for it (the heads
+  # and run directories of `carried` do not exist), and results.md says so.
+  carried = str(tmp_path / "carried")
+  config = bpd_config.get_config("smoke")
+  config.carry = ("spec_jax_shakespeare_h2",)
+  config.carry_from = os.path.join(workdir, "results.json")
+  got = _run(config, carried)
+  assert [dict(r, carried=None) for r in got] == [dict(r, carried=None) for r in rows]
+  assert all(r["carried"] for r in got) and not os.path.exists(os.path.join(carried, "runs"))
+  assert "Carried, not rerun: the rows of spec_jax_shakespeare_h2" in open(
+      os.path.join(carried, "results.md")).read()
+
   # Bad fields fail before anything runs, naming the field.
   for field, value, message in (
       ("datasets", ("shakespeare",), "datasets has 'shakespeare'"),
@@ -99,7 +111,11 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
       ("top_k_per_heads", {"x2": 4}, "top_k_per_heads has 'x2'"),
       # k = 1 for h = 2 leaves one lattice path, fewer than the 4 and 16 bpd_ngram keeps.
       ("top_k_per_heads", {"h2": 1}, r"ngram_paths has 4, but h = 2 heads with a top-1"),
-      ("oracle_k", 3, "gives k = 3 for h = 2, which is not in analysis_ks")):
+      ("oracle_k", 3, "gives k = 3 for h = 2, which is not in analysis_ks"),
+      ("carry", ("spec_jax_shakespeare_h9",), "carry has 'spec_jax_shakespeare_h9', which is "
+       "not one of this config's settings"),
+      ("carry", ("spec_jax_shakespeare_h2",), r"takes rows from carry_from='', which is not a "
+       "file")):
     config = bpd_config.get_config("smoke")
     config[field] = value
     with pytest.raises(ValueError, match=message):

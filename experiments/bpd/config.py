@@ -86,6 +86,10 @@ def get_config(arg=None):
   config.title = "Blockwise parallel decoding: heads, lattice trees and rescored drafts"
   config.render_only = False  # True: report the runs that have finished, run nothing
   config.note = ""  # free text for results.md: the machine's load while the timings ran
+  # Settings "<dataset>_h<h>" whose rows are read from the results.json `carry_from` instead of
+  # run (an earlier run whose heads are gone); results.md names them.
+  config.carry = ()
+  config.carry_from = ""
   config.datasets = ("spec_jax_shakespeare", "spec_jax_pystdlib")
   config.heads = (3, 5)
   config.temperatures = (0.0, 1.0)

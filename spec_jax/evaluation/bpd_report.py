@@ -230,9 +230,11 @@ def heads_key(dataset: str, h: int) -> str:
 def render_markdown(config, rows: list[dict], command_line: str) -> str:
   decoded = [r for r in rows if r["method"] != "bpd_oracle"]
   steps = {heads_key(r["dataset"], r["heads"]): r.get("heads_steps") for r in rows}
+  carry = tuple(config.get("carry", ()) or ())
   reused = [f"{k} → `{v}` (given" + (f", {steps[k]} steps)" if steps.get(k) else ")")
             for k, v in config.heads_checkpoints.items()
-            if any(k == heads_key(d, h) for d in config.datasets for h in config.heads)]
+            if any(k == heads_key(d, h) for d in config.datasets for h in config.heads)
+            and k not in carry]
   tc = config.train
   md = [f"# {config.title}", "",
         f"Command: `{command_line}`. Verifier {model_name(config.verifier)}; drafter: h BPD "
@@ -251,6 +253,9 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         "the same evaluate run (its row, `autoregressive`, opens each h's block), so it swings "
         "with the machine's load; τ is a count and compares across runs."
         + (f" {config.note}" if config.get("note") else ""),
+        *(["", f"Carried, not rerun: the rows of {', '.join(carry)} are read from "
+           f"`{config.carry_from}` (an earlier run of this experiment; its heads, and so the "
+           "methods added since, are not in them)."] if carry else []),
         "", "## Results", ""]
   for dataset in config.datasets:
     for t in config.temperatures:

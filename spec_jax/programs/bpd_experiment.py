@@ -17,7 +17,9 @@ For every dataset in `datasets` and head count h in `heads`:
      becomes a `bpd_oracle` row (no decoding: an upper bound for any rescoring of the lattice).
 Every finished piece is read back instead of redone (an evaluate run only while its config is
 unchanged), so a killed experiment resumes, and `render_only` reports what has finished without
-running anything. Writes results.json (rows named as in the glossary, plus heads, p, the gain
+running anything. `carry` (keys "<dataset>_h<h>") takes those settings' rows from the results.json
+at `carry_from` instead of running them (an earlier run whose heads or run directories are gone);
+results.md says which rows were carried and from where. Writes results.json (rows named as in the glossary, plus heads, p, the gain
 over plain BPD and the per-head analysis), results.md (tables, the papers' numbers, the issue's
 goals checked on the measured rows) and tau_by_method.png, oracle_vs_k.png,
 entropy_repetition.png.
@@ -178,8 +180,15 @@ def check_config(config, workdir: str) -> None:
       raise ValueError(f"heads_checkpoints has the key {key!r}; keys are '<dataset>_h<heads>' "
                        "(e.g. 'spec_jax_shakespeare_h3') with a dataset of "
                        f"{list(corpora.NAMES)}.")
+  for key in tuple(config.get("carry", ()) or ()):
+    if key not in [_heads_key(d, h) for d in config.datasets for h in config.heads]:
+      raise ValueError(f"carry has {key!r}, which is not one of this config's settings "
+                       "'<dataset>_h<heads>' (datasets × heads).")
+  carried_rows(config)
   for dataset in config.datasets:
     for h in config.heads:
+      if _heads_key(dataset, h) in tuple(config.get("carry", ()) or ()):
+        continue
       path, given = heads_dir(config, workdir, dataset, h)
       if given and not config.render_only:
         _check_heads(path, h, f"heads_checkpoints[{_heads_key(dataset, h)!r}]")
@@ -345,11 +354,40 @@ def add_gains(rows: list[dict]) -> None:
     r.update(gain_over_bpd=round(ratio - 1, 4), gain_se=round(ratio * rel, 4))
 
 
+def carried_rows(config) -> dict[str, list[dict]]:
+  """The rows of every `carry` setting, read from `carry_from` (bad input: ValueError naming the
+  field)."""
+  keys = tuple(config.get("carry", ()) or ())
+  if not keys:
+    return {}
+  path = str(config.get("carry_from", "") or "")
+  if not os.path.isfile(path):
+    raise ValueError(f"carry={keys} takes rows from carry_from={path!r}, which is not a file. "
+                     "Fix: --config.carry_from=<an earlier run's results.json>.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      rows = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"carry_from={path!r} is not a readable results.json ({e}).") from None
+  out = {}
+  for key in keys:
+    out[key] = [r for r in rows if _heads_key(r["dataset"], r["heads"]) == key]
+    if not out[key]:
+      raise ValueError(f"carry has {key!r}, but carry_from={path!r} holds no rows for it. Fix: "
+                       "drop it from carry, or point carry_from at a run that has it.")
+  return out
+
+
 def collect_rows(config, workdir: str) -> list[dict]:
-  """Every run's rows (training, decoding and analysing what has not finished yet)."""
+  """Every run's rows (training, decoding and analysing what has not finished yet), and the
+  carried settings' rows (`carried_rows`)."""
   rows, verifier = [], {}
+  carried = carried_rows(config)
   for dataset in config.datasets:
     for h in config.heads:
+      if _heads_key(dataset, h) in carried:
+        rows += [dict(r, carried=True) for r in carried[_heads_key(dataset, h)]]
+        continue
       heads = train_heads(config, workdir, dataset, h)
       record = _heads_record(heads)
       for t in config.temperatures:
