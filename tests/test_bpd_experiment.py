@@ -125,7 +125,9 @@ def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatc
 
 def test_lattice_k_per_head_count_and_the_oracle_at_the_decoded_k():
   from spec_jax.programs import bpd_experiment
-  config = bpd_config.get_config()  # the full run: k = 16, and 8 for h = 5
+  config = bpd_config.get_config()  # the full run: k = 16 for every h
+  assert [bpd_experiment.lattice_k(config, h) for h in (3, 5)] == [16, 16]
+  config.top_k_per_heads = {"h5": 8}
   assert [bpd_experiment.lattice_k(config, h) for h in (3, 5)] == [16, 8]
   assert [bpd_experiment.oracle_k(config, h) for h in (3, 5)] == [16, 8]
   assert {16, 8} <= set(config.analysis_ks)

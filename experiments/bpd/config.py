@@ -2,12 +2,17 @@
 "Exploring and Improving Drafts in Blockwise Parallel Decoding") on SmolLM2-135M
 (program: bpd_experiment).
 
-  # The Python-code heads first (given through heads_checkpoints; 82 and 108 min on 2 cores):
+  # The Python-code heads first (given through heads_checkpoints; 82 and 92 min on 2 cores):
   python launch.py --workdir runs/bpd_py_h3_1200 \
       --config configs/train_bpd.py:heads=3,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
-  python launch.py --workdir runs/bpd_py_h5_1200 \
-      --config configs/train_bpd.py:heads=5,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
+  python launch.py --workdir runs/bpd_py_h5_v8k --config.train.checkpoint_every=50 \
+      --config configs/train_bpd.py:heads=5,steps=2400,seq_len=128,lr=2e-3,data=spec_jax_pystdlib,vocab=8192
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd     # full run
+  # What made experiments/bpd/results.md (2026-11-25): the code h = 5 settings run, the other
+  # three carried from the run of commit 7b1253b, whose heads were not kept (see results.md):
+  python launch.py --config experiments/bpd/config.py --workdir runs/bpd_final \
+      --config.carry="('spec_jax_shakespeare_h3','spec_jax_shakespeare_h5','spec_jax_pystdlib_h3')" \
+      --config.carry_from=experiments/bpd/carried/results_7b1253b.json
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
       --config.render_only=True   # report the runs that have finished, run nothing
@@ -37,14 +42,14 @@ Needs the scratch quickstart drafter as the neural rescorer (common.SCRATCH_DRAF
 runs/quickstart_scratch/drafter).
 
 Arguments (`:key=value,...`): steps (default 420), seq_len (train_bpd's, batch 8; default 128),
-top_k (the lattice's k; default 16, and 8 for h = 5 through `top_k_per_heads`, below), smoke. With
-other steps / seq_len no heads are given.
+top_k (the lattice's k for every h, default 16; `top_k_per_heads` can set one per h), smoke.
+With other steps / seq_len no heads are given.
 
 Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
 step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
 takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
-about 2.5 h in all, plus 82 + 108 min for the 1200-step code heads (h = 3, 5; the results.md run
-reused the two Shakespeare head sets and the other runs of an earlier run). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
+about 2.5 h in all, plus 82 + 92 min for the code heads (h = 3: 1200 steps; h = 5: 2400 steps
+of the vocab=8192 loss at 2.0 s per step; without it h = 5 took 5.3 s per step). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 
@@ -62,7 +67,11 @@ k = 16, bpd_ngram p = 16, --config.data.name / eval.bpd.ngram = spec_jax_pystdli
   w:                      0.25 → τ 1.72, 0.5 → 1.74, 0.75 → 1.75 (flat; SE ≈ 0.1): w = 0.5 kept
 and for h = 5 (code heads, bpd_ngram:16@5, gammas=5, eval.bpd.top_k=$K; SE ≈ 0.1):
   k, 420-step heads:      8 → τ 1.63, 16 → 1.66
-  k, 1200-step heads:     8 → τ 1.75, 16 → 1.73: k = 8 (16 costs a 4,096-prefix beam per round)
+  k, 1200-step heads:     8 → τ 1.75, 16 → 1.73
+and, with the 2400-step vocab=8192 code heads (runs/bpd_py_h5_v8k; methods
+("sd","bpd_ngram:16@5","bpd_ngram_beam:16@5"), workdir runs/tune_py_h5_v8k_k$K; plain bpd 1.35):
+  k, bpd_ngram p = 16:    8 → τ 1.77, 16 → 1.79
+  k, bpd_ngram_beam W=16: 8 → τ 2.00, 16 → 2.21: k = 16 for every h (no top_k_per_heads)
 
 Reference numbers (from the papers, not reproduced here; our heads train for only `train_steps`
 steps on CPU, so absolute τ is far below): Kim et al. 2024 report block-efficiency gains of
@@ -96,12 +105,13 @@ def get_config(arg=None):
   config.train_steps = args.steps
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
   # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
-  # reused only with that recipe (steps=120, seq_len=64). runs/bpd_py_h{3,5}_1200: Python-code
-  # heads trained 1200 steps with this recipe (the 420-step code heads stop at τ 1.79 / 1.75
-  # for h = 3 / 5), made by the train_bpd commands in the module docstring.
+  # reused only with that recipe (steps=120, seq_len=64). Python-code heads trained longer
+  # (the 420-step code heads stop at τ 1.79 / 1.75 for h = 3 / 5): runs/bpd_py_h3_1200, 1200
+  # steps with this recipe, and runs/bpd_py_h5_v8k, 2400 steps with the loss over the 8192 most
+  # frequent tokens (vocab=8192), made by the train_bpd commands in the module docstring.
   config.heads_checkpoints = {(120, 64): {"spec_jax_shakespeare_h3": "runs/bpd_h3"},
                               (420, 128): {"spec_jax_pystdlib_h3": "runs/bpd_py_h3_1200",
-                                           "spec_jax_pystdlib_h5": "runs/bpd_py_h5_1200"},
+                                           "spec_jax_pystdlib_h5": "runs/bpd_py_h5_v8k"},
                               }.get((args.steps, args.seq_len), {})
   config.rescorer = common.model(size="drafter-s", checkpoint=common.SCRATCH_DRAFTER)
   # The static lattice tree, written NAME:SHAPE (evaluate's grammar, @h added per run):
@@ -115,10 +125,11 @@ def get_config(arg=None):
   config.new_tokens = 64
   config.batch_size = 1
   config.top_k = args.top_k    # candidates per head in the lattice (both rescorings)
-  # "h<n>" -> the lattice's k for n heads instead of top_k. h = 5 keeps k = 8: its 16^5 paths
-  # are searched with a beam of 4,096 prefixes per level (`lattice.py`), and k = 16 gained
-  # nothing on the code validation split (module docstring).
-  config.top_k_per_heads = {"h5": 8} if args.top_k > 8 else {}
+  # "h<n>" -> the lattice's k for n heads instead of top_k. None: h = 5 uses k = 16 too (its
+  # 16^5 paths searched with a beam of 4,096 prefixes per level, `lattice.py`): on the code
+  # validation split k = 16 ties k = 8 for bpd_ngram p = 16 and beats it for bpd_ngram_beam
+  # (module docstring).
+  config.top_k_per_heads = {}
   # w in (1 - w)·log q_heads + w·log p_ngram and a in (1 - a)·log q_head + a·log p_LM, tuned on
   # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
   config.ngram_weight = 0.5

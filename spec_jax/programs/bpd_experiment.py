@@ -9,7 +9,8 @@ For every dataset in `datasets` and head count h in `heads`:
      dataset into <workdir>/runs/heads_<dataset>_h<h> (config: the `train` section);
   2. one `evaluate` run per temperature into <workdir>/runs/eval_<dataset>_h<h>_T<t>: plain BPD
      chains of h (rows `bpd`), the static lattice tree `tree` (rows `bpd_tree`), the n-gram
-     rescored lattice paths bpd_ngram:P (greedy only) and the LM-rescored chains bpd_neural,
+     rescored lattice paths bpd_ngram:P and beam trees bpd_ngram_beam:W (`ngram_paths`,
+     `ngram_beams`; greedy only) and the LM-rescored chains bpd_neural,
      beside the verifier's autoregressive baseline measured in the same process;
   3. the head analysis (spec_jax.evaluation.bpd_analysis) on the same prompts, cached in
      <workdir>/runs/analysis_<dataset>_h<h>/analysis.json: its lattice oracle τ at the decoded
