@@ -42,17 +42,22 @@ def _path_scores(logp, lm, hist, w, paths):
           for j, x in enumerate(paths)]
 
 
+def _lattice(seed, hist, b=2, a=3, k=3, v=7):
+  """(head logits [b, a, v], an order-3 n-gram LM, hist, lattice tokens, lattice log-probs) of
+  random heads: the brute-force tests' lattice."""
+  rng = np.random.default_rng(seed)
+  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
+  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
+  return (logits, lm, jnp.asarray(hist, jnp.int32), *lattice.top_k_lattice(logits, k))
+
+
 def test_best_paths_match_brute_force_and_form_a_prefix_tree():
   """The lattice search under heads + n-gram scores (an order-3 LM: each position's term
   depends on the earlier path tokens) with no prefix dropped: the kept paths are exactly the p
   best of the k^h by brute force, best first, and the prefix tree holds each of them as a
   root-to-leaf path with every shared prefix once."""
-  rng = np.random.default_rng(0)
-  b, a, k, v, p, w = 2, 3, 3, 7, 5, 0.6
-  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
-  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
-  hist = jnp.asarray([[-1, 4], [2, 6]], jnp.int32)
-  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  b, a, k, p, w = 2, 3, 3, 5, 0.6
+  logits, lm, hist, lat_tokens, lat_logp = _lattice(0, [[-1, 4], [2, 6]])
   cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w)
   assert cand.shape == (b, k ** a, a)
   kept, top = lattice.best_paths(score, cand, p)
@@ -89,12 +94,8 @@ def test_search_beyond_max_paths_is_a_beam_over_prefix_scores():
   search keeps the `beam` best prefixes of each level by their exact prefix scores: checked
   against a brute-force beam on a 3^3 lattice; and with the heads alone (w = 0, a score that
   sums independent per-position terms) its p ≤ beam best paths are still the exact p best."""
-  rng = np.random.default_rng(3)
-  b, a, k, v, beam, w = 2, 3, 3, 7, 2, 0.7
-  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
-  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
-  hist = jnp.asarray([[5, 1], [-1, -1]], jnp.int32)
-  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  b, a, k, beam, w = 2, 3, 3, 2, 0.7
+  logits, lm, hist, lat_tokens, lat_logp = _lattice(3, [[5, 1], [-1, -1]])
   cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w, beam=beam)
   assert cand.shape == (b, beam * k, a)
   logp = np.asarray(jax.nn.log_softmax(logits, -1))
@@ -125,12 +126,8 @@ def test_beam_tree_keeps_every_levels_beam():
   holds exactly the W best extensions of level d − 1 (W = 4 > k = 3: level 1 is the 3 lattice
   tokens and one padding node), with their exact prefix scores' order, each node under its own
   prefix; a valid tree for the greedy walk."""
-  rng = np.random.default_rng(4)
-  b, a, k, v, width, w = 2, 3, 3, 7, 4, 0.6
-  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
-  lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
-  hist = jnp.asarray([[-1, 4], [2, 6]], jnp.int32)
-  lat_tokens, lat_logp = lattice.top_k_lattice(logits, k)
+  b, a, k, width, w = 2, 3, 3, 4, 0.6
+  logits, lm, hist, lat_tokens, lat_logp = _lattice(4, [[-1, 4], [2, 6]])
   root = jnp.asarray([11, 12])
   tree = lattice.beam_tree(root, lat_tokens, lat_logp, hist, lm, w, width)
   assert tree.tokens.shape == (b, 1 + width * a)
