@@ -174,8 +174,11 @@ def test_training_loss_matches_a_numpy_reference(loss, own, subset):
   log_p, targets = np.asarray(log_p, np.float64), np.asarray(batch["targets"])
   greedy = log_p.argmax(-1)
   keep = np.arange(64) if ids is None else ids
-  lse = lambda a: np.log(np.sum(np.exp(a - a.max(-1, keepdims=True)), -1, keepdims=True)) + (  # noqa: E731
-      a.max(-1, keepdims=True))
+
+  def lse(a):
+    top = a.max(-1, keepdims=True)
+    return np.log(np.sum(np.exp(a - top), -1, keepdims=True)) + top
+
   log_q = logits[..., keep] - lse(logits[..., keep])
   log_ps = log_p[..., keep] - lse(log_p[..., keep])
   if subset:

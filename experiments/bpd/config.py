@@ -49,7 +49,9 @@ Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): train
 step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
 takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
 about 2.5 h in all, plus 82 + 92 min for the code heads (h = 3: 1200 steps; h = 5: 2400 steps
-of the vocab=8192 loss at 2.0 s per step; without it h = 5 took 5.3 s per step). With steps=120,seq_len=64,top_k=4: 67 min. GPU not measured.
+of the vocab=8192 loss at 2.0 s per step; without it h = 5 took 5.3 s per step); the code h = 5
+settings alone, with their heads given: 6.2 min. With steps=120,seq_len=64,top_k=4: 67 min.
+GPU not measured.
 Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
 with a warm compilation cache (measured, launcher included).
 

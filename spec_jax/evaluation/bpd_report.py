@@ -227,10 +227,15 @@ def heads_key(dataset: str, h: int) -> str:
   return f"{dataset}_h{int(h)}"
 
 
+def carried(config) -> tuple[str, ...]:
+  """The settings "<dataset>_h<h>" whose rows the experiment reads from `carry_from`."""
+  return tuple(config.get("carry", ()) or ())
+
+
 def render_markdown(config, rows: list[dict], command_line: str) -> str:
   decoded = [r for r in rows if r["method"] != "bpd_oracle"]
   steps = {heads_key(r["dataset"], r["heads"]): r.get("heads_steps") for r in rows}
-  carry = tuple(config.get("carry", ()) or ())
+  carry = carried(config)
   reused = [f"{k} → `{v}` (given" + (f", {steps[k]} steps)" if steps.get(k) else ")")
             for k, v in config.heads_checkpoints.items()
             if any(k == heads_key(d, h) for d in config.datasets for h in config.heads)

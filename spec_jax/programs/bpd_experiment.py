@@ -18,12 +18,12 @@ For every dataset in `datasets` and head count h in `heads`:
      becomes a `bpd_oracle` row (no decoding: an upper bound for any rescoring of the lattice).
 Every finished piece is read back instead of redone (an evaluate run only while its config is
 unchanged), so a killed experiment resumes, and `render_only` reports what has finished without
-running anything. `carry` (keys "<dataset>_h<h>") takes those settings' rows from the results.json
-at `carry_from` instead of running them (an earlier run whose heads or run directories are gone);
-results.md says which rows were carried and from where. Writes results.json (rows named as in the glossary, plus heads, p, the gain
-over plain BPD and the per-head analysis), results.md (tables, the papers' numbers, the issue's
-goals checked on the measured rows) and tau_by_method.png, oracle_vs_k.png,
-entropy_repetition.png.
+running anything. `carry` (keys "<dataset>_h<h>") takes those settings' rows from the
+results.json at `carry_from` instead of running them (an earlier run whose heads or run
+directories are gone); results.md says which rows were carried and from where. Writes
+results.json (rows named as in the glossary, plus heads, p, the gain over plain BPD and the
+per-head analysis), results.md (tables, the papers' numbers, the issue's goals checked on the
+measured rows) and tau_by_method.png, oracle_vs_k.png, entropy_repetition.png.
 """
 
 from __future__ import annotations
@@ -181,14 +181,14 @@ def check_config(config, workdir: str) -> None:
       raise ValueError(f"heads_checkpoints has the key {key!r}; keys are '<dataset>_h<heads>' "
                        "(e.g. 'spec_jax_shakespeare_h3') with a dataset of "
                        f"{list(corpora.NAMES)}.")
-  for key in tuple(config.get("carry", ()) or ()):
+  for key in bpd_report.carried(config):
     if key not in [_heads_key(d, h) for d in config.datasets for h in config.heads]:
       raise ValueError(f"carry has {key!r}, which is not one of this config's settings "
                        "'<dataset>_h<heads>' (datasets × heads).")
   carried_rows(config)
   for dataset in config.datasets:
     for h in config.heads:
-      if _heads_key(dataset, h) in tuple(config.get("carry", ()) or ()):
+      if _heads_key(dataset, h) in bpd_report.carried(config):
         continue
       path, given = heads_dir(config, workdir, dataset, h)
       if given and not config.render_only:
@@ -358,7 +358,7 @@ def add_gains(rows: list[dict]) -> None:
 def carried_rows(config) -> dict[str, list[dict]]:
   """The rows of every `carry` setting, read from `carry_from` (bad input: ValueError naming the
   field)."""
-  keys = tuple(config.get("carry", ()) or ())
+  keys = bpd_report.carried(config)
   if not keys:
     return {}
   path = str(config.get("carry_from", "") or "")

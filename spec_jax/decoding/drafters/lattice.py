@@ -138,8 +138,7 @@ def beam_tree(root: jax.Array, lat_tokens: jax.Array, lat_logp: jax.Array, hist,
   distinct (one head's top-k); nodes past the candidates a level has (level 1 when k < W)
   are padding with valid False. root int32[B], lattice [B, A, K], hist / lm / weight as in
   `search`. Deterministic, so greedy only."""
-  b, a, _ = lat_tokens.shape
-  k = lat_tokens.shape[-1]
+  b, a, k = lat_tokens.shape
   paths = jnp.zeros((b, 1, 0), jnp.int32)
   scores = jnp.zeros((b, 1), jnp.float32)
   toks, parents, depths, valids = [root[:, None]], [jnp.full((b, 1), -1, jnp.int32)], [
