@@ -292,7 +292,8 @@ def test_benchmark_hf_smoke(tmp_path):
                  ("spec_jax", "speculative", 1, "constant")}
   for r in rows:
     assert r["new_tokens"] == 2 * 6 and r["tokens_per_s"] > 0
-    assert r["ms_per_token"] == pytest.approx(1000 / r["tokens_per_s"], rel=2e-2)
+    # ms_per_token is rounded to 2 decimals: allow that rounding plus tokens_per_s's own.
+    assert r["ms_per_token"] == pytest.approx(1000 / r["tokens_per_s"], rel=1e-3, abs=5.1e-3)
     assert r["identical_to_greedy"] and r["identical_to_own_greedy"]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["transformers_greedy_equals_argmax_loop"]
