@@ -76,6 +76,13 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
           f"{field} is empty. Fix: {field}=smollm2 (or the verifier's checkpoint).")
     cfg, params = draft_init.select_layers(cfg, params, draft_init.layer_subset(
         size, cfg.n_layers, size_field), size_field)
+  if size.features:
+    if params is None:
+      raise ValueError(
+          f"{size_field}={model_cfg.size!r} makes a feature drafter from a pretrained model's "
+          f"blocks, but {field} is empty. Fix: {field}=smollm2 (the verifier's checkpoint) with "
+          "layers=... .")
+    cfg, params = draft_init.feature_drafter(cfg, params)
   if size.vocab is not None:
     if token_counts is None:
       raise ValueError(

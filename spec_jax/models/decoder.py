@@ -38,13 +38,22 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, cache: L.KVCache | None = None, mask=None, slots=None,
-               steer=None):
+               steer=None, features=None):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
     x = embed(tokens)
     if cfg.embed_scale != 1.0:  # Gemma: embeddings times sqrt(d_model), in the weights' dtype
       x = x * jnp.asarray(cfg.embed_scale, cfg.param_dtype).astype(x.dtype)
+    if getattr(cfg, "feature_width", 0):
+      # A feature drafter (EAGLE): each token's input is fc([f / rms(f); e / rms(e)]), f the
+      # verifier's final residual one position back (features[B, T, F]).
+      if features is None or features.shape[-1] != cfg.feature_width:
+        raise ValueError(f"This model reads features of width {cfg.feature_width} beside its "
+                         f"tokens (a feature drafter), got "
+                         f"{None if features is None else features.shape}.")
+      both = jnp.concatenate([unit_rms(features), unit_rms(x)], axis=-1).astype(x.dtype)
+      x = L.dense(cfg, cfg.d_model, "fc")(both)
     if mask is None:
       if cache is not None:
         mask = L.causal_mask(positions, cache.size)
@@ -91,6 +100,13 @@ class Decoder(nn.Module):
     return logits, hidden, new_cache
 
 
+def unit_rms(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """x / rms(x) over the last axis, in float32 (a feature drafter's input and regression
+  scale: the verifier's residual stream has a few large dimensions)."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
 def expand_logits(cfg, logits: jax.Array) -> jax.Array:
   """Logits over a reduced output vocabulary [..., len(cfg.head_ids)] spread over the full one
   [..., V]: -inf (probability exactly 0) for every token outside it. Identity without one."""
@@ -106,11 +122,14 @@ def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool =
     -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache).
   An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})
   injects SD² steering deltas into every layer (the family's `Block`). reduced_logits: a model
-  with a reduced output vocabulary returns logits [B,T,len(cfg.head_ids)] instead of [B,T,V]."""
+  with a reduced output vocabulary returns logits [B,T,len(cfg.head_ids)] instead of [B,T,V].
+  A feature drafter (cfg.feature_width) also takes `features` f32[B,T,F]."""
   model = Decoder(cfg, tuple(hidden_layers), reduced_logits)
 
-  def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None):
-    return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer)
+  def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None,
+            features=None):
+    return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer,
+                       features)
 
   return apply
 
@@ -120,7 +139,9 @@ def init_params(cfg, rng: jax.Array):
   """Random initial parameters (normal(0.02) weights, unit norms). Jitted: eager init of the
   scanned layers dispatches op by op and is several times slower."""
   tokens = jnp.zeros((1, 1), jnp.int32)
-  return Decoder(cfg).init(rng, tokens, tokens)["params"]
+  width = getattr(cfg, "feature_width", 0)
+  features = jnp.zeros((1, 1, width), jnp.float32) if width else None
+  return Decoder(cfg).init(rng, tokens, tokens, features=features)["params"]
 
 
 def param_shapes(cfg):

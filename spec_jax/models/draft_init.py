@@ -6,6 +6,9 @@ A model section's `size` names a variant and, after colons, what to keep of the 
   smollm2-135m:first=4          blocks 0..3
   smollm2-135m:every=10         blocks 0, 10, 20
   drafter-s:vocab=8192          an output layer over the 8192 most frequent tokens only
+  smollm2-135m:layers=29:features=1
+                                a feature drafter (EAGLE, Li et al. 2024): block 29 reading
+                                the verifier's final residual beside each token
 
 A layer subset keeps the embedding, the final norm and the output head: with every layer it is
 the verifier itself (logits bit for bit). `distill` then closes the gap the missing layers leave.
@@ -32,7 +35,7 @@ import numpy as np
 
 from spec_jax.models import llama
 
-OPTIONS = ("layers", "first", "every", "vocab")
+OPTIONS = ("layers", "first", "every", "vocab", "features")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Size:
   first: int | None = None
   every: int | None = None
   vocab: int | None = None
+  features: int | None = None
 
   @property
   def selects_layers(self) -> bool:
@@ -50,7 +54,8 @@ class Size:
 
 
 def parse_size(size: str, field: str = "model.size") -> Size:
-  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N]` → Size; ValueError naming `field`."""
+  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1]` → Size; ValueError
+  naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -58,7 +63,8 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     key = key.strip()
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
-                       "0+1+2), first=K, every=M, vocab=N, e.g. 'smollm2-135m:layers=0,14,29'.")
+                       "0+1+2), first=K, every=M, vocab=N, features=1, e.g. "
+                       "'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
         kwargs[key] = tuple(int(x) for x in value.replace("+", ",").split(",") if x.strip())
@@ -74,6 +80,9 @@ def parse_size(size: str, field: str = "model.size") -> Size:
   for key in ("first", "every", "vocab"):
     if getattr(out, key) is not None and getattr(out, key) < 1:
       raise ValueError(f"{field}={size!r}: {key} must be >= 1.")
+  if out.features not in (None, 0, 1):
+    raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
+                     "verifier's final residual), features=0 an ordinary one.")
   return out
 
 
@@ -108,6 +117,32 @@ def select_layers(cfg: llama.LlamaConfig, params, layers, field: str = "model.si
   new_params = dict(params)
   new_params["layers"] = jax.tree.map(lambda x: x[idx], params["layers"])
   return new_cfg, new_params
+
+
+def feature_drafter(cfg: llama.LlamaConfig, params):
+  """(cfg, params) of a feature drafter (EAGLE) made of a model's blocks: it reads, beside each
+  token, the verifier's final residual one position back, through fc([f / rms; e / rms])
+  initialised to the sum [I; I]. The verifier must be as wide as the model the blocks came from
+  (`check_feature_width`)."""
+  if cfg.feature_width:
+    return cfg, params
+  new_cfg = dataclasses.replace(cfg, feature_width=cfg.d_model)
+  if params is None:
+    return new_cfg, None
+  eye = np.eye(cfg.d_model, dtype=np.float32)
+  kernel = np.concatenate([eye, eye], axis=0).astype(np.asarray(params["embed"]["embedding"]).dtype)
+  return new_cfg, {**params, "fc": {"kernel": kernel}}
+
+
+def check_feature_width(verifier_cfg, drafter_cfg, field: str = "drafter.checkpoint") -> None:
+  """ValueError naming `field` when a feature drafter reads features of another width than the
+  verifier's residual stream (a drafter built for another verifier)."""
+  width = drafter_cfg.feature_width
+  if width and width != verifier_cfg.d_model:
+    raise ValueError(f"{field} is a feature drafter reading the verifier's residual stream of "
+                     f"width {width}, but the verifier's is {verifier_cfg.d_model}. Fix: use a "
+                     "feature drafter built from this verifier's blocks (size "
+                     "'<verifier>:layers=...:features=1').")
 
 
 def count_tokens(tokens, vocab_size: int) -> np.ndarray:

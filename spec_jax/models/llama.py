@@ -28,6 +28,10 @@ class LlamaConfig:
   head_ids: a reduced output vocabulary (FR-Spec, EAGLE-3; `draft_init.reduce_vocab`): the
     output layer has one row per id, logit j is token head_ids[j], and every other token's logit
     is -inf (probability exactly 0). () = the full vocabulary. Needs untied embeddings.
+  feature_width: a feature drafter (EAGLE; `draft_init.feature_drafter`,
+    `decoding/drafters/features.py`): the forward also reads a feature vector per token (the
+    verifier's final residual one position back) of this width, and its first layer's input is
+    fc([features / rms; embedding / rms]). 0 = an ordinary language model.
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -51,6 +55,7 @@ class LlamaConfig:
   rope_original_max_positions: int = 8192
   layer_windows: tuple[int, ...] = ()
   head_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
+  feature_width: int = 0
   family: str = "llama"
 
   FAMILY = "llama"
@@ -78,6 +83,9 @@ class LlamaConfig:
       if self.tie_embeddings:
         raise ValueError("A reduced output vocabulary (head_ids) needs its own output layer: "
                          "set tie_embeddings=False (draft_init.reduce_vocab does).")
+    if self.feature_width < 0:
+      raise ValueError(f"feature_width must be >= 0 (0: no feature input), got "
+                       f"{self.feature_width}.")
     if self.layer_windows and (len(self.layer_windows) != self.n_layers
                                or min(self.layer_windows) < 0):
       raise ValueError(f"layer_windows needs one window >= 0 per layer ({self.n_layers}), got "
@@ -132,7 +140,7 @@ class LlamaConfig:
       attn += 2 * self.head_dim
     per_layer = attn + 3 * d * f + self.norms_per_layer * d
     emb = self.vocab_size * d + (0 if self.tie_embeddings else self.head_size * d)
-    return self.n_layers * per_layer + emb + d
+    return self.n_layers * per_layer + emb + d + 2 * self.feature_width * d
 
   norms_per_layer = 2
 

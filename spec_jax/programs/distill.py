@@ -35,11 +35,12 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import features, lm
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics as eval_metrics
 from spec_jax.models import draft_init, llama
 from spec_jax.training import checkpoints, distill, metrics as metrics_lib, optim, train
+from spec_jax.training import features as features_train
 
 
 def check_vocab(verifier_cfg: llama.LlamaConfig, drafter_cfg: llama.LlamaConfig,
@@ -118,10 +119,19 @@ class Student:
 
 def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
   """A Llama-family drafter trained whole (DistillSpec). A steered checkpoint (train_steering)
-  contributes its drafter; its steering module is left out."""
-  del config, v_cfg
+  contributes its drafter; its steering module is left out. A feature drafter (EAGLE,
+  `draft_init.feature_drafter`) reads the teacher's final residual and also learns to predict
+  it (`training/features.py`, weight distill.feature_weight)."""
   if d_params is not None and "steering" in d_params:
     d_params = d_params["drafter"]
+  if d_cfg.feature_width:
+    draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
+    apply, context_fn = features_train.make_student(
+        d_cfg, float(config.distill.get("feature_weight", 1.0)))
+    return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
+                   params=d_params, apply=apply, context_fn=context_fn,
+                   teacher_layers=(features.FEATURE_LAYER,),
+                   drafter=functools.partial(features.FeatureDrafter, d_cfg))
   # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
   return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
                  apply=llama.make_apply(d_cfg, reduced_logits=True),

@@ -35,10 +35,10 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd, bpd_neural, lattice, lm, steered
+from spec_jax.decoding.drafters import bpd, bpd_neural, features, lattice, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
-from spec_jax.models import llama, steering
+from spec_jax.models import draft_init, llama, steering
 
 
 CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acceptance_rate",
@@ -281,7 +281,7 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=N
                                           weight=float(bpd_opts.rescorer_weight))
     return bpd.BPDDrafter(b_cfg, d_cfg, gamma=shape.depth, tree=shape)
   if s_cfg is None:
-    return lm.LMDrafter(d_cfg, shape)
+    return features.for_model(d_cfg, shape)
   return steered.SteeredDrafter(d_cfg, s_cfg, shape)
 
 
@@ -347,6 +347,22 @@ def _verifier_cost_ratio(v_params, v_cfg, prompts, new_tokens: int, m: int) -> f
                                     position=p + new_tokens // 2)
 
 
+def _feature_cost_ratio(v_params, v_cfg, d_params, d_cfg, prompts, new_tokens: int) -> float:
+  """c of a feature drafter, which cannot generate alone (it reads the verifier's features):
+  its one-token forward over the verifier's, timed taking turns (median of 5), at the loop's
+  cache size and halfway through the new tokens."""
+  b, p = prompts.tokens.shape
+  size = p + new_tokens + 1
+  calls = {}
+  for name, cfg, params in (("v", v_cfg, v_params), ("d", d_cfg, d_params)):
+    calls[name] = timing.forward_calls(features.timing_apply(cfg), params,
+                                       lambda cfg=cfg: llama.init_cache(cfg, b, size),
+                                       batch_size=b, tokens=(1,),
+                                       position=p + new_tokens // 2)[1]
+  times = timing.round_robin(calls, 5)
+  return times["d"]["median_s"] / times["v"]["median_s"]
+
+
 def _round(value, digits=4):
   return None if value is None else round(float(value), digits)
 
@@ -402,6 +418,8 @@ def run(config, workdir: str) -> list[dict]:
                                        field="verifier.checkpoint")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
+  draft_init.check_feature_width(v_cfg, d_cfg,
+                                 f"drafter.checkpoint={config.drafter.checkpoint!r}")
   s_cfg = loading.drafter_steering(config.drafter)
   if s_cfg is not None:
     steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
@@ -468,7 +486,8 @@ def run(config, workdir: str) -> list[dict]:
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
-      if b_cfg is None:
+      feature_drafter = b_cfg is None and bool(d_cfg.feature_width)
+      if b_cfg is None and not feature_drafter:
         d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts,
                                        desc=f"{label} drafter-only", compile_only=True)
       c_rescorer = 0.0  # bpd_neural's LM, one call per draft: its cost relative to the verifier
@@ -479,8 +498,12 @@ def run(config, workdir: str) -> list[dict]:
                       / timing.seconds_per_step(ar_out, ar_s))
       ar_quality = _quality(v_params, None, ar_out, batches, verifier_cfg=v_cfg,
                             drafter_cfg=None, sampling=sampling)
-      c = 0.0 if b_cfg is not None else (
-          timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s))
+      if b_cfg is not None:
+        c = 0.0
+      elif feature_drafter:
+        c = _feature_cost_ratio(v_params, v_cfg, lm_params, d_cfg, prompts[0], ev.new_tokens)
+      else:
+        c = timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(ar_out, ar_s)
       base = dict(temperature=float(temperature), top_k=int(ev.top_k), top_p=float(ev.top_p),
                   batch_size=batch_size, num_prompts=len(texts), device=device,
                   seed=config.seed, dataset=prompts_lib.prompt_source(config), cost_ratio_c=round(c, 4),
@@ -536,9 +559,11 @@ def run(config, workdir: str) -> list[dict]:
         lenient = rule_name == "lenient"
         # Quality cost of lossy decoding: the one-step law of the chain rule vs p (trees: their
         # rules are lossless, so only the log-likelihood is reported).
-        sd_quality = _quality(v_params, lm_params if b_cfg is None else None, sd_out, batches,
+        # A feature drafter's law needs the verifier's features: no token_tv for it.
+        alone = b_cfg is None and not feature_drafter
+        sd_quality = _quality(v_params, lm_params if alone else None, sd_out, batches,
                               verifier_cfg=v_cfg, sampling=sampling,
-                              drafter_cfg=d_cfg if s_cfg is None and b_cfg is None else None,
+                              drafter_cfg=d_cfg if s_cfg is None and alone else None,
                               **(dict(lenience=decode.lenience, epsilon=decode.epsilon)
                                  if lenient else {}))
         rows.append(dict(

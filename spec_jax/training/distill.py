@@ -91,10 +91,12 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   """(loss f32[], {"loss", "alpha"}): the objective averaged over the response tokens.
 
   teacher_log_p f32[B,T,V] is the teacher's log-law (`divergences.log_law`), computed once
-  outside the differentiated function. Only α rides along as a metric: on 2 CPU cores every
+  outside the differentiated function. A student whose forward returns {"aux_loss": f32[]} in
+  place of its hidden states adds that term (reported as aux_loss; "loss" stays the objective's).
+  Only α rides along as a metric: on 2 CPU cores every
   extra pass over the [B, T, 49k] logits costs ~0.1-0.3 s, as much as a drafter layer; the full
   set of metrics is computed on held-out data (`eval_step`)."""
-  logits, _, _ = student_apply(student_params, batch["inputs"], _positions(batch["inputs"]))
+  logits, aux, _ = student_apply(student_params, batch["inputs"], _positions(batch["inputs"]))
   w = batch["weights"]
   log_q = divergences.log_law(logits, objective.sampling)
   if objective.divergence == XENT:
@@ -104,7 +106,12 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
         teacher_log_p, log_q, objective.beta), w)
   alpha = divergences.masked_mean(
       divergences.acceptance_rate(teacher_log_p, jax.lax.stop_gradient(log_q)), w)
-  return loss, {"loss": loss, "alpha": alpha}
+  metrics = {"loss": loss, "alpha": alpha}
+  if isinstance(aux, dict) and "aux_loss" in aux:
+    # A student's own extra term (a feature drafter's feature regression, training/features).
+    loss = loss + aux["aux_loss"]
+    metrics["aux_loss"] = aux["aux_loss"]
+  return loss, metrics
 
 
 def _student_with_context(student_apply: Callable, context_fn: Callable | None, teacher_hidden,

@@ -1,0 +1,163 @@
+"""A feature drafter (EAGLE, Li et al. 2024): a small decoder that reads, beside each token, the
+verifier's final residual one position back, and drafts chains from there.
+
+Shape letters (repo legend): B batch, P padded prompt length, M = γ + 1 proposal nodes, A = γ,
+D the verifier's width, V vocabulary, S cache slots.
+
+The drafter's input at position t is the pair (f_{t−1}, x_t): the verifier's final residual at
+t − 1 (whose output was the law of x_t) and the token x_t; its output at t is the law of x_{t+1}
+and a predicted feature f̂_t (its own final residual, trained to match f_t:
+`training/features.py`). Its KV cache holds, at slot = position, pairs built from verified
+features wherever they exist.
+
+With L committed tokens (root x_{L−1}), a round
+  propose  draws x_L from the law the last commit left (the pair at L − 1 used the true f_{L−2});
+           then feeds (f̂, x) for each draft but the last, one call each, f̂ the feature the
+           previous call predicted (slots L .. L + γ − 2);
+  commit   the verify call returned f at every node; with n drafts accepted and y the
+           correction/bonus token, it feeds the n + 1 pairs (f_{L−1+j}, x_{L+j}),
+           j = 0..n (x_{L+n} = y), at slots L .. L + n in one call (rows with fewer accepted park the rest
+           at slot S, which drops them) and keeps the output at L + n: the law of the next
+           round's first draft and its predicted feature.
+So a round costs γ drafter calls, as an LM drafter's catch-up window + γ − 1 steps does.
+`init` prefills the prompt's pairs (f_{−1} = 0) and keeps the output at the last prompt token.
+q is exactly the law each draft was drawn from, so every exact rule stays lossless.
+Chains only: a tree would need a predicted feature per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.drafters import lm, trees
+from spec_jax.decoding.protocols import chain_proposal
+from spec_jax.models import decoder, llama
+
+# The verifier's residual depth a feature drafter reads: the final pre-norm residual.
+FEATURE_LAYER = -1
+
+
+def shift(features: jax.Array) -> jax.Array:
+  """f32[B, T, D] → the features one position back (f_{t−1} at t; zeros at t = 0)."""
+  return jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
+
+
+def _at(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x[b, index[b]] for x[B, T, ...] and index int32[B]."""
+  return jnp.take_along_axis(x, index.reshape(-1, *([1] * (x.ndim - 1))), axis=1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDrafter:
+  """A feature drafter (`cfg.feature_width` > 0, `draft_init.feature_drafter`) of chain `shape`.
+  Implements `protocols.Drafter`; state {"cache", "logits" f32[B, V], "feature" f32[B, D]}."""
+  cfg: llama.LlamaConfig
+  shape: trees.TreeSpec = trees.chain(4)
+
+  def __post_init__(self):
+    if not self.cfg.feature_width:
+      raise ValueError("FeatureDrafter needs a feature drafter (cfg.feature_width > 0); an "
+                       "ordinary language model drafts with lm.LMDrafter.")
+    if not self.shape.is_chain:
+      raise ValueError(
+          f"A feature drafter drafts chains, not {self.shape.describe()}: a tree would need a "
+          "predicted feature per node, which is not built. Fix: a chain method (sd@γ) for "
+          "this drafter.")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.cfg.vocab_size
+
+  @property
+  def verifier_layers(self) -> tuple[int, ...]:
+    return (FEATURE_LAYER,)
+
+  def _apply(self):
+    return llama.make_apply(self.cfg, (FEATURE_LAYER,))
+
+  def _last(self, params, hidden: jax.Array, index: jax.Array):
+    """(logits f32[B, V], feature f32[B, D]) of the drafter's output at index int32[B]; only
+    that position goes through the output head."""
+    feature = _at(hidden, index)
+    return decoder.output_logits(self.cfg, params, feature), feature.astype(jnp.float32)
+
+  def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
+    b, p = prompt_tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    _, hidden, cache = self._apply()(params, prompt_tokens, positions,
+                                     llama.init_cache(self.cfg, b, size),
+                                     features=shift(v_hidden[FEATURE_LAYER]))
+    logits, feature = self._last(params, hidden[FEATURE_LAYER], prompt_lengths - 1)
+    return {"cache": cache, "logits": logits, "feature": feature}
+
+  def propose(self, params, state, tokens, lengths, rng, sampling: sampling_lib.Sampling):
+    apply = self._apply()
+    gamma = self.shape.depth
+    b = tokens.shape[0]
+    root = _at(tokens, lengths - 1)
+
+    def draw(i, logits):
+      probs = sampling_lib.probs_from_logits(logits, sampling)
+      if sampling.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+      return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
+
+    def step(i, carry):
+      logits, feature, cache, draft, q = carry
+      x, probs = draw(i, logits)
+      out, hidden, cache = apply(params, x[:, None], (lengths + i)[:, None], cache,
+                                 features=feature[:, None])
+      feature = hidden[FEATURE_LAYER][:, 0].astype(jnp.float32)
+      return out[:, 0], feature, cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
+
+    init = (state["logits"], state["feature"], state["cache"], jnp.zeros((b, gamma), jnp.int32),
+            jnp.zeros((b, gamma + 1, self.vocab_size), jnp.float32))
+    # The last draft is never fed: the verifier decides what follows it.
+    logits, _, cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
+    x, probs = draw(gamma - 1, logits)
+    proposal = chain_proposal(root, draft.at[:, gamma - 1].set(x),
+                              q.at[:, gamma - 1].set(probs))
+    return proposal, {**state, "cache": cache}
+
+  def commit(self, params, state, proposal, verdict, lengths, v_hidden):
+    features = v_hidden[FEATURE_LAYER]                                    # [B, M, D]
+    m = proposal.num_nodes
+    n = verdict.num_accepted
+    j = jnp.arange(m, dtype=jnp.int32)[None]                              # [1, M]
+    # Pair j: the verifier's feature at the node of depth j on the accepted path (node j for a
+    # chain), and the token after it: the next accepted draft, or y at j = n.
+    tokens = jnp.concatenate([proposal.tokens[:, 1:], proposal.tokens[:, :1]], axis=1)
+    tokens = jnp.where(j == n[:, None], verdict.next_token[:, None], tokens)
+    positions = lengths[:, None] + j
+    cache = state["cache"]
+    slots = jnp.where(j <= n[:, None], positions, cache.size)
+    _, hidden, cache = self._apply()(params, tokens, positions, cache, None, slots,
+                                     features=features)
+    logits, feature = self._last(params, hidden[FEATURE_LAYER], n)
+    return {"cache": cache, "logits": logits, "feature": feature}
+
+
+def timing_apply(cfg: llama.LlamaConfig):
+  """apply(params, tokens, positions, cache) of a model for forward-call timing
+  (`evaluation.timing.forward_calls`): a feature drafter gets zero features of its width (the
+  cost of one call does not depend on their values)."""
+  apply = llama.make_apply(cfg)
+  if not cfg.feature_width:
+    return apply
+
+  def with_features(params, tokens, positions, cache=None):
+    zeros = jnp.zeros((*tokens.shape, cfg.feature_width), jnp.float32)
+    return apply(params, tokens, positions, cache, features=zeros)
+
+  return with_features
+
+
+def for_model(cfg: llama.LlamaConfig, shape: trees.TreeSpec = trees.chain(4)):
+  """The drafter of a model config: a FeatureDrafter for a feature drafter, else an LMDrafter."""
+  if cfg.feature_width:
+    return FeatureDrafter(cfg, shape)
+  return lm.LMDrafter(cfg, shape)
