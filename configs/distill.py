@@ -59,7 +59,9 @@ def get_config(arg: str | None = None):
       temperature=1.0, top_k=0, top_p=1.0,
       # A feature drafter (size '...:features=1') also regresses its final residual onto the
       # verifier's with this weight (EAGLE's feature loss; training/features.py).
-      feature_weight=1.0)
+      feature_weight=1.0,
+      # ... and trains on its own predicted features: pass k + 1 reads what pass k predicted.
+      feature_passes=1)
   config.train = common.train(num_steps=arg.steps, batch_size=arg.batch)
   config.train.update(lr=arg.lr, warmup_steps=max(min(10, arg.steps // 10), 1), log_every=5,
                       eval_every=arg.steps, checkpoint_every=20, keep_checkpoints=1)

@@ -6,6 +6,8 @@ greedy output token for token, sampled SD is lossless (chi-square; a planted bug
 another law fails it), distill trains one and evaluate decodes with it, bad input names the
 field."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +26,7 @@ from spec_jax.decoding.sampling import Sampling, probs_from_logits
 from spec_jax.models import draft_init, llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.programs import evaluate, train_lm
+from spec_jax.training import distill, divergences
 from spec_jax.training import features as features_train
 
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9]]
@@ -162,6 +165,37 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
   assert all(r["cost_ratio_c"] > 0 for r in sd)
 
 
+def test_training_passes_and_their_loss():
+  """Pass 2 reads the features pass 1 predicted (one position back); distill's loss adds the
+  objective on pass 2's law and the mean feature regression to pass 1's objective."""
+  v_cfg, v_params, d_cfg, d_params = _models()
+  x = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
+  pos = jnp.arange(7)[None]
+  _, hidden, _ = llama.make_apply(v_cfg, (-1,))(v_params, x, pos)
+  f = hidden[-1]
+  apply = llama.make_apply(d_cfg, (-1,), reduced_logits=True)
+  l1, h1, _ = apply(d_params, x, pos, features=features.shift(f))
+  l2, h2, _ = apply(d_params, x, pos, features=features.shift(h1[-1]))
+  logits, aux, _ = features_train.feature_apply(d_params, x, pos, features=f, cfg=d_cfg,
+                                                feature_weight=0.5, passes=2)
+  np.testing.assert_allclose(logits, l1, atol=1e-6)
+  np.testing.assert_allclose(aux["extra_logits"][0], l2, atol=1e-6)
+  reg = 0.5 * (features_train.feature_loss(h1[-1], f) + features_train.feature_loss(h2[-1], f)) / 2
+  np.testing.assert_allclose(aux["aux_loss"], reg, rtol=1e-6)
+  objective = distill.Objective("fkl")
+  t_logits, _, _ = llama.make_apply(v_cfg)(v_params, x, pos)
+  log_p = divergences.log_law(t_logits, objective.sampling)
+  batch = {"inputs": x, "targets": x, "weights": jnp.ones((1, 7))}
+  student = functools.partial(features_train.feature_apply, features=f, cfg=d_cfg,
+                              feature_weight=0.5, passes=2)
+  loss, metrics = distill.distill_loss(d_params, log_p, batch, student_apply=student,
+                                       objective=objective)
+  fkl = lambda lg: jnp.mean(divergences.DIVERGENCES["fkl"](  # noqa: E731
+      log_p, divergences.log_law(lg, objective.sampling), 0.5))
+  np.testing.assert_allclose(metrics["loss"], fkl(l1), rtol=1e-5)
+  np.testing.assert_allclose(loss, fkl(l1) + fkl(l2) + reg, rtol=1e-5)
+
+
 def test_bad_input_names_the_field():
   with pytest.raises(ValueError, match=r"model.size='test-tiny:features=2': features=1 makes"):
     draft_init.parse_size("test-tiny:features=2")
@@ -177,6 +211,8 @@ def test_bad_input_names_the_field():
     features.FeatureDrafter(v_cfg)
   with pytest.raises(ValueError, match=r"distill.feature_weight=-1.0 must be >= 0"):
     features_train.make_student(d_cfg, -1.0)
+  with pytest.raises(ValueError, match=r"distill.feature_passes=0 must be >= 1"):
+    features_train.make_student(d_cfg, 1.0, 0)
   with pytest.raises(ValueError, match=r"reads features of width 32 beside its tokens"):
     llama.make_apply(d_cfg)(jax.tree.map(jnp.asarray, _models()[3]), jnp.zeros((1, 2), jnp.int32),
                             jnp.zeros((1, 2), jnp.int32))

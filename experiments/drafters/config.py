@@ -60,12 +60,23 @@ def get_config(arg=None):
       # Distilled on the general-domain data (program general_data) instead of Shakespeare.
       **{"vinit-4-general": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29",
                                  data="general"),
-         "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)})
+         "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)},
+      # Feature drafters (EAGLE): SmolLM2's last block reading its final residual, with a
+      # reduced vocabulary from the start.
+      **{"features-1-v8k": dict(kind="features",
+                                size="smollm2-135m:layers=29:features=1:vocab=8192")})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
       "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "vinit-2-v8k", "scratch-s",
-      "scratch-s-v8k", "vinit-4-general", "vinit-4-general-v8k", "vinit-4-v4k", "vinit-4-v16k",
-      "scratch-xs", "scratch-m")
+      "scratch-s-v8k", "vinit-4-general", "vinit-4-general-v8k", "features-1-v8k",
+      "vinit-4-v4k", "vinit-4-v16k", "scratch-xs", "scratch-m")
+  # Entries whose rows come from an earlier results.json (their trained drafters are gone), e.g.
+  # --config.carry="('vinit-1',)" --config.carry_from=experiments/drafters/carried/results_X.json
+  config.carry = ()
+  config.carry_from = ""
+  # A feature drafter's distillation rows (every position trains it: mostly response).
+  config.features_prompt_tokens = 16
+  config.features_response_tokens = 112
   config.general = general_data_config.get_config("smoke" if args.smoke else None)
   config.scratch_steps = args.scratch_steps
   config.distill_steps = args.distill_steps

@@ -127,7 +127,8 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
   if d_cfg.feature_width:
     draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
     apply, context_fn = features_train.make_student(
-        d_cfg, float(config.distill.get("feature_weight", 1.0)))
+        d_cfg, float(config.distill.get("feature_weight", 1.0)),
+        int(config.distill.get("feature_passes", 1)))
     return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
                    params=d_params, apply=apply, context_fn=context_fn,
                    teacher_layers=(features.FEATURE_LAYER,),

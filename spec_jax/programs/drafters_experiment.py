@@ -25,11 +25,12 @@ from configs import common
 from spec_jax import loading
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.evaluation import report, timing
+from spec_jax.decoding.drafters import features
 from spec_jax.models import llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.programs import evaluate, general_data, train_lm
 
-KINDS = ("scratch", "vinit", "vocab")
+KINDS = ("scratch", "vinit", "features", "vocab")
 ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature", "domain",
             "batch_size", "rule", "block_efficiency", "tau_se", "acceptance_rate", "speedup",
             "theoretical_speedup", "verifier_cost_ratio_r", "tokens_per_s", "ar_tokens_per_s",
@@ -50,7 +51,10 @@ def check_config(config) -> None:
     kind = spec.get("kind")
     if kind not in KINDS:
       raise ValueError(f"drafters.{name}.kind={kind!r}: choose one of {KINDS}.")
-    if kind in ("scratch", "vinit") and not spec.get("size"):
+    if kind == "features" and ":features=1" not in str(spec.get("size", "")):
+      raise ValueError(f"drafters.{name} (features) needs a feature drafter's size, e.g. "
+                       "'smollm2-135m:layers=29:features=1'.")
+    if kind in ("scratch", "vinit", "features") and not spec.get("size"):
       raise ValueError(f"drafters.{name} ({kind}) needs a size, e.g. 'drafter-s' or "
                        "'smollm2-135m:layers=0+29'.")
     if kind == "vocab" and (spec.get("base") not in config.drafters or not spec.get("vocab")):
@@ -62,13 +66,42 @@ def check_config(config) -> None:
                        "corpus) or 'general' (the general_data program's dataset).")
 
 
+def carried_rows(config) -> dict[str, list[dict]]:
+  """{entry: its rows} for the entries in `carry`, read from the results.json `carry_from`
+  (an earlier run whose trained drafters are gone): they are neither built nor measured again.
+  ValueError naming the field when the file or an entry's rows are missing."""
+  carry = tuple(config.get("carry", ()) or ())
+  if not carry:
+    return {}
+  unknown = [n for n in carry if n not in config.drafters]
+  if unknown:
+    raise ValueError(f"carry lists {unknown}, which are not entries of drafters "
+                     f"({sorted(config.drafters)}).")
+  path = config.get("carry_from", "")
+  if not path or not os.path.exists(path):
+    raise ValueError(f"carry={carry} needs carry_from=<an earlier results.json>; got "
+                     f"{path!r}, which does not exist.")
+  with open(path, encoding="utf-8") as f:
+    old = json.load(f)
+  out = {n: [r for r in old if r["drafter"] == n] for n in carry}
+  empty = [n for n, rows in out.items() if not rows]
+  if empty:
+    raise ValueError(f"carry_from={path!r} has no rows for {empty}: drop them from carry (they "
+                     "are then built and measured).")
+  return out
+
+
 def _train_dir(workdir: str, name: str) -> str:
   return os.path.join(workdir, "runs", "train", name)
 
 
-def _steps(config, kind: str) -> int:
+def _steps(config, name: str) -> int:
+  """An entry's training steps: its own `steps`, else its kind's."""
+  spec = config.drafters[name]
+  if spec.get("steps"):
+    return int(spec["steps"])
   return int({"scratch": config.scratch_steps, "vinit": config.distill_steps,
-              "vocab": config.vocab_steps}[kind])
+              "features": config.distill_steps, "vocab": config.vocab_steps}[spec["kind"]])
 
 
 def _data_of(config, name: str) -> str:
@@ -77,6 +110,12 @@ def _data_of(config, name: str) -> str:
   if spec.get("data"):
     return spec["data"]
   return _data_of(config, spec["base"]) if spec.get("base") else ""
+
+
+def _root_kind(config, name: str) -> str:
+  """The kind of an entry, or of the entry its chain of bases starts from."""
+  spec = config.drafters[name]
+  return _root_kind(config, spec["base"]) if spec["kind"] == "vocab" else spec["kind"]
 
 
 def _general_dataset(config, workdir: str) -> str:
@@ -88,7 +127,7 @@ def _general_dataset(config, workdir: str) -> str:
 
 def _build_config(config, workdir: str, name: str):
   spec = config.drafters[name]
-  kind, steps = spec["kind"], _steps(config, spec["kind"])
+  kind, steps = spec["kind"], _steps(config, name)
   if kind == "scratch":
     cfg = copy.deepcopy(config.scratch)
     cfg.model.size = spec["size"]
@@ -98,7 +137,12 @@ def _build_config(config, workdir: str, name: str):
   cfg.program = "distill"
   if _data_of(config, name) == "general":
     cfg.data.name = _general_dataset(config, workdir)
-  if kind == "vinit":
+  if _root_kind(config, name) == "features":
+    # Every position of a row trains a feature drafter (its input is the verifier's features
+    # there), so rows are mostly response: the same tokens per step at little extra cost.
+    cfg.data.update(prompt_tokens=int(config.features_prompt_tokens),
+                    response_tokens=int(config.features_response_tokens))
+  if kind in ("vinit", "features"):
     source = (_train_dir(workdir, spec["source"]) if spec.get("source")
               else cfg.verifier.checkpoint)
     cfg.drafter = common.model(size=spec["size"], checkpoint=source)
@@ -112,9 +156,8 @@ def _build_config(config, workdir: str, name: str):
 
 def build(config, workdir: str, name: str) -> dict | None:
   """{"dir", "build_s", "params_m"} of one drafter (None: not built, render_only)."""
-  spec = config.drafters[name]
   run_dir = _train_dir(workdir, name)
-  steps = _steps(config, spec["kind"])
+  steps = _steps(config, name)
   done = os.path.isdir(os.path.join(run_dir, "checkpoints", str(steps)))
   info_path = os.path.join(run_dir, "build.json")
   if not done:
@@ -190,7 +233,7 @@ def measure_costs(config, workdir: str, names: list[str]) -> dict:
   size = position + max(gammas) + 2
 
   def calls(cfg, params, tokens):
-    return timing.forward_calls(llama.make_apply(cfg), params,
+    return timing.forward_calls(features.timing_apply(cfg), params,
                                 lambda: llama.init_cache(cfg, 1, size), batch_size=1,
                                 tokens=tokens, position=position)
 
@@ -247,6 +290,7 @@ def pick_default(rows: list[dict]) -> dict | None:
 
 def render_markdown(config, rows: list[dict], command_line: str) -> str:
   names = list(config.order)
+  carried = tuple(config.get("carry", ()) or ())
   md = [f"# {config.title}", "",
         f"Command: `{command_line}`. Device: {rows[0]['device'] if rows else '?'}. "
         f"{config.eval.eval.num_prompts} prompts × {config.eval.eval.new_tokens} new tokens per "
@@ -260,7 +304,12 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         "tokens/s / AR tokens/s, measured in the same evaluate process (one timed pass per "
         "setting: expect ±10%). τ ± its standard error over "
         "prompts. params counts the whole input embedding (28.3M for SmolLM2's), which a "
-        "decode step only indexes.", ""]
+        "decode step only indexes."
+        + (f" Feature drafters (EAGLE): distilled on rows of {config.features_prompt_tokens} "
+           f"prompt + {config.features_response_tokens} response tokens, with the feature loss."
+           if any(config.drafters[n]["kind"] == "features" for n in names) else "")
+        + (f" Rows of {', '.join(carried)} are carried from `{config.carry_from}` (built and "
+           "measured by an earlier run whose drafters are gone)." if carried else ""), ""]
   by = {(r["drafter"], r["domain"], r["temperature"], r["gamma"]): r for r in rows}
   fg = int(config.frontier_gamma)
   md += [f"## The frontier at γ = {fg}", "",
@@ -318,7 +367,8 @@ def write_plots(config, rows: list[dict], workdir: str) -> None:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
   names = list(config.order)
-  colours = {"scratch": "#1f77b4", "vinit": "#d62728", "vocab": "#2ca02c"}
+  colours = {"scratch": "#1f77b4", "vinit": "#d62728", "features": "#9467bd",
+             "vocab": "#2ca02c"}
   markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
   panels = [(d, t) for d, t in (("in", 0.0), ("in", 1.0), ("out", 1.0)) if d in config.domains]
   fig = Figure(figsize=(4.6 * len(panels) + 0.6, 4.4), layout="constrained")
@@ -340,8 +390,8 @@ def write_plots(config, rows: list[dict], workdir: str) -> None:
     ax.grid(alpha=0.3)
   handles, labels = fig.axes[0].get_legend_handles_labels()
   fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-  fig.suptitle("Cost against acceptance (colour: scratch / verifier-initialised / reduced "
-               "vocabulary)", fontsize=9)
+  fig.suptitle("Cost against acceptance (colour: scratch / verifier-initialised / feature "
+               "drafter / reduced vocabulary)", fontsize=9)
   fig.savefig(os.path.join(workdir, "frontier.png"), dpi=110)
 
   fig = Figure(figsize=(11, 4.2), layout="constrained")
@@ -369,9 +419,13 @@ def write_plots(config, rows: list[dict], workdir: str) -> None:
 
 def run(config, workdir: str) -> list[dict]:
   check_config(config)
+  carried = carried_rows(config)
   os.makedirs(workdir, exist_ok=True)
   rows, built = [], []
   for name in config.order:  # built and measured one by one, bases first
+    if name in carried:
+      rows += carried[name]
+      continue
     info = build(config, workdir, name)
     rows += evaluate_one(config, workdir, name, info)
     if info is not None:

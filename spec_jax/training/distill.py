@@ -91,8 +91,9 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   """(loss f32[], {"loss", "alpha"}): the objective averaged over the response tokens.
 
   teacher_log_p f32[B,T,V] is the teacher's log-law (`divergences.log_law`), computed once
-  outside the differentiated function. A student whose forward returns {"aux_loss": f32[]} in
-  place of its hidden states adds that term (reported as aux_loss; "loss" stays the objective's).
+  outside the differentiated function. A student whose forward returns {"aux_loss": f32[],
+  "extra_logits": [f32[B,T,V], ...]} in place of its hidden states adds that term and the
+  objective on each extra law (their sum reported as aux_loss; "loss" stays the first law's).
   Only α rides along as a metric: on 2 CPU cores every
   extra pass over the [B, T, 49k] logits costs ~0.1-0.3 s, as much as a drafter layer; the full
   set of metrics is computed on held-out data (`eval_step`)."""
@@ -107,10 +108,16 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   alpha = divergences.masked_mean(
       divergences.acceptance_rate(teacher_log_p, jax.lax.stop_gradient(log_q)), w)
   metrics = {"loss": loss, "alpha": alpha}
-  if isinstance(aux, dict) and "aux_loss" in aux:
-    # A student's own extra term (a feature drafter's feature regression, training/features).
-    loss = loss + aux["aux_loss"]
-    metrics["aux_loss"] = aux["aux_loss"]
+  if isinstance(aux, dict):
+    # A student's own extra terms (a feature drafter, training/features): a loss, and further
+    # teacher-forced laws of the same tokens to match with the same objective.
+    extra = aux.get("aux_loss", 0.0)
+    for more in aux.get("extra_logits", ()):
+      extra = extra + divergences.masked_mean(divergences.DIVERGENCES[objective.divergence](
+          teacher_log_p, divergences.log_law(more, objective.sampling), objective.beta), w)
+    if "aux_loss" in aux or aux.get("extra_logits"):
+      loss = loss + extra
+      metrics["aux_loss"] = extra
   return loss, metrics
 
 

@@ -7,7 +7,9 @@ each position t, exactly what it reads when drafting the first token of a round,
 at t is compared with p_t by the distillation objective (`training/distill`). Its own final
 residual f̂_t is also regressed onto f_t (smooth L1 on unit-RMS vectors, EAGLE's feature loss,
 weighted by `feature_weight`, over every position of the row): later drafts of a round read f̂ in
-place of f, so f̂ has to stay in the verifier's feature space.
+place of f, so f̂ has to stay in the verifier's feature space. With `passes` > 1 the drafter
+also trains on its own predictions: pass k + 1 reads the features pass k predicted, and its law
+is matched to p too (`distill.feature_passes`).
 """
 
 from __future__ import annotations
@@ -31,21 +33,33 @@ def feature_loss(predicted: jax.Array, target: jax.Array) -> jax.Array:
 
 
 def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig,
-                  feature_weight: float):
+                  feature_weight: float, passes: int = 1):
   """The drafter's teacher-forced forward: logits f32[B, T, V'] (V' the reduced vocabulary if
-  any), {"aux_loss": feature_weight × feature_loss}, None."""
+  any) of the first pass, {"aux_loss": feature_weight × feature_loss (mean over passes),
+  "extra_logits": the laws of passes 2..passes}, None. Pass k + 1 reads the features pass k
+  predicted (one position back), as the (k + 1)-th draft of a round does (EAGLE-3's
+  training-time test, with every position of the row in the same pass)."""
   apply = llama.make_apply(cfg, (features_lib.FEATURE_LAYER,), reduced_logits=True)
-  logits, hidden, _ = apply(params, inputs, positions, features=features_lib.shift(features))
-  aux = feature_weight * feature_loss(hidden[features_lib.FEATURE_LAYER], features)
-  return logits, {"aux_loss": aux}, None
+  feed, laws, aux = features, [], 0.0
+  for _ in range(passes):
+    logits, hidden, _ = apply(params, inputs, positions, features=features_lib.shift(feed))
+    feed = hidden[features_lib.FEATURE_LAYER]
+    aux = aux + feature_weight * feature_loss(feed, features) / passes
+    laws.append(logits)
+  return laws[0], {"aux_loss": aux, "extra_logits": laws[1:]}, None
 
 
-def make_student(cfg: llama.LlamaConfig, feature_weight: float) -> tuple[Callable, Callable]:
+def make_student(cfg: llama.LlamaConfig, feature_weight: float,
+                 passes: int = 1) -> tuple[Callable, Callable]:
   """(student_apply, context_fn) for `distill.distill_step` / `eval_step`."""
   if feature_weight < 0:
     raise ValueError(f"distill.feature_weight={feature_weight} must be >= 0 (the weight of the "
                      "feature drafter's feature regression; 0 trains on the laws alone).")
-  student = functools.partial(feature_apply, cfg=cfg, feature_weight=float(feature_weight))
+  if passes < 1:
+    raise ValueError(f"distill.feature_passes={passes} must be >= 1 (teacher-forced passes; "
+                     "pass k + 1 reads the features pass k predicted).")
+  student = functools.partial(feature_apply, cfg=cfg, feature_weight=float(feature_weight),
+                              passes=int(passes))
 
   def context_fn(hidden, batch, rng):
     del batch, rng
