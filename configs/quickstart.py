@@ -36,11 +36,15 @@ from configs import evaluate as evaluate_config
 from configs import generate as generate_config
 from configs import train_lm as train_lm_config
 
-RECIPES = ("vinit", "scratch")
+RECIPES = ("features", "vinit", "scratch")
+# γ of the table: the γ = 4 beside the best measured γ = 2 for the feature drafter; γ = 2
+# for vinit (its best speedups in experiments/drafters); the scratch recipe keeps its γ = 4.
+GAMMAS = {"features": "2+4", "vinit": "2", "scratch": "4"}
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, recipe="vinit", vinit_layers="0+1+2+29",
+  args = common.parse_arg(arg, smoke=False, recipe="features", features_layers="29",
+                          features_steps=400, features_passes=1, vinit_layers="0+1+2+29",
                           vinit_steps=150, vocab=8192, vocab_steps=20, drafter_steps=300,
                           distill_steps=30, distill_divergence="jsd", distill_source="fixed")
   if args.recipe not in RECIPES:
@@ -48,11 +52,8 @@ def get_config(arg=None):
   config = common.base("quickstart")
   sub = "smoke" if args.smoke else None
   config.generate = generate_config.get_config(sub or "new_tokens=40")
-  # γ = 2: the best measured speedups of experiments/drafters at batch 1 on 2 CPU cores (the
-  # verifier's r(γ + 1) grows fast with γ there); the scratch recipe keeps its γ = 4.
   config.evaluate = evaluate_config.get_config(
-      sub or f"gammas={2 if args.recipe == 'vinit' else 4},temperatures=0+1,num_prompts=4,"
-      "new_tokens=48")
+      sub or f"gammas={GAMMAS[args.recipe]},temperatures=0+1,num_prompts=4,new_tokens=48")
   config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly built drafter"
   if args.smoke:  # one γ, as the main job has (the suite's time; evaluate's tests sweep γ)
     config.evaluate.eval.gammas = (2,)
@@ -65,6 +66,17 @@ def get_config(arg=None):
     config.reduced = distill_config.get_config("smoke,source=fixed")
     config.reduced.drafter.size = "test-tiny:layers=1:vocab=64"
     config.reduced.train.update(num_steps=4, eval_every=0, checkpoint_every=4)
+  elif args.recipe == "features":
+    # The vocabulary is reduced from the start (no separate stage), and every position of a
+    # row trains the drafter, so rows are 16 prompt + 112 response tokens.
+    config.stages = ("drafter",)
+    config.drafter = distill_config.get_config(
+        f"{distill_args},steps={args.features_steps},lr=0.003,drafter=smollm2,"
+        f"size=smollm2-135m:layers={args.features_layers}:features=1"
+        + (f":vocab={args.vocab}" if args.vocab else ""))
+    config.drafter.data.update(prompt_tokens=16, response_tokens=112)
+    config.drafter.distill.feature_passes = args.features_passes
+    config.drafter.train.update(eval_every=0, checkpoint_every=50, log_every=10)
   elif args.recipe == "vinit":
     config.stages = ("drafter",)
     config.drafter = distill_config.get_config(
@@ -78,7 +90,7 @@ def get_config(arg=None):
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
     config.distilled = distill_config.get_config(f"{distill_args},steps={args.distill_steps}")
     config.distilled.train.update(checkpoint_every=10)
-  if args.vocab and not args.smoke:
+  if args.vocab and not args.smoke and args.recipe != "features":
     config.stages += ("reduced",)
     config.reduced = distill_config.get_config(
         f"{distill_args},steps={args.vocab_steps},lr=0.003,size=drafter:vocab={args.vocab}")

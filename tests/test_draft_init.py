@@ -93,6 +93,22 @@ def _first_two_tokens(drafter_cls, n_samples=3000):
   return law, samples, out
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_restricted_teacher_is_the_full_teacher_at_the_reduced_ids(tied):
+  """distill's teacher for a reduced student applies its output layer to the kept rows only:
+  the same logits as the full forward gathered at those ids, and the same hidden states."""
+  cfg, params = testing.tiny_model(seed=3, vocab_size=61, tie_embeddings=tied)
+  student, _ = draft_init.reduce_vocab(cfg, None, [2, 7, 30, 44, 60])
+  tokens = jnp.asarray([[1, 5, 9, 2, 7, 7, 30]], jnp.int32)
+  positions = jnp.arange(7)[None]
+  full, hidden, _ = llama.make_apply(cfg, (1,))(params, tokens, positions)
+  got, got_hidden, _ = draft_init.restrict(student, cfg, (1,))(params, tokens, positions)
+  np.testing.assert_allclose(got, full[..., jnp.asarray([2, 7, 30, 44, 60])], rtol=1e-5,
+                             atol=1e-5)
+  assert list(got_hidden) == [1]
+  np.testing.assert_array_equal(got_hidden[1], hidden[1])
+
+
 def test_reduced_vocabulary_is_lossless():
   law, samples, out = _first_two_tokens(lm.LMDrafter)
   # The verifier puts mass on the tokens the drafter cannot draft, and they are emitted.

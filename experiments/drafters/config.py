@@ -63,13 +63,15 @@ def get_config(arg=None):
          "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)},
       # Feature drafters (EAGLE): SmolLM2's last block reading its final residual, with a
       # reduced vocabulary from the start.
-      **{"features-1-v8k": dict(kind="features",
-                                size="smollm2-135m:layers=29:features=1:vocab=8192")})
+      **{"features-1-v8k": dict(kind="features", steps=600,
+                                size="smollm2-135m:layers=29:features=1:vocab=8192"),
+         "features-1-v8k-long": dict(kind="features", steps=1500,
+                                     size="smollm2-135m:layers=29:features=1:vocab=8192")})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
       "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "vinit-2-v8k", "scratch-s",
       "scratch-s-v8k", "vinit-4-general", "vinit-4-general-v8k", "features-1-v8k",
-      "vinit-4-v4k", "vinit-4-v16k", "scratch-xs", "scratch-m")
+      "features-1-v8k-long", "vinit-4-v4k", "vinit-4-v16k", "scratch-xs", "scratch-m")
   # Entries whose rows come from an earlier results.json (their trained drafters are gone), e.g.
   # --config.carry="('vinit-1',)" --config.carry_from=experiments/drafters/carried/results_X.json
   config.carry = ()

@@ -33,7 +33,7 @@ from typing import Mapping
 import jax
 import numpy as np
 
-from spec_jax.models import llama
+from spec_jax.models import decoder, llama
 
 OPTIONS = ("layers", "first", "every", "vocab", "features")
 
@@ -199,16 +199,34 @@ def map_batch(cfg: llama.LlamaConfig, batch: Mapping[str, np.ndarray]) -> dict:
           "weights": np.where(index >= 0, batch["weights"], 0).astype(np.float32)}
 
 
-def restrict(cfg: llama.LlamaConfig, teacher_apply):
-  """The teacher's forward with its logits gathered at the student's reduced vocabulary
-  (`cfg.head_ids`), so a divergence compares the two laws on the same rows: the teacher's law
-  restricted to the set and renormalised. Unchanged without one."""
+def restrict(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()):
+  """The teacher's forward (hidden `layers`) with its logits only at the student's reduced
+  vocabulary (`cfg.head_ids`), so a divergence compares the two laws on the same rows: the
+  teacher's law restricted to the set and renormalised. Its output layer is applied to those
+  rows alone (the full logits are never used, so the compiled step never computes them).
+  Unchanged without one."""
+  layers = tuple(layers)
   if not cfg.head_ids:
-    return teacher_apply
+    return llama.make_apply(teacher_cfg, layers)
   ids = np.asarray(cfg.head_ids, np.int32)
+  if teacher_cfg.head_ids:  # a reduced teacher: gather its spread logits
+    teacher_apply = llama.make_apply(teacher_cfg, layers)
 
-  def apply(*args, **kwargs):
-    logits, hidden, cache = teacher_apply(*args, **kwargs)
-    return logits[..., ids], hidden, cache
+    def gathered(*args, **kwargs):
+      logits, hidden, cache = teacher_apply(*args, **kwargs)
+      return logits[..., ids], hidden, cache
+
+    return gathered
+  teacher_apply = llama.make_apply(teacher_cfg, tuple(dict.fromkeys((*layers, -1))))
+
+  def apply(params, *args, **kwargs):
+    _, hidden, cache = teacher_apply(params, *args, **kwargs)
+    rows = {"final_norm": params["final_norm"]}
+    if teacher_cfg.tie_embeddings:
+      rows["embed"] = {"embedding": params["embed"]["embedding"][ids]}
+    else:
+      rows["lm_head"] = {"kernel": params["lm_head"]["kernel"][:, ids]}
+    logits = decoder.output_logits(teacher_cfg, rows, hidden[-1])
+    return logits, {k: v for k, v in hidden.items() if k in layers}, cache
 
   return apply

@@ -217,9 +217,8 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
       for i in range(min(int(ec.batches), len(eval_windows)))]
   eval_batches = [draft_init.map_batch(student.cfg, b) for b in eval_batches]
   jitted = distill.jit_eval_step(student.apply,
-                                 draft_init.restrict(student.cfg, llama.make_apply(
-                                     v_cfg, student.teacher_layers)), objective,
-                                 d_shardings, v_shardings, mesh, student.context_fn)
+                                 draft_init.restrict(student.cfg, v_cfg, student.teacher_layers),
+                                 objective, d_shardings, v_shardings, mesh, student.context_fn)
   tau_fn = None
   if ec.temperatures and ec.num_prompts:
     prompt_ds = _windows(config, spec, tokenizer, config.data.eval_split,
@@ -263,7 +262,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   d_cfg, d_params = _drafter(config, tokenizer)
   check_vocab(v_cfg, d_cfg, config)
   student = student_fn(config, v_cfg, d_cfg, d_params)
-  v_apply = draft_init.restrict(d_cfg, llama.make_apply(v_cfg, student.teacher_layers))
+  v_apply = draft_init.restrict(d_cfg, v_cfg, student.teacher_layers)
   tx, schedule = optim.make_optimizer(tc)
   tx = student.wrap_tx(tx)
   mesh = parallel.make_mesh(config.mesh)
