@@ -1,30 +1,35 @@
-"""The main job: SmolLM2 generation, the default drafter built from the verifier's own blocks and
-distilled on Shakespeare, its reduced-vocabulary variant, then AR vs SD with both.
+"""The main job: SmolLM2 generation, the default drafter (a feature drafter built from the
+verifier's last block, reading the verifier's final residual) distilled on Shakespeare, then AR
+vs SD with it.
 
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
+  python launch.py --config configs/quickstart.py:recipe=vinit --workdir runs/quickstart_vinit
   python launch.py --config configs/quickstart.py:recipe=scratch --workdir runs/quickstart_scratch
   python launch.py --config configs/quickstart.py:smoke --workdir /tmp/qs   # tiny, for tests
 
 Recipes (`:recipe=`), each a sequence of drafter stages, every stage after the first starting
 from the one before it:
-  vinit (default)  `drafter`: SmolLM2's blocks `vinit_layers` with its embedding, final norm and
-                   head (models/draft_init.py), distilled `vinit_steps` steps (JSD[0.5] on the
-                   corpus's own continuations);
+  features (default)  `drafter`: a feature drafter (EAGLE; models/draft_init.py,
+                   decoding/drafters/features.py): SmolLM2's block(s) `features_layers` with its
+                   embedding, final norm and head, reading beside each token the verifier's final
+                   residual one position back, with an output layer over the `vocab` most
+                   frequent Shakespeare tokens; distilled `features_steps` steps (JSD[0.5] plus
+                   the feature regression, rows of 16 + 112 tokens of the corpus);
+  vinit            `drafter`: SmolLM2's blocks `vinit_layers` with its embedding, final norm and
+                   head, distilled `vinit_steps` steps (JSD[0.5] on the corpus's own
+                   continuations); the default from 2026-11-24 to 2026-11-25;
   scratch          `drafter`: drafter-s trained from scratch (`drafter_steps` steps of train_lm);
                    `distilled`: DistillSpec on a copy of it (`distill_steps` steps). The default
                    until 2026-11-24; the steering, BPD-rescorer and DistillSpec experiments were
                    measured with its drafter;
-then, unless `vocab=0`, `reduced`: the last stage's output layer cut to the `vocab` most
-frequent Shakespeare tokens, distilled `vocab_steps` more steps.
+then, for vinit and scratch unless `vocab=0`, `reduced`: the last stage's output layer cut to the
+`vocab` most frequent Shakespeare tokens, distilled `vocab_steps` more steps.
 experiments/drafters/results.md measured every kind of drafter on this machine and picked the
 default from it.
 
-Time on 2 CPU cores (measured 2026-11-24 on idle cores, fresh workdir): 10 min 20 s in all:
-generation, 7.2 min distilling the drafter (150 steps), 1.1 min for the reduced stage, ~1 min
-per drafter for the table. Reference (4 prompts × 48 tokens, γ = 2): τ greedy / T = 1 1.68 /
-1.63 (drafter), 1.50 / 1.45 (reduced); best row 0.96× the fastest AR pass (reduced, T = 1).
-The scratch recipe took 9 min 41 s (2026-11-23, without its reduced stage). A second run reuses
-the trained drafters.
+Time on 2 CPU cores: see the README's "Two commands" (measured on idle cores, fresh workdir).
+The vinit recipe took 10 min 20 s (2026-11-24), the scratch recipe 9 min 41 s (2026-11-23,
+without its reduced stage). A second run reuses the trained drafters.
 Output: runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
 metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ and evaluate_<stage>/
 (results.json, results.md, PNGs), runs/quickstart/quickstart.json.
@@ -44,7 +49,7 @@ GAMMAS = {"features": "2+4", "vinit": "2", "scratch": "4"}
 
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, recipe="features", features_layers="29",
-                          features_steps=400, features_passes=1, vinit_layers="0+1+2+29",
+                          features_steps=500, features_passes=1, vinit_layers="0+1+2+29",
                           vinit_steps=150, vocab=8192, vocab_steps=20, drafter_steps=300,
                           distill_steps=30, distill_divergence="jsd", distill_source="fixed")
   if args.recipe not in RECIPES:

@@ -23,7 +23,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features, trees
 from spec_jax.decoding.sampling import Sampling, probs_from_logits
-from spec_jax.models import draft_init, llama
+from spec_jax.models import draft_init, hf_export, llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.programs import evaluate, train_lm
 from spec_jax.training import distill, divergences
@@ -213,6 +213,8 @@ def test_bad_input_names_the_field():
     features_train.make_student(d_cfg, -1.0)
   with pytest.raises(ValueError, match=r"distill.feature_passes=0 must be >= 1"):
     features_train.make_student(d_cfg, 1.0, 0)
+  with pytest.raises(ValueError, match=r"is a feature drafter .* transformers' Llama cannot"):
+    hf_export.params_to_hf(d_cfg, _models()[3])
   with pytest.raises(ValueError, match=r"reads features of width 32 beside its tokens"):
     llama.make_apply(d_cfg)(jax.tree.map(jnp.asarray, _models()[3]), jnp.zeros((1, 2), jnp.int32),
                             jnp.zeros((1, 2), jnp.int32))

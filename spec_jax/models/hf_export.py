@@ -60,6 +60,11 @@ def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> di
         f"This model drafts from a reduced vocabulary ({len(cfg.head_ids)} of {cfg.vocab_size} "
         "tokens, draft_init.reduce_vocab), which transformers' configs cannot express: export "
         "a full-vocabulary drafter instead.")
+  if cfg.feature_width:
+    raise ValueError(
+        "This model is a feature drafter (EAGLE: it reads the verifier's final residual beside "
+        "each token, draft_init.feature_drafter), which transformers' Llama cannot run: export "
+        "a language-model drafter instead.")
   host = jax.device_get(params)
   cast = (lambda w: np.asarray(w)) if dtype is None else (  # noqa: E731
       lambda w: np.asarray(w).astype(hf_import.np_dtype_of(dtype)))
