@@ -56,6 +56,9 @@ def get_config(arg=None):
       epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon
       max_cache_len=8192,  # SmolLM2's context: prompt + new tokens + γ must fit
       save_text=False,     # True: every speculative run's continuations go to texts.jsonl
+      # Every timed pass (autoregressive, drafter-only, speculative) runs each prompt batch this
+      # many times and sums the per-batch medians: single passes vary by ±10-30% on a busy CPU.
+      timing_repeats=1,
       # With BPD heads as the drafter (a train_bpd workdir): the refinements bpd_ngram[:P] and
       # bpd_neural (Kim et al. 2024). Each head's top_k candidates; bpd_ngram keeps the `paths`
       # best of the k^h lattice paths under (1 - w)·log q_head + w·log p_ngram (w =

@@ -60,6 +60,8 @@ def get_config(arg=None):
   config.evaluate = evaluate_config.get_config(
       sub or f"gammas={GAMMAS[args.recipe]},temperatures=0+1,num_prompts=4,new_tokens=48")
   config.evaluate.title = "quickstart: SmolLM2-135M verifier, freshly built drafter"
+  # Medians of 3 timed passes: one slow pass (±10-30% here) would set the table's baseline.
+  config.evaluate.eval.timing_repeats = 1 if args.smoke else 3
   if args.smoke:  # one γ, as the main job has (the suite's time; evaluate's tests sweep γ)
     config.evaluate.eval.gammas = (2,)
   distill_args = (f"divergence={args.distill_divergence},source={args.distill_source}")

@@ -60,7 +60,27 @@ def test_a_rerun_reads_everything_back(smoke):
                     for n in config.drafters}
 
 
+def test_carried_and_skipped_entries_are_neither_built_nor_measured(smoke, tmp_path):
+  """Entries in `carry` take their rows from an earlier results.json, entries in `skip` are left
+  out; nothing is built or timed for either, and results.md names the carried ones."""
+  config, workdir, rows = smoke
+  config = drafters_config.get_config("smoke")
+  config.update(carry=("scratch-t", "vinit-1"), skip=("vinit-1-v64",),
+                carry_from=os.path.join(workdir, "results.json"))
+  got = drafters_experiment.run(config, str(tmp_path))
+  assert got == [r for r in rows if r["drafter"] in ("scratch-t", "vinit-1")]
+  assert not os.path.exists(tmp_path / "runs" / "train")
+  assert "Rows of scratch-t, vinit-1 are carried from" in (tmp_path / "results.md").read_text()
+
+
 @pytest.mark.parametrize("change, message", [
+    (lambda c: c.update(carry=("scratch-t",), carry_from="x.json"),
+     "drafters.vinit-1 starts from 'scratch-t', which is carried"),
+    (lambda c: c.update(skip=("vinit-1",)), "drafters.vinit-1-v64 starts from 'vinit-1', which "
+                                           "is skipped"),
+    (lambda c: c.update(carry=("nope",)), r"carry / skip list \['nope'\]"),
+    (lambda c: c.update(carry=("scratch-t", "vinit-1", "vinit-1-v64"), carry_from="none.json"),
+     "needs carry_from=<an earlier results.json>"),
     (lambda c: c.drafters["vinit-1"].update(kind="magic"), "kind='magic'"),
     (lambda c: c.drafters["vinit-1-v64"].update(base="nope"), "needs base=<another entry>"),
     (lambda c: setattr(c, "order", ("scratch-t", "vinit-1-v64", "vinit-1")),

@@ -145,6 +145,19 @@ def test_round_robin_and_timed_pass_compile_first():
   outputs, _ = timing.timed_pass(lambda x, i, **kw: seen.append((x, i, kw)) or x * 2, [5, 6],
                                  compile_only=True)
   assert seen == [(5, 0, {"compile_only": True}), (5, 0, {}), (6, 1, {})] and outputs == [10, 12]
+  seen = []  # repeats: every input timed 3 times, each input's median summed
+  clock = iter([0.5, 0.1, 0.2, 0.3, 0.3, 0.9])
+  monkey = timing.timed
+  timing.timed = lambda f: (f(), next(clock))
+  try:
+    outputs, seconds = timing.timed_pass(lambda x, i: seen.append((x, i)) or x * 2, [5, 6],
+                                         repeats=3)
+  finally:
+    timing.timed = monkey
+  assert seen == [(5, 0)] * 4 + [(6, 1)] * 3 and outputs == [10, 12]
+  assert seconds == pytest.approx(0.2 + 0.3)
+  with pytest.raises(ValueError, match="repeats must be >= 1"):
+    timing.timed_pass(lambda x, i: x, [1], repeats=0)
   steps = [types.SimpleNamespace(steps=np.int32(3)), types.SimpleNamespace(steps=np.int32(5))]
   assert timing.seconds_per_step(steps, 4.0) == 0.5
 

@@ -284,7 +284,8 @@ def test_evaluate_row_digest_covers_what_rows_depend_on():
                              ("eval.save_text", True, True), ("seed", 1, False),
                              ("eval.new_tokens", 9, False), ("drafter.checkpoint", "d", False),
                              ("eval.tree_width", 2, False), ("data.name", "other", False),
-                             ("prompts_file", "p.txt", False), ("eval.bpd.paths", 4, False)]:
+                             ("prompts_file", "p.txt", False), ("eval.bpd.paths", 4, False),
+                             ("eval.timing_repeats", 3, False)]:
     config = evaluate_config.get_config("smoke")
     section, _, name = field.rpartition(".")
     target = config
@@ -292,6 +293,10 @@ def test_evaluate_row_digest_covers_what_rows_depend_on():
       target = target[part]
     target[name] = value
     assert (evaluate.row_digest(config) == base) == same, field
+  # Rows logged before eval.timing_repeats existed (one pass each) keep their digest.
+  config = evaluate_config.get_config("smoke")
+  del config.eval["timing_repeats"]
+  assert evaluate.row_digest(config) == base
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -299,6 +304,7 @@ def test_evaluate_row_digest_covers_what_rows_depend_on():
     ({"eval.gammas": (0,)}, r"eval.gammas has 0: a draft length must be >= 1"),
     ({"eval.rule": "lenient", "eval.epsilon": 2.0}, r"eval.epsilon has 2.0: lenience ε"),
     ({"eval.num_prompts": 0}, r"eval.num_prompts=0 must be >= 1"),
+    ({"eval.timing_repeats": 0}, r"eval.timing_repeats=0 must be >= 1"),
     ({"eval.top_p": 0.0}, r"eval.top_p must be in \(0, 1\]"),
     ({"eval.max_cache_len": 20}, r"The cache needs 43 slots \(padded prompt 32 tokens \+ "
                                  r"eval.new_tokens=8 \+ 3 for the largest draft\) but "

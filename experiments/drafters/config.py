@@ -16,6 +16,10 @@ Program: spec_jax/programs/drafters_experiment.py. Every entry of `drafters` is 
     `distill_steps` steps);
   * `*-general`: as vinit, distilled on the general-domain dataset of the general_data program
     (self-instruct and corpus-continuation prompts answered by SmolLM2; built once, cached);
+  * `features-*`: feature drafters (EAGLE; models/draft_init.py `features=1`): SmolLM2's last
+    block(s) reading the verifier's final residual one position back beside each token, with an
+    8192-token output layer, distilled on rows of `features_prompt_tokens` +
+    `features_response_tokens` (every position trains them), their own `steps`;
   * `*-v4k/8k/16k`: the output layer of another entry (`base`: vinit-2/4, scratch-s) cut to the
     4096/8192/16384 most frequent tokens of Shakespeare's train split, then distilled
     `vocab_steps` more steps.
@@ -26,6 +30,12 @@ Writes results.json (rows: drafter, cost_ratio_c, gamma, temperature, domain, ba
 block_efficiency, tau_se, speedup, theoretical_speedup, ...), results.md (the table, the frontier
 and the goals checked) and frontier.png (τ against c) and speedup_vs_gamma.png.
 
+Entries in `carry` take their rows from the results.json `carry_from` (an earlier run whose
+trained drafters are gone), entries in `skip` are left out of this run; e.g. the 2026-11-25 run:
+  --config.carry="('vinit-1','vinit-2','vinit-4','vinit-4-v8k','vinit-2-v8k','scratch-s',
+      'scratch-s-v8k','vinit-4-general','vinit-4-general-v8k')" \
+  --config.carry_from=experiments/drafters/carried/results_8dc556d.json \
+  --config.skip="('vinit-4-v4k','vinit-4-v16k','scratch-xs','scratch-m')"
 Time on 2 CPU cores: see experiments/drafters/results.md (the run's own timings).
 Smoke: tiny random models, byte tokenizer, seconds per stage.
 """
@@ -61,21 +71,25 @@ def get_config(arg=None):
       **{"vinit-4-general": dict(kind="vinit", size="smollm2-135m:layers=0+1+2+29",
                                  data="general"),
          "vinit-4-general-v8k": dict(kind="vocab", base="vinit-4-general", vocab=8192)},
-      # Feature drafters (EAGLE): SmolLM2's last block reading its final residual, with a
-      # reduced vocabulary from the start.
+      # Feature drafters (EAGLE): SmolLM2's last block (or two) reading its final residual,
+      # with a reduced vocabulary from the start.
       **{"features-1-v8k": dict(kind="features", steps=600,
                                 size="smollm2-135m:layers=29:features=1:vocab=8192"),
          "features-1-v8k-long": dict(kind="features", steps=1500,
-                                     size="smollm2-135m:layers=29:features=1:vocab=8192")})
+                                     size="smollm2-135m:layers=29:features=1:vocab=8192"),
+         "features-2-v8k": dict(kind="features", steps=600,
+                                size="smollm2-135m:layers=28+29:features=1:vocab=8192")})
   # Build-and-measure order (a ConfigDict lists its keys sorted): bases before their variants.
   config.order = (
       "vinit-1", "vinit-2", "vinit-4", "vinit-4-v8k", "vinit-2-v8k", "scratch-s",
       "scratch-s-v8k", "vinit-4-general", "vinit-4-general-v8k", "features-1-v8k",
-      "features-1-v8k-long", "vinit-4-v4k", "vinit-4-v16k", "scratch-xs", "scratch-m")
+      "features-1-v8k-long", "features-2-v8k", "vinit-4-v4k", "vinit-4-v16k", "scratch-xs", "scratch-m")
   # Entries whose rows come from an earlier results.json (their trained drafters are gone), e.g.
   # --config.carry="('vinit-1',)" --config.carry_from=experiments/drafters/carried/results_X.json
   config.carry = ()
   config.carry_from = ""
+  # Entries neither built nor measured this run (listed empty in results.md).
+  config.skip = ()
   # A feature drafter's distillation rows (every position trains it: mostly response).
   config.features_prompt_tokens = 16
   config.features_response_tokens = 112

@@ -36,9 +36,11 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | None = None,
-               compile_only: bool = False,
-               usage: dict | None = None) -> tuple[list[Any], float]:
-  """Compile on inputs[0] (untimed), then run fn(x, i) once for every input, timed.
+               compile_only: bool = False, usage: dict | None = None,
+               repeats: int = 1) -> tuple[list[Any], float]:
+  """Compile on inputs[0] (untimed), then run fn(x, i) `repeats` times for every input, timed;
+  the pass's seconds sum each input's median time (one slow call on a busy CPU no longer sets a
+  baseline; the outputs of a deterministic fn are the same every time, the last is kept).
 
   The batch index i lets callers fold it into an rng. compile_only: fn takes a `compile_only`
   keyword (as `generate.generate` and `loop.speculative_generate` do) and compiles without
@@ -51,15 +53,21 @@ def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | Non
     fn(inputs[0], 0, compile_only=True)
   else:
     jax.block_until_ready(fn(inputs[0], 0))
-  outputs, seconds, cpu = [], 0.0, 0.0
+  if repeats < 1:
+    raise ValueError(f"timing repeats must be >= 1, got {repeats}.")
+  outputs, seconds, cpu, wall = [], 0.0, 0.0, 0.0
   for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
-    cpu0 = time.process_time()
-    out, s = timed(lambda: fn(x, i))
-    cpu += time.process_time() - cpu0
+    times = []
+    for _ in range(repeats):
+      cpu0 = time.process_time()
+      out, s = timed(lambda: fn(x, i))
+      cpu += time.process_time() - cpu0
+      times.append(s)
     outputs.append(out)
-    seconds += s
+    seconds += statistics.median(times)
+    wall += sum(times)
   if usage is not None:
-    usage["cpu_per_wall"] = cpu_per_wall(cpu, seconds)
+    usage["cpu_per_wall"] = cpu_per_wall(cpu, wall)
   return outputs, seconds
 
 

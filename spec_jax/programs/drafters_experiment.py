@@ -43,8 +43,19 @@ def check_config(config) -> None:
   if sorted(config.order) != sorted(config.drafters):
     raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
                      f"({sorted(config.drafters)}) once.")
+  carry, skip = tuple(config.get("carry", ()) or ()), tuple(config.get("skip", ()) or ())
+  unknown = [n for n in (*carry, *skip) if n not in config.drafters]
+  if unknown:
+    raise ValueError(f"carry / skip list {unknown}, which are not entries of drafters "
+                     f"({sorted(config.drafters)}).")
   for name, spec in config.drafters.items():
     for dep in (spec.get("base"), spec.get("source")):
+      if name not in (*carry, *skip) and dep in (*carry, *skip):
+        how = "carried" if dep in carry else "skipped"
+        raise ValueError(
+            f"drafters.{name} starts from {dep!r}, which is {how} this run (no drafter to "
+            f"start from). Fix: add {name!r} to carry or skip, or take {dep!r} out of it (then "
+            "it is built).")
       if dep in config.drafters and list(config.order).index(dep) > list(config.order).index(name):
         raise ValueError(f"order: {dep!r} must come before {name!r}, which starts from it.")
   for name, spec in config.drafters.items():
@@ -73,10 +84,6 @@ def carried_rows(config) -> dict[str, list[dict]]:
   carry = tuple(config.get("carry", ()) or ())
   if not carry:
     return {}
-  unknown = [n for n in carry if n not in config.drafters]
-  if unknown:
-    raise ValueError(f"carry lists {unknown}, which are not entries of drafters "
-                     f"({sorted(config.drafters)}).")
   path = config.get("carry_from", "")
   if not path or not os.path.exists(path):
     raise ValueError(f"carry={carry} needs carry_from=<an earlier results.json>; got "
@@ -422,9 +429,12 @@ def run(config, workdir: str) -> list[dict]:
   carried = carried_rows(config)
   os.makedirs(workdir, exist_ok=True)
   rows, built = [], []
+  skip = tuple(config.get("skip", ()) or ())
   for name in config.order:  # built and measured one by one, bases first
     if name in carried:
       rows += carried[name]
+      continue
+    if name in skip:  # neither built nor measured this run (results.md lists it empty)
       continue
     info = build(config, workdir, name)
     rows += evaluate_one(config, workdir, name, info)

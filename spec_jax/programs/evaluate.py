@@ -135,6 +135,9 @@ def check_config(config, workdir: str, runs) -> None:
   for name in ("num_prompts", "new_tokens", "max_prompt_tokens", "max_cache_len"):
     if int(ev[name]) < 1:
       raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  if int(ev.get("timing_repeats", 1)) < 1:
+    raise ValueError(f"eval.timing_repeats={ev.timing_repeats} must be >= 1 (timed passes per "
+                     "prompt batch; their median counts).")
   if {r[1] for r in runs} & set(BPD_METHODS):
     opts = _bpd_options(ev)
     for name in ("top_k", "paths", "ngram_order"):
@@ -205,6 +208,8 @@ def row_digest(config) -> str:
   fields = json.loads(config.to_json_best_effort())
   kept = {k: fields.get(k) for k in _ROW_FIELDS}
   kept["eval"] = {k: v for k, v in (kept["eval"] or {}).items() if k not in _SWEEPS}
+  if kept["eval"].get("timing_repeats", 1) == 1:  # rows from before the field keep their digest
+    kept["eval"].pop("timing_repeats", None)
   return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
@@ -480,16 +485,18 @@ def run(config, workdir: str) -> list[dict]:
             params, prompts, jax.random.fold_in(rng, i), cfg=cfg, **common, **kw)
 
       ar_usage = {}
+      repeats = int(ev.get("timing_repeats", 1))
       ar_out, ar_s = timing.timed_pass(ar(v_params, v_cfg), prompts,
                                        desc=f"{label} autoregressive", compile_only=True,
-                                       usage=ar_usage)
+                                       usage=ar_usage, repeats=repeats)
       ar_tokens = metrics.token_lists(ar_out, reals)
       n_ar = metrics.emitted_tokens(ar_out, reals)
       ar_tps = n_ar / ar_s
       feature_drafter = b_cfg is None and bool(d_cfg.feature_width)
       if b_cfg is None and not feature_drafter:
         d_out, d_s = timing.timed_pass(ar(lm_params, d_cfg), prompts,
-                                       desc=f"{label} drafter-only", compile_only=True)
+                                       desc=f"{label} drafter-only", compile_only=True,
+                                       repeats=repeats)
       c_rescorer = 0.0  # bpd_neural's LM, one call per draft: its cost relative to the verifier
       if rescorer_cfg is not None:
         r_out, r_s = timing.timed_pass(ar(d_params["lm"], rescorer_cfg), prompts,
@@ -533,7 +540,7 @@ def run(config, workdir: str) -> list[dict]:
                              method=method, rescorer_cfg=rescorer_cfg)
         sd_usage = {}
         sd_out, sd_s = timing.timed_pass(fn, prompts, desc=f"{label} {label_m} γ={gamma}",
-                                         compile_only=True, usage=sd_usage)
+                                         compile_only=True, usage=sd_usage, repeats=repeats)
         sd_tokens = metrics.token_lists(sd_out, reals)
         if ev.get("save_text", False) and parallel.is_writer():
           _save_text(workdir, texts, sd_tokens, tokenizer, temperature=float(temperature),
