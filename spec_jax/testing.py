@@ -98,6 +98,23 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], law: dict[tuple[int, ...],
   return float(stats.chisquare(obs, exp).pvalue)
 
 
+def sd_law_pvalue(v_cfg, v_params, drafter, d_params, prompt: list[int], *, n: int = 2,
+                  n_samples: int = 3000, min_accepted: int = 300,
+                  sampling: sampling_lib.Sampling = sampling_lib.Sampling(1.0)) -> float:
+  """Chi-square p-value of n tokens drawn by speculative decoding (n_samples copies of `prompt`,
+  one batch) against the verifier's exact law of them. Asserts that at least `min_accepted`
+  drafts were accepted, so the test exercises acceptance and not only bonus tokens."""
+  from spec_jax.decoding import generate as generate_lib  # noqa: PLC0415 (tests only)
+  from spec_jax.decoding import loop, verifier as verifier_lib  # noqa: PLC0415
+  law = exact_sequence_law(v_cfg, v_params, prompt, n, sampling)
+  out = loop.speculative_generate(
+      v_params, d_params, generate_lib.pad_prompts([prompt] * n_samples, len(prompt), pad_id=0),
+      jax.random.key(1), verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers),
+      drafter=drafter, sampling=sampling, max_new_tokens=n)
+  assert np.sum(out.stats.accepted) > min_accepted
+  return chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+
+
 # ---------------------------------------------------------------------------------------------
 # Table-driven fakes (t5x-style): the loop and every rule, tested with no transformer at all.
 

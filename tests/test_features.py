@@ -117,18 +117,9 @@ class _OtherLawDrafter(features.FeatureDrafter):
     return proposal.replace(q=jnp.where(proposal.q > 0, flat, 0.0)), new_state
 
 
-def _law_check(cls=features.FeatureDrafter, n_samples=3000):
+def _law_check(cls=features.FeatureDrafter):
   v_cfg, v_params, d_cfg, d_params = _models(vocab_size=6, sharpness=3.0, sigma=0.5)
-  drafter = cls(d_cfg, trees.chain(2))
-  prompt = [1, 4, 2]
-  sampling = Sampling(1.0)
-  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, sampling)
-  out = loop.speculative_generate(
-      v_params, d_params, generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0),
-      jax.random.key(1), verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers),
-      drafter=drafter, sampling=sampling, max_new_tokens=2)
-  assert np.sum(out.stats.accepted) > 300  # drafts were accepted, not just bonus tokens
-  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+  return testing.sd_law_pvalue(v_cfg, v_params, cls(d_cfg, trees.chain(2)), d_params, [1, 4, 2])
 
 
 def test_feature_sampling_is_lossless():

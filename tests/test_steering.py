@@ -157,18 +157,10 @@ class _UnsteeredLawDrafter(steered.SteeredDrafter):
     return proposal.replace(q=plain.q), new_state
 
 
-def _law_check(shape, cls=steered.SteeredDrafter, n_samples=3000):
+def _law_check(shape, cls=steered.SteeredDrafter):
   v_cfg, v_params, drafter, params = _models(strength=2.0)
   drafter = cls(drafter.cfg, drafter.steering, shape)
-  prompt = [1, 4, 2]
-  sampling = Sampling(1.0)
-  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, sampling)
-  out = loop.speculative_generate(
-      v_params, params, generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0),
-      jax.random.key(1), verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers),
-      drafter=drafter, sampling=sampling, max_new_tokens=2)
-  assert np.sum(out.stats.accepted) > 300  # drafts were accepted, not just bonus tokens
-  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+  return testing.sd_law_pvalue(v_cfg, v_params, drafter, params, [1, 4, 2])
 
 
 @pytest.mark.parametrize("shape", [trees.chain(2), trees.TreeSpec("rsd_c", 2, (2, 1))],

@@ -28,6 +28,7 @@ Chains only: a tree would need a predicted feature per node.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -100,11 +101,7 @@ class FeatureDrafter:
     b = tokens.shape[0]
     root = _at(tokens, lengths - 1)
 
-    def draw(i, logits):
-      probs = sampling_lib.probs_from_logits(logits, sampling)
-      if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
-      return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
+    draw = functools.partial(lm.draw_step, rng=rng, sampling=sampling)
 
     def step(i, carry):
       logits, feature, cache, draft, q = carry

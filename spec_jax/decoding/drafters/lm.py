@@ -22,6 +22,7 @@ overwritten.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,15 @@ from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.protocols import Proposal, chain_proposal
 from spec_jax.models import llama
+
+
+def draw_step(i, logits, *, rng, sampling: sampling_lib.Sampling):
+  """(x int32[B], q f32[B, V]) for the i-th draft of a chain: the argmax (greedy) or a draw
+  from q = the transformed law of logits f32[B, V], with rng folded by i."""
+  probs = sampling_lib.probs_from_logits(logits, sampling)
+  if sampling.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
+  return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +91,7 @@ class LMDrafter:
     b = root.shape[0]
     last = lengths - 1
 
-    def draw(i, logits):
-      probs = sampling_lib.probs_from_logits(logits, sampling)
-      if sampling.greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), probs
-      return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
+    draw = functools.partial(draw_step, rng=rng, sampling=sampling)
 
     def step(i, carry):
       logits, cache, draft, q = carry
