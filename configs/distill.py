@@ -52,7 +52,12 @@ def get_config(arg: str | None = None):
       mix_with="verifier",      # a mix's non-on-policy rows: fixed | verifier
       mix_lambda=arg.lam,       # on-policy fraction of every batch in a mix (GKD's λ)
       stop_at_eos=False,        # False: responses always have response_tokens tokens
-      cache_dir="")             # verifier responses; '' = <workdir>/data_cache
+      cache_dir="",             # verifier responses; '' = <workdir>/data_cache
+      # (name, fraction) pairs: round(fraction·B) rows of every training batch come from each
+      # of these datasets' train_split, the rest from `name` (which alone serves the held-out
+      # eval); a reduced vocabulary is counted on the blend. E.g. (("spec_jax_general/...",
+      # 0.5),) for general-domain data beside the corpus.
+      blend=())
   config.distill = dict(
       divergence=arg.divergence, beta=arg.beta,
       # Both laws get this transform (as at decoding time); temperature must be > 0.

@@ -24,9 +24,11 @@ def get_config(arg=None):
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.data_dir = ""  # '' = $SPEC_JAX_DATA_DIR or ~/.cache/spec_jax/tensorflow_datasets
   # spec_jax.training.general_data.Spec: topics (the first N seed topics, 3 requests each),
-  # corpus_prompts (prefixes of prefix_tokens tokens per corpus), the tokens each sampled
-  # instruction / response may take, the sampling temperature and the generation batch.
+  # corpus_prompts (prefixes of prefix_tokens tokens per corpus of `corpora`: leave out
+  # spec_jax_pystdlib to keep code out of domain), the tokens each sampled instruction /
+  # response may take, the sampling temperature and the generation batch.
   config.general = dict(topics=args.topics, corpus_prompts=args.corpus_prompts,
+                        corpora=("spec_jax_shakespeare", "spec_jax_pystdlib"),
                         prefix_tokens=48, instruction_tokens=40,
                         response_tokens=args.response_tokens, temperature=1.0, batch_size=16)
   config.preview = 12  # examples written to WORKDIR/preview.jsonl

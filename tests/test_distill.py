@@ -12,6 +12,7 @@ from scipy import stats
 from configs import distill as distill_config
 from spec_jax import loading, parallel, testing
 from spec_jax.training import distill_data
+from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import ByteTokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -156,6 +157,50 @@ def test_onpolicy_refresh_and_mix(pair):
   np.testing.assert_array_equal(mix["targets"][:2], b0["targets"][:2])
 
 
+@pytest.fixture(scope="module")
+def digits_dataset(data_dir):
+  """A second local dataset whose text (digits only) no Shakespeare window can be mistaken for."""
+  from spec_jax.training import general_data  # noqa: PLC0415
+  text = "0123456789" * 40
+  doc = dict(text=text, prompt="", response=text, source="digits")
+  docs = {"train": [(f"d{i}", doc) for i in range(8)], "validation": [], "test": []}
+  spec = general_data.Spec(seed=12345, topics=1, corpus_prompts=0)
+  name = general_data.prepare(docs, spec, "digits", data_dir)
+  return name, set(ByteTokenizer().encode("0123456789")) | {ByteTokenizer().eos_id}
+
+
+def test_blend_takes_its_rows_of_every_batch_from_each_dataset(data_dir, digits_dataset):
+  name, digits = digits_dataset
+  tok = ByteTokenizer()
+  kw = dict(prompt_tokens=6, response_tokens=5, seed=0, data_dir=data_dir)
+  main = distill_data.windows("spec_jax_shakespeare", "train", tok, batch_size=3, **kw)
+  other = distill_data.windows(name, "train", tok, batch_size=1, **kw)
+  blended = distill_data.windows("spec_jax_shakespeare", "train", tok, batch_size=4,
+                                 blend=((name, 0.25),), **kw)
+  for s in (0, 5, 40):  # 40: past the digits' one epoch of 26 windows
+    np.testing.assert_array_equal(blended[s], np.concatenate([main[s], other[s]]))
+    assert set(blended[s][3].tolist()) <= digits
+    assert not any(set(row.tolist()) <= digits for row in blended[s][:3])
+  only = distill_data.windows("spec_jax_shakespeare", "train", tok, batch_size=4,
+                              blend=((name, 1.0),), **kw)
+  assert all(set(row.tolist()) <= digits for row in only[2])
+
+
+def test_a_reduced_vocabulary_is_counted_on_the_blend(data_dir, digits_dataset):
+  name, _ = digits_dataset
+  tok = ByteTokenizer()
+  config = testing.with_overrides(distill_config.get_config("smoke"), {
+      "data.data_dir": data_dir, "data.blend": ((name, 0.75),), "train.batch_size": 4})
+  counts = distill_program.blend_counts(config, tok)
+  freq = lambda n: np.bincount(  # noqa: E731
+      np.asarray(pipeline.token_stream(n, "train", tok, data_dir=data_dir)),
+      minlength=tok.vocab_size) / len(pipeline.token_stream(n, "train", tok, data_dir=data_dir))
+  np.testing.assert_allclose(counts, freq("spec_jax_shakespeare") + 3 * freq(name))
+  # Digits are rare in Shakespeare; 3 rows of every 4 make them the most frequent tokens.
+  top = set(np.argsort(-counts, kind="stable")[:10].tolist())
+  assert top == set(ByteTokenizer().encode("0123456789"))
+
+
 def test_verifier_data_are_cached_and_extended(tmp_path, pair, monkeypatch):
   v_cfg, v_params, _, _ = pair
   spec = distill_data.Spec(source="verifier", prompt_tokens=6, response_tokens=5, batch_size=4)
@@ -256,6 +301,10 @@ def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
     ({"distill.temperature": 0.0}, r"distill.temperature=0 \(greedy\) has no gradient"),
     ({"data.source": "teacher"}, r"data.source='teacher' is not a data source"),
     ({"data.mix_lambda": 2.0}, r"data.mix_lambda must be in \[0, 1\]"),
+    ({"data.blend": (("spec_jax_general/x", 0.01),)},
+     r"data.blend gives 'spec_jax_general/x' the fraction 0.01, which is 0 of the 8 rows"),
+    ({"data.blend": (("a", 0.75), ("b", 0.5))}, r"data.blend's fractions take 10 of the 8 rows"),
+    ({"data.blend": ("spec_jax_general/x",)}, r"data.blend entry 'spec_jax_general/x' is not a"),
     ({"train.checkpoint_every": 3},
      r"train.checkpoint_every=3 must be a multiple of data.refresh_every=2"),
 ])

@@ -73,11 +73,9 @@ def check_schedule(train_cfg, spec: distill_data.Spec) -> None:
 def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
   """(model config, params or None): trained in float32 whatever the compute dtype (AdamW
   updates of bfloat16 weights lose their low bits), as in train_lm. A reduced vocabulary
-  (`drafter.size=...:vocab=N`) keeps the N most frequent tokens of data.train_split."""
-  dc = config.data
-  counts = lambda: draft_init.count_tokens(pipeline.token_stream(  # noqa: E731
-      dc.name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
-      tokenizer.vocab_size)
+  (`drafter.size=...:vocab=N`) keeps the N most frequent tokens of data.train_split (of the
+  blend: `blend_counts`)."""
+  counts = lambda: blend_counts(config, tokenizer)  # noqa: E731
   cfg, params = loading.resolve_model(config.drafter, tokenizer, field="drafter.checkpoint",
                                       token_counts=counts)
   cfg = dataclasses.replace(cfg, dtype=config.drafter.dtype, param_dtype="float32")
@@ -168,6 +166,22 @@ def _tau_eval(v_params, v_cfg, student: Student, prompts: np.ndarray, eval_cfg, 
   return fn
 
 
+def blend_counts(config, tokenizer) -> np.ndarray:
+  """float64[V]: token frequencies of the training data: data.train_split of data.name, or of
+  the blend, each dataset's frequencies weighted by its share of a batch's rows."""
+  dc = config.data
+  names = [dc.name] + [name for name, _ in dc.get("blend", ())]
+  main, rows = distill_data.blend_rows(config.train.batch_size, dc.get("blend", ()))
+  total = np.zeros((tokenizer.vocab_size,), np.float64)
+  for name, share in zip(names, (main, *rows)):
+    if share:
+      c = draft_init.count_tokens(pipeline.token_stream(
+          name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
+          tokenizer.vocab_size)
+      total += share * c / max(c.sum(), 1)
+  return total
+
+
 def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
   dc = config.data
   return distill_data.windows(
@@ -181,7 +195,8 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
   """Batches of the train split from config.data.source (verifier responses generated now,
   or read from the cache; on-policy ones later, from the live params)."""
   dc = config.data
-  train_windows = _windows(config, spec, tokenizer, dc.train_split)
+  blend = tuple((str(n), float(w)) for n, w in dc.get("blend", ()))
+  train_windows = _windows(config, spec, tokenizer, dc.train_split, blend=blend)
   stop_ids = tokenizer.stop_ids if dc.stop_at_eos else ()
   gen = functools.partial(distill_data.generate_responses, sampling=spec.sampling,
                           response_tokens=spec.response_tokens, stop_ids=stop_ids)
@@ -191,7 +206,8 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
     key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
                          dataclasses.asdict(v_cfg),
                          None if config.verifier.checkpoint else config.seed),
-               tokenizer=tokenizer.fingerprint, data=(dc.name, dc.train_split, dc.text_key),
+               tokenizer=tokenizer.fingerprint,
+               data=(dc.name, dc.train_split, dc.text_key, *blend),
                prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
                batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
                stop_ids=stop_ids)
@@ -256,6 +272,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   objective = distill.Objective.from_config(config.distill)
   spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
   check_schedule(tc, spec)
+  distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
   tokenizer = get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")

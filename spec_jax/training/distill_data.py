@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from absl import logging
 import jax
+import grain
 import numpy as np
 import tqdm
 
@@ -110,10 +111,56 @@ class Spec:
         and self.onpolicy_rows < self.batch_size)
 
 
+def blend_rows(batch_size: int, blend) -> tuple[int, tuple[int, ...]]:
+  """(rows of `data.name`, rows of each blended dataset) in every batch of B rows: a blended
+  dataset with fraction w gets round(w·B) rows, the main dataset the rest. ValueError naming
+  data.blend when a fraction is outside (0, 1], gives no row, or the fractions exceed 1."""
+  rows = []
+  for entry in blend:
+    if (not isinstance(entry, (tuple, list)) or len(entry) != 2 or not isinstance(entry[0], str)
+        or isinstance(entry[1], bool) or not isinstance(entry[1], (int, float))):
+      raise ValueError(f"data.blend entry {entry!r} is not a (dataset name, fraction) pair. Fix: "
+                       "e.g. --config.data.blend=\"(('spec_jax_general/NAME', 0.5),)\".")
+    name, fraction = entry
+    n = int(round(float(fraction) * batch_size))
+    if not 0.0 < fraction <= 1.0 or n < 1:
+      raise ValueError(
+          f"data.blend gives {name!r} the fraction {fraction}, which is {n} of the "
+          f"{batch_size} rows of a batch. Fix: a fraction in (0, 1] of at least "
+          f"1/{batch_size} (or a larger train.batch_size).")
+    rows.append(n)
+  if sum(rows) > batch_size:
+    raise ValueError(f"data.blend's fractions take {sum(rows)} of the {batch_size} rows of a "
+                     "batch. Fix: fractions that sum to at most 1 (the rest come from data.name).")
+  return batch_size - sum(rows), tuple(rows)
+
+
+class _Concat:
+  """Batch s of several window datasets, stacked along the rows (a class so it pickles)."""
+
+  def __init__(self, parts):
+    self.parts = parts
+
+  def __call__(self, s):
+    return np.concatenate([np.asarray(p[int(s)]) for p in self.parts], axis=0)
+
+
 def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_tokens: int,
             batch_size: int, seed: int, data_dir: str | None = None, text_key: str = "text",
-            num_epochs: int | None = None):
-  """Index-addressable batches of int32[B, P+O] token windows of a split (shuffled by seed)."""
+            num_epochs: int | None = None, blend=()):
+  """Index-addressable batches of int32[B, P+O] token windows of a split (shuffled by seed).
+
+  blend: (name, fraction) pairs: every batch takes round(fraction·B) rows from each of those
+  datasets' `split` (same text_key and data_dir) and the rest from `name`, in that order, so a
+  run sees the mixture in the proportion asked for at every step (`blend_rows`)."""
+  if blend:
+    main, rows = blend_rows(batch_size, blend)
+    sources = ([(name, main)] if main else []) + [(n, r) for (n, _), r in zip(blend, rows)]
+    parts = [windows(n, split, tokenizer, prompt_tokens=prompt_tokens,
+                     response_tokens=response_tokens, batch_size=r, seed=seed,
+                     data_dir=data_dir, text_key=text_key, num_epochs=num_epochs)
+             for n, r in sources]
+    return grain.MapDataset.range(min(len(p) for p in parts)).map(_Concat(parts))
   # lm_batches cuts windows of seq_len + 1 tokens: exactly one prompt + response row each, with
   # the same shuffling, resumability (batch s is a function of s) and data_dir handling.
   ds = pipeline.lm_batches(name, split, tokenizer, seq_len=prompt_tokens + response_tokens - 1,
