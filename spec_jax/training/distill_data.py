@@ -37,8 +37,8 @@ import time
 from typing import Any, Callable
 
 from absl import logging
-import jax
 import grain
+import jax
 import numpy as np
 import tqdm
 
