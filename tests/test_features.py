@@ -16,6 +16,7 @@ import pytest
 from configs import distill as distill_config
 from configs import evaluate as evaluate_config
 from configs import train_lm as train_lm_config
+from experiments.perf import config as perf_config
 from spec_jax import testing
 from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
@@ -25,7 +26,7 @@ from spec_jax.decoding.drafters import features, trees
 from spec_jax.decoding.sampling import Sampling, probs_from_logits
 from spec_jax.models import draft_init, hf_export, llama
 from spec_jax.programs import distill as distill_program
-from spec_jax.programs import evaluate, train_lm
+from spec_jax.programs import cost_model, evaluate, train_lm
 from spec_jax.training import distill, divergences
 from spec_jax.training import features as features_train
 
@@ -154,6 +155,13 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
   sd = [r for r in evaluate.run(ev, str(tmp_path / "eval")) if r["method"] != "autoregressive"]
   assert sd and all(r["identical_to_greedy"] for r in sd)
   assert all(r["cost_ratio_c"] > 0 for r in sd)
+  # The cost model times and decodes it too (its forward needs features).
+  perf = perf_config.get_config("smoke")
+  perf.drafter.checkpoint = workdir
+  rows = cost_model.run(perf, str(tmp_path / "cost"))
+  assert all(r["c"] > 0 for r in rows if r["model"] == "drafter")
+  checks = [r for r in rows if r["model"] == "speculative"]
+  assert checks and all(1.0 <= r["tau"] <= 3.0 for r in checks)
 
 
 def test_training_passes_and_their_loss():

@@ -36,7 +36,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm as lm_drafter
+from spec_jax.decoding.drafters import features as features_lib
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, report, timing
 from spec_jax.models import llama
@@ -58,7 +58,8 @@ def run(config, workdir: str) -> list[dict]:
     for name, cfg, params, tokens in (("verifier", v_cfg, v_params, c.tokens),
                                       ("drafter", d_cfg, d_params, (1,))):
       costs[name] = timing.forward_costs(
-          llama.make_apply(cfg), params, lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
+          features_lib.timing_apply(cfg), params,
+          lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
           batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats)
       roofline_ms = 1e3 * timing.param_bytes(params) / bandwidth
       for t in tokens:
@@ -103,16 +104,18 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
       v_params, p, rng, cfg=v_cfg, sampling=sampling_lib.Sampling(0.0),
       max_new_tokens=k.new_tokens))}
   for gamma in k.gammas:
+    drafter = features_lib.for_model(d_cfg, trees.chain(gamma))
+    verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
     for temperature in k.temperatures:
       calls["sd", gamma, temperature] = decode(("sd", gamma, temperature), (
-          lambda p, gamma=gamma, temperature=temperature: loop.speculative_generate(
-              v_params, d_params, p, rng, verifier=verifier_lib.lm_verifier(v_cfg),
-              drafter=lm_drafter.LMDrafter(d_cfg, trees.chain(gamma)),
+          lambda p, drafter=drafter, verifier=verifier, temperature=temperature:
+          loop.speculative_generate(
+              v_params, d_params, p, rng, verifier=verifier, drafter=drafter,
               sampling=sampling_lib.Sampling(float(temperature)),
               max_new_tokens=k.new_tokens)))
   for name, cfg, params, tokens in (("v", v_cfg, v_params, (1, *[g + 1 for g in k.gammas])),
                                     ("d", d_cfg, d_params, (1,))):
-    forward = timing.forward_calls(llama.make_apply(cfg), params,
+    forward = timing.forward_calls(features_lib.timing_apply(cfg), params,
                                    lambda cfg=cfg: llama.init_cache(cfg, 1, size), batch_size=1,
                                    tokens=sorted(set(tokens)), position=position)
     calls.update({(name, t): call for t, call in forward.items()})

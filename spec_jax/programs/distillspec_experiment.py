@@ -41,7 +41,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm as lm_drafter
+from spec_jax.decoding.drafters import features as features_lib
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, timing
 from spec_jax.programs import distill as distill_program
@@ -104,8 +104,8 @@ def _chain_sd(v_cfg, d_cfg, *, gamma: int, rule: str, lenience: str, epsilon: fl
   """(v_params, d_params, prompts, rng) → the loop's output of chain SD at γ with `rule`
   ("auto", or "lenient" with its f and ε): the one place this program calls the speculative
   loop."""
-  verifier = verifier_lib.lm_verifier(v_cfg)
-  drafter = lm_drafter.LMDrafter(d_cfg, trees.chain(gamma))
+  drafter = features_lib.for_model(d_cfg, trees.chain(gamma))
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   decode = loop.DecodeConfig(rule=rule, lenience=lenience, epsilon=epsilon)
   return lambda v_params, d_params, prompts, rng, **kw: loop.speculative_generate(
       v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, decode=decode,
