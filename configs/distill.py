@@ -19,7 +19,9 @@ in the fastest runs of the experiment's sweep (40 steps: 1.5-2 min, plus ~1 min 
 compiling; 2026-11-21, cores shared with other jobs part of the time, up to 2x slower then).
 Verifier-generated data costs one verifier generation per batch, once (cached in
 data.cache_dir): 40 batches of 8 × 48 tokens took 17 min on cores shared with other jobs.
-One GPU: not measured.
+One H100: 2000 steps of a 4-block verifier-initialised drafter (8k vocabulary) at batch 8 ×
+(32 + 48) tokens in 0.9 min with compilation; the quickstart's feature drafter at 20.5 steps/s
+(experiments/gpu/results.md).
 Reference (drafter-s from the quickstart drafter, 40 steps, lr 1e-3, 16 held-out prompts, γ = 4,
 T = 1): JSD[0.5] on fixed data moves SD's α from 0.28 (40 steps of cross-entropy instead) to
 0.37 and τ from 1.39 to 1.55 (+11.5%); experiments/distillspec/results.md has the full

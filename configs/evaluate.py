@@ -13,7 +13,9 @@ speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test sp
 count (the dataset column of results.json says where the prompts came from).
 Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
 Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens (the
-quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). GPU not measured yet.
+quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). One H100: γ ∈ {2, 4, 6} ×
+T ∈ {0, 1} × batch {1, 8}, 8 prompts × 128 tokens, 3 timed passes each: 3.6 min
+(experiments/gpu/results.md).
 """
 
 from configs import common
@@ -44,7 +46,9 @@ def get_config(arg=None):
   config.data_prompt_tokens = 64
   config.eval = dict(
       # Speculative methods run beside the autoregressive baseline: sd, specinfer, spectr, rsd_c,
-      # rsd_s, each optionally NAME:SHAPE@L (see spec_jax.programs.evaluate.parse_method).
+      # rsd_s, each optionally NAME:SHAPE@L (see spec_jax.programs.evaluate.parse_method), and
+      # the chains lookup (prompt lookup, no drafter model) and sd_lookup (lookup where the text
+      # repeats, the drafter elsewhere).
       methods=("sd",),
       tree_width=3,      # K chains (specinfer/spectr), beam width W (rsd_s), root branching (rsd_c)
       tree_rule="auto",  # tree verification rule; auto = the one each tree's sampling needs
@@ -68,7 +72,12 @@ def get_config(arg=None):
       bpd=dict(top_k=4, paths=16, ngram="spec_jax_shakespeare", ngram_order=4,
                ngram_weight=0.5,
                rescorer=common.model(size="drafter-s", checkpoint="runs/quickstart/drafter"),
-               rescorer_weight=0.5))
+               rescorer_weight=0.5),
+      # Prompt lookup (methods lookup and sd_lookup): the text's last n tokens, n = max_ngram
+      # down to 1, are looked up earlier in the text and what followed them is drafted;
+      # sd_lookup takes that draft only for matches of min_ngram+ tokens, the drafter's
+      # otherwise.
+      lookup=dict(max_ngram=3, min_ngram=2))
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")

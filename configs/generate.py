@@ -28,7 +28,8 @@ def get_config(arg=None):
   config.generation.sampling.temperature = args.temperature
   config.chat = args.chat  # wrap prompts in the tokenizer's chat template
   # Speculative decoding: method sd (a γ chain) or a tree NAME[:SHAPE][@L] (rsd_c, rsd_s,
-  # specinfer, spectr), drafted by `drafter` (a checkpoint; '' = a random drafter.size model).
+  # specinfer, spectr), drafted by `drafter` (a checkpoint; '' = a random drafter.size model);
+  # or prompt lookup: lookup (no drafter model) or sd_lookup (lookup where the text repeats).
   config.method = args.method
   config.gamma = args.gamma
   config.tree_width = 3

@@ -29,7 +29,8 @@ default from it.
 
 Time on 2 CPU cores: see the README's "Two commands" (measured on idle cores, fresh workdir).
 The vinit recipe took 10 min 20 s (2026-11-24), the scratch recipe 9 min 41 s (2026-11-23,
-without its reduced stage). A second run reuses the trained drafters.
+without its reduced stage). A second run reuses the trained drafters. One H100: 2.1 min for the
+default recipe (2026-11-26, experiments/gpu/results.md).
 Output: runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
 metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ and evaluate_<stage>/
 (results.json, results.md, PNGs), runs/quickstart/quickstart.json.

@@ -37,6 +37,11 @@ def test_generate_smoke(tmp_path):
   assert [r["completion"] for r in sd] == [r["completion"] for r in rows]
   assert all(1.0 <= r["block_efficiency"] <= config.gamma + 1 and r["verifier_calls"] >= 1
              for r in sd)
+  # Prompt lookup, alone and over the drafter: the verifier's own text too.
+  for method in ("lookup", "sd_lookup"):
+    config.method = method
+    looked = generate.run(config, str(tmp_path / method))
+    assert [r["completion"] for r in looked] == [r["completion"] for r in rows]
 
 
 def test_generate_prompts_file_and_errors(tmp_path):

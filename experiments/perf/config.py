@@ -4,13 +4,15 @@
   python launch.py --config experiments/perf/config.py:smoke --workdir /tmp/perf   # tiny, seconds
 
 Program: spec_jax/programs/cost_model.py. SmolLM2-135M verifier (its GGUF) and the quickstart
-drafter of the scratch recipe (common.SCRATCH_DRAFTER; a random drafter-s without it),
+drafter of the scratch recipe (common.SCRATCH_DRAFTER, which must exist; or
+--config.drafter.checkpoint=DIR),
 T ∈ {1, 2, 3, 5, 8, 13, 16, 32} at batch 1 and 8, float32; then the theory τ / (r(γ + 1) + γ·c)
 checked against chain SD decoded in the same turns at batch 1 (γ ∈ {2, 4, 6}, T = 0 and 1, 2
 Shakespeare test prompts × 128 new tokens, medians of 5). Writes results.json (rows: model, T,
 batch_size, ms, r, c, roofline_ms, vs_roofline, memory_bandwidth_gb_s, device; the check's rows
 have model "speculative") and results.md.
-Time on 2 CPU cores: 4.7 min (2026-11-24, idle cores; ~3 min of it the check).
+Time on 2 CPU cores: 4.7 min (2026-11-24, idle cores; ~3 min of it the check). One H100: 2.3 min
+with the quickstart's feature drafter (experiments/gpu/results.md: r(T) 1.10-1.16 at batch 1).
 Reference numbers: experiments/perf/results.md (measured / theory 0.965-1.052 at batch 1).
 """
 

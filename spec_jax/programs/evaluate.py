@@ -35,7 +35,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd, bpd_neural, features, lattice, steered
+from spec_jax.decoding.drafters import bpd, bpd_neural, features, lattice, lookup, steered
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, quality, report, tables, timing
 from spec_jax.models import draft_init, llama, steering
@@ -50,10 +50,14 @@ CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acc
 # bpd_tree (trees from the heads' lattice), and the refinements run (eval.bpd): bpd_ngram[:P]
 # verifies the P best lattice paths under an n-gram rescoring (greedy only), bpd_ngram_beam[:W]
 # the tree of a width-W beam search under the same score (greedy only), bpd_neural drafts a
-# chain whose per-head top-k is rescored by a small LM.
+# chain whose per-head top-k is rescored by a small LM. Prompt lookup (drafters/lookup.py) needs
+# no drafter model: lookup drafts the tokens that followed the text's last n-gram the last time it
+# occurred, sd_lookup does that where an n-gram of eval.lookup.min_ngram+ tokens occurred and
+# lets the drafter draft elsewhere.
 NGRAM_METHODS = ("bpd_ngram", "bpd_ngram_beam")
 BPD_METHODS = (*NGRAM_METHODS, "bpd_neural")
-METHODS = ("sd", *trees.TREE_METHODS, *BPD_METHODS)
+LOOKUP_METHODS = ("lookup", "sd_lookup")
+METHODS = ("sd", *trees.TREE_METHODS, *BPD_METHODS, *LOOKUP_METHODS)
 
 
 def parse_method(entry: str, depth: int | None, default_width: int, default_paths: int = 16):
@@ -77,7 +81,7 @@ def parse_method(entry: str, depth: int | None, default_width: int, default_path
   except ValueError:
     raise ValueError(f"eval.methods entry {entry!r} does not parse; write NAME[:SHAPE][@L], e.g. "
                      "'rsd_c:3-2@4', 'rsd_s:4', 'spectr:3@2', 'sd@6'.") from None
-  if name in ("sd", "bpd_neural"):
+  if name in ("sd", "bpd_neural", *LOOKUP_METHODS):
     if shape:
       raise ValueError(f"eval.methods entry {entry!r}: {name} drafts a chain: no shape, only "
                        "@γ.")
@@ -147,6 +151,12 @@ def check_config(config, workdir: str, runs) -> None:
       if not 0.0 <= float(opts[name]) <= 1.0:
         raise ValueError(f"eval.bpd.{name}={opts[name]} must be in [0, 1] (0 = the heads' "
                          "own scores).")
+  if {r[1] for r in runs} & set(LOOKUP_METHODS):
+    opts = _lookup_options(ev)
+    for name in ("max_ngram", "min_ngram"):
+      if isinstance(opts[name], bool) or not isinstance(opts[name], int):
+        raise ValueError(f"eval.lookup.{name}={opts[name]!r} must be an integer >= 1.")
+    lookup.check_ngrams(opts.max_ngram, opts.min_ngram)
   for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
     for e in values:
       if not 0.0 < float(e) <= 1.0:
@@ -201,6 +211,7 @@ ROWS = "rows.jsonl"  # every finished row as it completes: a rerun of the same c
 _ROW_FIELDS = ("seed", "tokenizer", "mesh", "verifier", "drafter", "data", "prompts",
                "prompts_file", "num_data_prompts", "data_prompt_tokens", "eval")
 _SWEEPS = ("methods", "gammas", "temperatures", "batch_sizes", "epsilons", "save_text")
+_LOOKUP_DEFAULTS = {"max_ngram": 3, "min_ngram": 2}
 
 
 def row_digest(config) -> str:
@@ -210,6 +221,8 @@ def row_digest(config) -> str:
   kept["eval"] = {k: v for k, v in (kept["eval"] or {}).items() if k not in _SWEEPS}
   if kept["eval"].get("timing_repeats", 1) == 1:  # rows from before the field keep their digest
     kept["eval"].pop("timing_repeats", None)
+  if kept["eval"].get("lookup", _LOOKUP_DEFAULTS) == _LOOKUP_DEFAULTS:  # likewise
+    kept["eval"].pop("lookup", None)
   return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
 
 
@@ -260,12 +273,32 @@ def _bpd_options(ev):
            rescorer_weight=0.5), **(ev.get("bpd") or {})))
 
 
+def _lookup_options(ev):
+  """eval.lookup with its defaults (configs/evaluate.py): the n-gram lengths prompt lookup
+  matches."""
+  return ml_collections.ConfigDict(dict(dict(_LOOKUP_DEFAULTS),
+                                        **(ev.get("lookup") or {})))
+
+
 def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=None,
-                 rescorer_cfg=None):
+                 rescorer_cfg=None, lookup_opts=None):
   """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
   heads (b_cfg, d_cfg then the verifier's config) draft chains and lattice trees of up to h
   tokens, refined by `method` bpd_ngram / bpd_ngram_beam / bpd_neural (options `bpd_opts`,
-  eval.bpd)."""
+  eval.bpd); prompt lookup alone (`lookup`, V from d_cfg) or over the LM or feature drafter
+  (`sd_lookup`), options `lookup_opts` (eval.lookup)."""
+  if method in LOOKUP_METHODS:
+    opts = lookup_opts or _lookup_options({})
+    lookup.check_ngrams(int(opts.max_ngram), int(opts.min_ngram))
+    if method == "lookup":
+      return lookup.PromptLookupDrafter(d_cfg.vocab_size, shape, int(opts.max_ngram))
+    if b_cfg is not None or s_cfg is not None:
+      raise ValueError(
+          "eval.methods has sd_lookup, which lays prompt lookup over an LM or feature drafter, "
+          f"but drafter.checkpoint holds {'BPD heads' if b_cfg is not None else 'a steered drafter'}. "
+          "Fix: lookup (no drafter model) or sd with this checkpoint.")
+    return lookup.LookupOverlay(features.for_model(d_cfg, shape), int(opts.max_ngram),
+                                int(opts.min_ngram))
   if method in BPD_METHODS and b_cfg is None:
     raise ValueError(f"eval.methods has {method}, which refines the drafts of BPD heads, but "
                      "drafter.checkpoint is not a train_bpd checkpoint. Fix: "
@@ -295,7 +328,8 @@ def _speculative_fn(v_params, d_params, rng, *, v_cfg, d_cfg, s_cfg, b_cfg, shap
   """(prompts, batch index) -> the decoding loop's output for one run: the one place evaluate
   calls the speculative loop (an LM drafter of `shape`, a chain or a tree, steered or not; or
   BPD heads, refined or not)."""
-  drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg, method, _bpd_options(ev), rescorer_cfg)
+  drafter = make_drafter(d_cfg, s_cfg, shape, b_cfg, method, _bpd_options(ev), rescorer_cfg,
+                         _lookup_options(ev))
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   return lambda prompts, i, **kw: loop.speculative_generate(
       v_params, d_params, prompts, jax.random.fold_in(rng, i), verifier=verifier,
@@ -415,6 +449,10 @@ def run(config, workdir: str) -> list[dict]:
   b_cfg = loading.drafter_bpd(config.drafter)
   methods = {run[1] for run in runs}
   for run in runs:  # BPD methods need BPD heads, and every shape must fit them: before loading
+    if run[1] == "sd_lookup" and b_cfg is not None:
+      make_drafter(None, None, trees.chain(int(run[2])), b_cfg, run[1])  # raises, naming it
+    if run[1] in LOOKUP_METHODS:
+      continue
     if b_cfg is not None or run[1] in BPD_METHODS:
       make_drafter(None, None, run[3] or trees.chain(int(run[2])), b_cfg,
                    "sd" if run[1] == "bpd_neural" and b_cfg is not None else run[1],
@@ -556,10 +594,14 @@ def run(config, workdir: str) -> list[dict]:
         # L levels). plots.tau_theory shows the i.i.d.-α prediction of τ beside it.
         # BPD: one call of all the heads, at no drafter cost (c = 0); bpd_neural adds its LM's
         # γ calls (catch-up window, then one per draft but the last).
+        # Prompt lookup alone: no drafter model (c = 0; its n-gram search is in the measured
+        # speedup). sd_lookup: the drafter's γ calls, an upper bound (matched rounds skip them).
         d_calls = 1 if b_cfg is not None else int(gamma)
         c_run = c
         if method == "bpd_neural":
           d_calls, c_run = int(gamma), c_rescorer
+        if method == "lookup":
+          d_calls, c_run = 0, 0.0
         theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c_run, drafter_calls=d_calls)
         tps = summary["new_tokens"] / sd_s
         measured = tps / ar_tps
@@ -567,7 +609,7 @@ def run(config, workdir: str) -> list[dict]:
         # Quality cost of lossy decoding: the one-step law of the chain rule vs p (trees: their
         # rules are lossless, so only the log-likelihood is reported).
         # A feature drafter's law needs the verifier's features: no token_tv for it.
-        alone = b_cfg is None and not feature_drafter
+        alone = b_cfg is None and not feature_drafter and method not in LOOKUP_METHODS
         sd_quality = _quality(v_params, lm_params if alone else None, sd_out, batches,
                               verifier_cfg=v_cfg, sampling=sampling,
                               drafter_cfg=d_cfg if s_cfg is None and alone else None,
@@ -600,6 +642,7 @@ def run(config, workdir: str) -> list[dict]:
             verifier_loglik=round(sd_quality["verifier_loglik"], 4),
             token_tv=(round(sd_quality["token_tv"], 5)
                       if tree is None and s_cfg is None and rule_name != "top_k_relaxed"
+                      and method not in LOOKUP_METHODS
                       else None)))
         log.add(key, rows[-1])
       # A narrow table on the console; results.md has every column.

@@ -8,8 +8,9 @@ Writes `workdir/generations.jsonl`.
 `config.method` other than "autoregressive" decodes with a drafter (`config.drafter`: a checkpoint,
 a steered one included, or a random model of `drafter.size`) and that method: "sd" (a chain of
 `gamma` drafts) or a draft tree `NAME[:SHAPE][@L]` (rsd_c, rsd_s, specinfer, spectr; see
-`programs/evaluate.py`), verified exactly; each row then also carries the prompt's τ (tokens per
-verifier call) and verifier calls.
+`programs/evaluate.py`), verified exactly, or prompt lookup (`lookup@γ` without a drafter model,
+`sd_lookup@γ` over the drafter; `config.lookup` overrides evaluate's eval.lookup defaults); each
+row then also carries the prompt's τ (tokens per verifier call) and verifier calls.
 """
 
 from __future__ import annotations
@@ -117,13 +118,17 @@ def _speculative(config, tokenizer, v_cfg, v_params, sampling, mesh):
   if method == "autoregressive":
     return None
   from spec_jax.programs import evaluate  # noqa: PLC0415 (its method grammar and drafters)
-  _, depth, tree = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
+  name, depth, tree = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
   if depth is None or int(depth) < 1:
     raise ValueError(f"method={method!r}: give a draft length >= 1 (config.gamma or NAME@L).")
   d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
                                        field="drafter.checkpoint")
+  # Prompt lookup (lookup, sd_lookup) with evaluate's eval.lookup defaults, or config.lookup.
+  lookup_opts = evaluate._lookup_options({"lookup": config.get("lookup")})
   drafter = evaluate.make_drafter(d_cfg, loading.drafter_steering(config.drafter),
-                                  trees.chain(int(depth)) if tree is None else tree)
+                                  trees.chain(int(depth)) if tree is None else tree,
+                                  method=name if name in evaluate.LOOKUP_METHODS else "sd",
+                                  lookup_opts=lookup_opts)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   loop.check_pair(verifier, drafter)
   if mesh is not None:
