@@ -1,6 +1,6 @@
 """The main job: SmolLM2 generation, the default drafter (a feature drafter built from the
 verifier's last block, reading the verifier's final residual) distilled on Shakespeare, then AR
-vs SD with it.
+vs SD with it, alone (sd) and under prompt lookup (sd_lookup: decoding/drafters/lookup.py).
 
   python launch.py --config configs/quickstart.py --workdir runs/quickstart
   python launch.py --config configs/quickstart.py:recipe=vinit --workdir runs/quickstart_vinit
@@ -65,6 +65,8 @@ def get_config(arg=None):
   config.evaluate.eval.timing_repeats = 1 if args.smoke else 3
   if args.smoke:  # one γ, as the main job has (the suite's time; evaluate's tests sweep γ)
     config.evaluate.eval.gammas = (2,)
+  else:  # and prompt lookup over the drafter (experiments/drafters/lookup: greedy τ 2.02 → 2.87)
+    config.evaluate.eval.methods = ("sd", "sd_lookup")
   distill_args = (f"divergence={args.distill_divergence},source={args.distill_source}")
   if args.smoke:
     # The scratch drafter, then a one-block, 64-token variant of it distilled from the verifier
