@@ -82,38 +82,53 @@ def test_greedy_lookup_sd_equals_verifier_greedy(kind, feature):
   assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
 
 
-def test_overlay_keeps_the_lm_drafters_cache_right():
-  """After rounds with lookup drafts (min_ngram = 1: most rounds, all rows or some) and random
-  acceptance, the LM drafter's cache holds what its own rounds would have written: its law of
-  the next draft equals a fresh forward over the committed text."""
+@pytest.mark.parametrize("mode", ["mixed", "all_rows"])
+def test_overlay_keeps_the_lm_drafters_cache_right(mode):
+  """After rounds with lookup drafts and random acceptance, the LM drafter's cache holds what its
+  own rounds would have written: its law of the next draft equals a fresh forward over the
+  committed text. "mixed": min_ngram = 2, random bonus tokens, so rounds mix lookup rows and
+  model rows; "all_rows": min_ngram = 1 and bonus tokens that occurred before, so every row
+  matches every round and the model's drafting is skipped (its catch-up window is written by
+  the overlay)."""
   v_cfg, v_params, d_cfg, d_params = _models()
-  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  del v_cfg, v_params
+  prompts = PROMPTS if mode == "mixed" else PROMPTS[:3] + [[3, 7, 3]]
+  padded = generate_lib.pad_prompts(prompts, 8, pad_id=0)
   inner = lm.LMDrafter(d_cfg, trees.chain(3))
-  overlay = lookup.LookupOverlay(inner, max_ngram=3, min_ngram=1)
+  overlay = lookup.LookupOverlay(inner, max_ngram=3, min_ngram=2 if mode == "mixed" else 1)
   size = 64
-  state = overlay.init(d_params, prompts.tokens, prompts.lengths, size, {})
-  tokens = jnp.zeros((len(PROMPTS), size), jnp.int32).at[:, :8].set(prompts.tokens)
-  lengths = prompts.lengths
+  state = overlay.init(d_params, padded.tokens, padded.lengths, size, {})
+  tokens = jnp.zeros((len(prompts), size), jnp.int32).at[:, :8].set(padded.tokens)
+  lengths = padded.lengths
   rng = np.random.default_rng(0)
+  propose = jax.jit(overlay.propose, static_argnames="sampling")
+  used = []
   for _ in range(6):  # rounds with random acceptance counts, committed by hand
-    proposal, state = overlay.propose(d_params, state, tokens, lengths, jax.random.key(0),
-                                      Sampling())
-    n = jnp.asarray(rng.integers(0, 4, size=len(PROMPTS)), jnp.int32)
-    bonus = jnp.asarray(rng.integers(0, 16, size=len(PROMPTS)), jnp.int32)
+    _, match = lookup.lookup(tokens, lengths, 3, 3)
+    used.append(np.asarray(match >= overlay.min_ngram))
+    proposal, state = propose(d_params, state, tokens, lengths, jax.random.key(0),
+                              sampling=Sampling())
+    n = rng.integers(0, 4, size=len(prompts))
     drafts = np.asarray(proposal.drafts)
     new = np.array(tokens)
-    for b in range(len(PROMPTS)):
+    for b in range(len(prompts)):
       length = int(lengths[b])
-      new[b, length:length + int(n[b])] = drafts[b, :int(n[b])]
-      new[b, length + int(n[b])] = int(bonus[b])
-    tokens, lengths = jnp.asarray(new), lengths + n + 1
+      new[b, length:length + n[b]] = drafts[b, :n[b]]
+      seen = new[b, :length + n[b]]
+      new[b, length + n[b]] = rng.integers(0, 16) if mode == "mixed" else rng.choice(seen)
+    tokens, lengths = jnp.asarray(new), lengths + jnp.asarray(n, jnp.int32) + 1
+  used = np.stack(used)
+  if mode == "mixed":
+    assert used.any() and not used.all(axis=1).all()
+  else:
+    assert used.all()
   # The LM's law of the next draft from its cache (catch-up window) against a fresh forward.
   logits, _, _ = inner._catch_up(d_params, state, tokens, lengths)
-  apply = llama.make_apply(d_cfg)
-  for b in range(len(PROMPTS)):
-    seq = jnp.asarray(tokens)[b:b + 1, :int(lengths[b])]
-    fresh, _, _ = apply(d_params, seq, jnp.arange(seq.shape[1])[None])
-    np.testing.assert_allclose(logits[b], fresh[0, -1], atol=1e-4, rtol=1e-4)
+  longest = int(lengths.max())  # one causal forward over the right-padded rows
+  fresh, _, _ = llama.make_apply(d_cfg)(d_params, tokens[:, :longest],
+                                        jnp.arange(longest)[None].repeat(len(prompts), 0))
+  fresh = jnp.take_along_axis(fresh, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  np.testing.assert_allclose(logits, fresh, atol=1e-4, rtol=1e-4)
 
 
 class _SoftLookup(lookup.PromptLookupDrafter):
