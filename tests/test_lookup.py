@@ -195,5 +195,9 @@ def test_bad_input_names_the_field(tmp_path):
   config.eval.methods = ("lookup:3",)
   with pytest.raises(ValueError, match="drafts a chain"):
     evaluate.run(config, str(tmp_path))
+  with pytest.raises(ValueError, match="holds BPD heads"):
+    evaluate.make_drafter(None, None, trees.chain(2), b_cfg=object(), method="sd_lookup")
+  with pytest.raises(ValueError, match="holds a steered drafter"):
+    evaluate.make_drafter(None, object(), trees.chain(2), method="sd_lookup")
   with pytest.raises(ValueError, match="Prompt lookup drafts chains"):
     lookup.PromptLookupDrafter(16, trees.TreeSpec("rsd_c", depth=2, branching=(2,)))

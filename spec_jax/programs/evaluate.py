@@ -280,6 +280,17 @@ def _lookup_options(ev):
                                         **(ev.get("lookup") or {})))
 
 
+def _check_lookup_drafter(b_cfg, s_cfg) -> None:
+  """sd_lookup lays the lookup over an LM or feature drafter: BPD heads and steered drafters
+  are refused, naming the field."""
+  if b_cfg is not None or s_cfg is not None:
+    held = "BPD heads" if b_cfg is not None else "a steered drafter"
+    raise ValueError(
+        "eval.methods has sd_lookup, which lays prompt lookup over an LM or feature drafter, "
+        f"but drafter.checkpoint holds {held}. Fix: lookup (no drafter model) or sd with this "
+        "checkpoint.")
+
+
 def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=None,
                  rescorer_cfg=None, lookup_opts=None):
   """An LM drafter of `shape`, steered (SD²) when the checkpoint carries a module (s_cfg); BPD
@@ -289,14 +300,9 @@ def make_drafter(d_cfg, s_cfg, shape, b_cfg=None, method: str = "sd", bpd_opts=N
   (`sd_lookup`), options `lookup_opts` (eval.lookup)."""
   if method in LOOKUP_METHODS:
     opts = lookup_opts or _lookup_options({})
-    lookup.check_ngrams(int(opts.max_ngram), int(opts.min_ngram))
     if method == "lookup":
       return lookup.PromptLookupDrafter(d_cfg.vocab_size, shape, int(opts.max_ngram))
-    if b_cfg is not None or s_cfg is not None:
-      raise ValueError(
-          "eval.methods has sd_lookup, which lays prompt lookup over an LM or feature drafter, "
-          f"but drafter.checkpoint holds {'BPD heads' if b_cfg is not None else 'a steered drafter'}. "
-          "Fix: lookup (no drafter model) or sd with this checkpoint.")
+    _check_lookup_drafter(b_cfg, s_cfg)
     return lookup.LookupOverlay(features.for_model(d_cfg, shape), int(opts.max_ngram),
                                 int(opts.min_ngram))
   if method in BPD_METHODS and b_cfg is None:
@@ -447,10 +453,11 @@ def run(config, workdir: str) -> list[dict]:
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   texts, all_batches = prompt_batches(config, tokenizer, runs)
   b_cfg = loading.drafter_bpd(config.drafter)
+  s_cfg = loading.drafter_steering(config.drafter)
   methods = {run[1] for run in runs}
+  if "sd_lookup" in methods:  # before loading: it needs an LM or feature drafter
+    _check_lookup_drafter(b_cfg, s_cfg)
   for run in runs:  # BPD methods need BPD heads, and every shape must fit them: before loading
-    if run[1] == "sd_lookup" and b_cfg is not None:
-      make_drafter(None, None, trees.chain(int(run[2])), b_cfg, run[1])  # raises, naming it
     if run[1] in LOOKUP_METHODS:
       continue
     if b_cfg is not None or run[1] in BPD_METHODS:
@@ -463,7 +470,6 @@ def run(config, workdir: str) -> list[dict]:
                                        field="drafter.checkpoint")
   draft_init.check_feature_width(v_cfg, d_cfg,
                                  f"drafter.checkpoint={config.drafter.checkpoint!r}")
-  s_cfg = loading.drafter_steering(config.drafter)
   if s_cfg is not None:
     steering.check_verifier(s_cfg, v_cfg, f"drafter.checkpoint={config.drafter.checkpoint!r}")
   opts, rescorer_cfg = _bpd_options(ev), None
