@@ -53,6 +53,10 @@ def get_config(arg: str | None = None):
       refresh_every=1,          # on-policy responses regenerated every N steps
       mix_with="verifier",      # a mix's non-on-policy rows: fixed | verifier
       mix_lambda=arg.lam,       # on-policy fraction of every batch in a mix (GKD's λ)
+      # source = verifier: a pool of this many generated batches, cycled (0 = one per step);
+      # the share of each batch's rows taken from it (the rest: the corpus's text); rows per
+      # generation call (0 = one batch's; 64 samples ~2x faster than 8 on 2 CPU cores).
+      verifier_batches=0, verifier_share=1.0, generate_batch=0,
       stop_at_eos=False,        # False: responses always have response_tokens tokens
       cache_dir="",             # verifier responses; '' = <workdir>/data_cache
       # (name, fraction) pairs: round(fraction·B) rows of every training batch come from each

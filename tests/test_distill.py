@@ -238,6 +238,43 @@ def test_verifier_data_are_cached_and_extended(tmp_path, pair, monkeypatch):
   np.testing.assert_array_equal(resumed[2][0], longer[2][0])
 
 
+def test_a_verifier_pool_is_generated_in_batched_calls_and_cycled(tmp_path, pair):
+  """data.verifier_batches / generate_batch / verifier_share: n generated batches, `per_call` of
+  them per generation call (their prompts stacked), served as batch s mod n; with a share < 1
+  the rest of each batch's rows are the corpus's own windows."""
+  v_cfg, v_params, _, _ = pair
+  spec = distill_data.Spec(source="verifier", prompt_tokens=6, response_tokens=5, batch_size=4,
+                           verifier_batches=3, verifier_share=0.5, generate_batch=4)
+  assert spec.verifier_rows == 2
+  calls = []
+
+  def gen(prompts, rng):
+    calls.append(prompts.shape)
+    return distill_data.generate_responses(v_params, v_cfg, prompts, rng, sampling=T1,
+                                           response_tokens=5)
+
+  pool = distill_data.VerifierData(gen, _Windows(), spec=spec, key={"v": "pool"},
+                                   cache_dir=str(tmp_path), num_batches=3, rows=2, per_call=2)
+  # 3 batches round up to 2 whole calls of 2 batches × 2 rows.
+  assert calls == [(4, 6), (4, 6)] and pool.num_batches == 4
+  for s in range(4):
+    seqs, num_new = pool[s]
+    assert seqs.shape == (2, 11) and (num_new == 5).all()
+    np.testing.assert_array_equal(seqs[:, :6], _Windows()[s][:2, :6])  # its own batch's prompts
+  np.testing.assert_array_equal(pool[5][0], pool[1][0])  # cycled
+  assert not np.array_equal(pool[0][0][:, 6:], pool[1][0][:, 6:])
+  # From the cache: no generation.
+  again = distill_data.VerifierData(gen, _Windows(), spec=spec, key={"v": "pool"},
+                                    cache_dir=str(tmp_path), num_batches=4, rows=2, per_call=2)
+  assert len(calls) == 2
+  np.testing.assert_array_equal(again[3][0], pool[3][0])
+  data = distill_data.DistillData(spec, _Windows(), verifier_data=pool)
+  seqs, num_new = data.responses(6)
+  np.testing.assert_array_equal(seqs[:2], pool[2][0])
+  np.testing.assert_array_equal(seqs[2:], _Windows()[6][2:])
+  np.testing.assert_array_equal(num_new, [5, 5, 5, 5])
+
+
 # ---------------------------------------------------------------------------------------------
 # The program.
 
@@ -301,6 +338,12 @@ def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
     ({"distill.temperature": 0.0}, r"distill.temperature=0 \(greedy\) has no gradient"),
     ({"data.source": "teacher"}, r"data.source='teacher' is not a data source"),
     ({"data.mix_lambda": 2.0}, r"data.mix_lambda must be in \[0, 1\]"),
+    ({"data.verifier_share": 0.5}, r"data.verifier_share=0.5 needs data.source='verifier'"),
+    ({"data.source": "verifier", "data.verifier_share": 0.0},
+     r"data.verifier_share must be in \(0, 1\]"),
+    ({"data.source": "verifier", "data.generate_batch": 12},
+     r"data.generate_batch=12 must be a multiple of the 8 verifier rows"),
+    ({"data.verifier_batches": -1}, r"data.verifier_batches must be an integer >= 0"),
     ({"data.blend": (("spec_jax_general/x", 0.01),)},
      r"data.blend gives 'spec_jax_general/x' the fraction 0.01, which is 0 of the 8 rows"),
     ({"data.blend": (("a", 0.75), ("b", 0.5))}, r"data.blend's fractions take 10 of the 8 rows"),

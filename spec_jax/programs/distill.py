@@ -211,10 +211,15 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
                prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
                batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
                stop_ids=stop_ids)
+    rows = spec.verifier_rows
+    per_call = max(1, spec.generate_batch // rows)
+    if rows != spec.batch_size or per_call > 1:  # old caches keep their key
+      key.update(rows=rows, per_call=per_call)
     verifier_data = distill_data.VerifierData(
         lambda prompts, r: gen(v_params, v_cfg, prompts, r), train_windows,
-        num_batches=config.train.num_steps, spec=spec, key=key,
-        cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"))
+        num_batches=spec.verifier_batches or config.train.num_steps, spec=spec, key=key,
+        cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"), rows=rows,
+        per_call=per_call)
   return distill_data.DistillData(
       spec, train_windows, verifier_data=verifier_data,
       drafter_generate=lambda params, prompts, r: gen(params, student.cfg, prompts, r))

@@ -64,6 +64,12 @@ class Spec:
   mix_with: str = "verifier"
   mix_lambda: float = 0.5
   seed: int = 0
+  # source = "verifier": distinct generated batches, cycled (0: one per training step), the share
+  # of each batch's rows they fill (the rest: the corpus's own text), and rows per generation
+  # call (0: one batch's rows; larger calls use the cores better on a CPU).
+  verifier_batches: int = 0
+  verifier_share: float = 1.0
+  generate_batch: int = 0
 
   def __post_init__(self):
     if self.source not in SOURCES:
@@ -81,6 +87,21 @@ class Spec:
       raise ValueError(f"data.mix_lambda must be in [0, 1] (the on-policy fraction of each "
                        f"batch), got {self.mix_lambda}.")
     sampling_lib.Sampling(self.temperature)  # validates data.temperature (0 = greedy)
+    for f in ("verifier_batches", "generate_batch"):
+      v = getattr(self, f)
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise ValueError(f"data.{f} must be an integer >= 0 (0 = the default), got {v!r}.")
+    if not 0.0 < self.verifier_share <= 1.0:
+      raise ValueError(f"data.verifier_share must be in (0, 1] (the share of each batch's rows "
+                       f"from verifier responses), got {self.verifier_share}.")
+    if self.verifier_share < 1.0 and self.source != "verifier":
+      raise ValueError(f"data.verifier_share={self.verifier_share} needs data.source='verifier' "
+                       f"(got {self.source!r}); a mix's shares are data.mix_lambda.")
+    if self.generate_batch % self.verifier_rows:
+      raise ValueError(
+          f"data.generate_batch={self.generate_batch} must be a multiple of the "
+          f"{self.verifier_rows} verifier rows of a batch (whole batches are generated per "
+          f"call). Fix: e.g. data.generate_batch={8 * self.verifier_rows}, or 0.")
 
   @classmethod
   def from_config(cls, data_cfg, batch_size: int, seed: int) -> "Spec":
@@ -88,7 +109,10 @@ class Spec:
                response_tokens=int(data_cfg.response_tokens), batch_size=int(batch_size),
                temperature=float(data_cfg.temperature),
                refresh_every=int(data_cfg.refresh_every), mix_with=str(data_cfg.mix_with),
-               mix_lambda=float(data_cfg.mix_lambda), seed=int(seed))
+               mix_lambda=float(data_cfg.mix_lambda), seed=int(seed),
+               verifier_batches=data_cfg.get("verifier_batches", 0),
+               verifier_share=float(data_cfg.get("verifier_share", 1.0)),
+               generate_batch=data_cfg.get("generate_batch", 0))
 
   @property
   def sampling(self) -> sampling_lib.Sampling:
@@ -103,6 +127,13 @@ class Spec:
       # Rounded, not sampled: a fixed row count keeps the generation program's shape static.
       return int(round(self.mix_lambda * self.batch_size))
     return 0
+
+  @property
+  def verifier_rows(self) -> int:
+    """Rows of each batch (its first ones) whose response comes from the verifier data."""
+    if self.source == "verifier":
+      return max(1, int(round(self.verifier_share * self.batch_size)))
+    return self.batch_size  # a mix takes its verifier rows from full generated batches
 
   @property
   def needs_verifier_data(self) -> bool:
@@ -208,17 +239,24 @@ class VerifierData:
 
   Teacher-generated data do not depend on the drafter, so every run with the same verifier,
   prompts, seed and sampling shares them: the cache file is keyed by those (`key`), and a cache
-  holding more batches than a run needs serves it too (batch s depends on s alone). Cost: one
-  verifier generation of B × O tokens per training step, paid once (on 2 CPU cores, SmolLM2 at
-  B=8: ~1.5-3 s per batch of 48 tokens). The key names the verifier by its config, not its
-  weights: clear `cache_dir` after changing a checkpoint in place.
+  holding more batches than a run needs serves it too (batch s depends on s alone). Batch s of
+  a run is generated batch s mod n, so n < the run's steps (`data.verifier_batches`) cycles a
+  pool. Each generation call covers `per_call` consecutive batches (its rng is folded with its
+  first batch's index). Cost: one verifier generation of rows × O tokens per batch, paid once
+  (on 2 CPU cores, SmolLM2 samples ~100 tokens/s at 8 rows per call and ~230 at 32-64). The key
+  names the verifier by its config, not its weights: clear `cache_dir` after changing a
+  checkpoint in place.
   """
 
   SAVE_EVERY_S = 30.0
 
   def __init__(self, generate_fn: Callable[[np.ndarray, jax.Array], tuple], window_ds, *,
-               num_batches: int, spec: Spec, key: dict, cache_dir: str | None):
+               num_batches: int, spec: Spec, key: dict, cache_dir: str | None,
+               rows: int | None = None, per_call: int = 1):
     self.seqs, self.num_new = None, None
+    rows = spec.batch_size if rows is None else rows
+    num_batches = -(-num_batches // per_call) * per_call  # whole calls
+    self.num_batches = num_batches
     path = None
     if cache_dir:
       digest = hashlib.sha256(json.dumps({**key, "v": _CACHE_VERSION}, sort_keys=True,
@@ -228,23 +266,26 @@ class VerifierData:
         with np.load(path) as f:
           self.seqs, self.num_new = f["seqs"], f["num_new"]
     # Batch s depends on (key, s) only, so a shorter cache is a valid prefix of a longer one.
-    have = 0 if self.seqs is None else len(self.seqs)
+    have = 0 if self.seqs is None else len(self.seqs) // per_call * per_call
     if have >= num_batches:
       logging.info("Verifier responses for %d batches from %s.", num_batches, path)
       return
     t0 = time.perf_counter()
     rng = source_key(spec.seed, "verifier")
-    seqs = [] if self.seqs is None else list(self.seqs)
-    num_new = [] if self.num_new is None else list(self.num_new)
+    seqs = [] if self.seqs is None else list(self.seqs[:have])
+    num_new = [] if self.num_new is None else list(self.num_new[:have])
     last_save = time.perf_counter()
-    # Batch by batch with a progress bar; the cache is rewritten every SAVE_EVERY_S (and at the
+    # Call by call with a progress bar; the cache is rewritten every SAVE_EVERY_S (and at the
     # end), so a killed run keeps what it generated (the cache is a valid prefix).
-    for s in tqdm.tqdm(range(have, num_batches), desc="verifier responses", unit="batch",
-                       disable=jax.process_index() != 0):
-      seq, n = generate_fn(window_ds[s][:, :spec.prompt_tokens], jax.random.fold_in(rng, s))
-      seqs.append(np.asarray(seq))
-      num_new.append(np.asarray(n))
-      if path and (time.perf_counter() - last_save > self.SAVE_EVERY_S or s == num_batches - 1):
+    for s in tqdm.tqdm(range(have, num_batches, per_call), desc="verifier responses",
+                       unit="call", disable=jax.process_index() != 0):
+      prompts = np.concatenate([np.asarray(window_ds[t])[:rows, :spec.prompt_tokens]
+                                for t in range(s, s + per_call)])
+      seq, n = generate_fn(prompts, jax.random.fold_in(rng, s))
+      seqs.extend(np.split(np.asarray(seq), per_call))
+      num_new.extend(np.split(np.asarray(n), per_call))
+      if path and (time.perf_counter() - last_save > self.SAVE_EVERY_S
+                   or s + per_call == num_batches):
         self._save(path, cache_dir, seqs, num_new, key)
         last_save = time.perf_counter()
     self.seqs, self.num_new = np.stack(seqs), np.stack(num_new)
@@ -259,6 +300,7 @@ class VerifierData:
     os.replace(tmp, path)
 
   def __getitem__(self, s: int) -> tuple[np.ndarray, np.ndarray]:
+    s = int(s) % self.num_batches
     return self.seqs[s], self.num_new[s]
 
 
@@ -308,6 +350,9 @@ class DistillData:
       seqs, num_new = window, np.full((b,), r, np.int32)
     elif spec.needs_verifier_data:
       seqs, num_new = self.verifier_data[s]
+      if len(seqs) < b:  # data.verifier_share < 1: the rest of the rows are the corpus's text
+        seqs = np.concatenate([seqs, window[len(seqs):]])
+        num_new = np.concatenate([num_new, np.full((b - len(num_new),), r, np.int32)])
     else:  # pure on-policy: every row is replaced below; the window only supplies prompts
       seqs, num_new = window, np.full((b,), r, np.int32)
     k = spec.onpolicy_rows
