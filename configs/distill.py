@@ -18,7 +18,10 @@ Expected time on 2 CPU cores: one step of drafter-s with the SmolLM2 verifier at
 in the fastest runs of the experiment's sweep (40 steps: 1.5-2 min, plus ~1 min of loading and
 compiling; 2026-11-21, cores shared with other jobs part of the time, up to 2x slower then).
 Verifier-generated data costs one verifier generation per batch, once (cached in
-data.cache_dir): 40 batches of 8 × 48 tokens took 17 min on cores shared with other jobs.
+data.cache_dir): 40 batches of 8 × 48 tokens took 17 min on cores shared with other jobs. A
+pool sampled in larger calls is ~2× faster per token: `--config.data.verifier_batches=64
+--config.data.generate_batch=32` (64 batches, cycled; 32 rows per call: 205 tokens/s on 2 idle
+cores, 2026-11-26; 10 s on one H100 for 64 batches of 8 × 112 tokens).
 One H100: 2000 steps of a 4-block verifier-initialised drafter (8k vocabulary) at batch 8 ×
 (32 + 48) tokens in 0.9 min with compilation; the quickstart's feature drafter at 20.5 steps/s
 (experiments/gpu/results.md).
