@@ -1,6 +1,7 @@
-"""Evaluation measurement: metrics from hand-made loop stats, and the timing helpers' schedules."""
+"""Evaluation measurement: metrics from hand-made loop stats, and the timing helpers' schedules
+and arithmetic on fake clocks (exact readings, whatever else the machine runs)."""
 
-import time
+import itertools
 import types
 
 import jax
@@ -111,51 +112,102 @@ def test_chain_prediction_matches_leviathan_at_r_one():
   assert metrics.chain_speedup(0.8, 5, c=0.05, r_m=1.3) == pytest.approx(3.68928 / 1.55)
 
 
+class _Clocks:
+  """A fake wall clock and CPU clock that move only when a fake call works: `work(s, cores)` is
+  s wall seconds with `cores` cores busy (0: sleeping, paused or starved by other jobs). The
+  durations below are binary fractions, so every sum, median and ratio is exact."""
+
+  def __init__(self):
+    self.wall, self.cpu = 0.0, 0.0
+
+  def wall_clock(self) -> float:
+    return self.wall
+
+  def cpu_clock(self) -> float:
+    return self.cpu
+
+  def work(self, seconds: float, cores: float = 1.0):
+    self.wall += seconds
+    self.cpu += cores * seconds
+
+
+def _stopwatch(durations):
+  """A wall clock for calls a test cannot reach into (a jitted forward): `timing.timed` reads it
+  at a call's start and stop, and the k-th timed call lasts durations[k]."""
+  clocks, lasts, reads = _Clocks(), iter(durations), itertools.count()
+
+  def clock():
+    if next(reads) % 2:  # a stop reading
+      clocks.work(next(lasts))
+    return clocks.wall
+  return clock
+
+
 def test_interleave_spreads_turns_and_keeps_call_order():
-  log = []
-  make = lambda name: (lambda: log.append(name) or name)  # noqa: E731
+  log, clocks = [], _Clocks()
+
+  def make(name, seconds=0.0):
+    def call():
+      log.append(name)
+      clocks.work(seconds)
+      return name
+    return call
+
   turns = []
   results = timing.interleave(
-      [[make("a0"), make("a1"), make("a2"), make("a3")], [make("b0"), make("b1")]],
-      warmups=[make("wa"), make("wb")], on_turn=lambda t, n: turns.append((t, n)))
+      [[make("a0", 0.25), make("a1", 0.5), make("a2", 0.75), make("a3", 1.0)],
+       [make("b0", 2.0), make("b1", 4.0)]],
+      warmups=[make("wa", 8.0), make("wb", 8.0)], on_turn=lambda t, n: turns.append((t, n)),
+      clock=clocks.wall_clock)
   # Warm-ups first; b's two calls land at turns ⌊0.5·4/2⌋ = 1 and ⌊1.5·4/2⌋ = 3.
   assert log == ["wa", "wb", "a0", "a1", "b0", "a2", "a3", "b1"]
   assert turns == [(0, 4), (1, 4), (2, 4), (3, 4)]
   assert [[out for out, _ in r] for r in results] == [["a0", "a1", "a2", "a3"], ["b0", "b1"]]
-  assert all(s >= 0 for r in results for _, s in r)
+  # Each call's own seconds; the warm-ups' 16 s are never timed.
+  assert results == [[("a0", 0.25), ("a1", 0.5), ("a2", 0.75), ("a3", 1.0)],
+                     [("b0", 2.0), ("b1", 4.0)]]
 
 
 def test_round_robin_and_timed_pass_compile_first():
-  calls = {"x": 0, "y": 0}
+  calls, clocks = {"x": 0, "y": 0}, _Clocks()
+  # Each fn's first call (compilation) then its 3 turns.
+  lasts = {"x": iter([1.0, 0.25, 0.5, 0.125]), "y": iter([0.5, 0.75, 0.75, 0.25])}
 
   def fn(name):
     def call():
       calls[name] += 1
+      clocks.work(next(lasts[name]))
       return jnp.ones(3) * calls[name]
     return call
 
-  times = timing.round_robin({"x": fn("x"), "y": fn("y")}, repeats=3)
+  times = timing.round_robin({"x": fn("x"), "y": fn("y")}, repeats=3, clock=clocks.wall_clock)
   assert calls == {"x": 4, "y": 4}  # one compile call each, then 3 turns
   assert set(times["x"]) == {"compile_s", "median_s", "min_s"}
-  assert times["x"]["min_s"] <= times["x"]["median_s"]
-  seen = []
-  outputs, seconds = timing.timed_pass(lambda x, i: seen.append((x, i)) or x * 2, [5, 6, 7])
-  assert seen == [(5, 0), (5, 0), (6, 1), (7, 2)] and outputs == [10, 12, 14] and seconds >= 0
+  # compile_s = first call − median, floored at 0 (y's first call ran faster than its median).
+  assert times == {"x": dict(compile_s=0.75, median_s=0.25, min_s=0.125),
+                   "y": dict(compile_s=0.0, median_s=0.75, min_s=0.25)}
+  calls["z"], lasts["z"] = 0, iter([2.0, 0.5, 0.25])
+  assert timing.time_call(fn("z"), 2, clock=clocks.wall_clock) == dict(
+      compile_s=1.625, median_s=0.375, min_s=0.25)
+  # The default clock is the real one: any call takes a non-negative time.
+  assert timing.timed(lambda: jnp.ones(2))[1] >= 0
+  seen, clocks = [], _Clocks()
+  outputs, seconds = timing.timed_pass(
+      lambda x, i: seen.append((x, i)) or clocks.work(x / 8) or x * 2, [5, 6, 7],
+      clock=clocks.wall_clock, cpu_clock=clocks.cpu_clock)
+  assert seen == [(5, 0), (5, 0), (6, 1), (7, 2)] and outputs == [10, 12, 14]
+  assert seconds == (6 + 7 + 5) / 8  # the untimed warm-up's 5/8 s left out
   seen = []  # compile_only: the warm-up asks fn to compile, not to run
   outputs, _ = timing.timed_pass(lambda x, i, **kw: seen.append((x, i, kw)) or x * 2, [5, 6],
                                  compile_only=True)
   assert seen == [(5, 0, {"compile_only": True}), (5, 0, {}), (6, 1, {})] and outputs == [10, 12]
-  seen = []  # repeats: every input timed 3 times, each input's median summed
-  clock = iter([0.5, 0.1, 0.2, 0.3, 0.3, 0.9])
-  monkey = timing.timed
-  timing.timed = lambda f: (f(), next(clock))
-  try:
-    outputs, seconds = timing.timed_pass(lambda x, i: seen.append((x, i)) or x * 2, [5, 6],
-                                         repeats=3)
-  finally:
-    timing.timed = monkey
+  seen, clocks = [], _Clocks()  # repeats: every input timed 3 times, each input's median summed
+  lasts = iter([64.0, 0.5, 0.125, 0.25, 0.375, 0.375, 0.875])  # the warm-up, then 2 × 3 calls
+  outputs, seconds = timing.timed_pass(
+      lambda x, i: seen.append((x, i)) or clocks.work(next(lasts)) or x * 2, [5, 6], repeats=3,
+      clock=clocks.wall_clock, cpu_clock=clocks.cpu_clock)
   assert seen == [(5, 0)] * 4 + [(6, 1)] * 3 and outputs == [10, 12]
-  assert seconds == pytest.approx(0.2 + 0.3)
+  assert seconds == 0.25 + 0.375
   with pytest.raises(ValueError, match="repeats must be >= 1"):
     timing.timed_pass(lambda x, i: x, [1], repeats=0)
   steps = [types.SimpleNamespace(steps=np.int32(3)), types.SimpleNamespace(steps=np.int32(5))]
@@ -163,19 +215,33 @@ def test_round_robin_and_timed_pass_compile_first():
 
 
 def test_timed_pass_reports_cpu_per_wall_so_a_stalled_pass_shows():
-  """A pass that computes keeps a core busy (cpu_per_wall near 1 or more); one that waits
-  (paused, starved: here sleeping) reads near 0."""
-  def spin(x, i):
-    end = time.perf_counter() + 0.05
-    while time.perf_counter() < end:
-      pass
-    return x
+  """cpu_per_wall: the process's CPU seconds per wall second over the timed calls, on fake
+  clocks. A pass that computes keeps its cores busy (2 on XLA:CPU's two threads, 1 on one); one
+  that waits (paused, starved, sleeping) reads 0; one stalled call in a pass pulls it down."""
 
-  busy, idle = {}, {}
-  timing.timed_pass(spin, [0, 1, 2], usage=busy)
-  timing.timed_pass(lambda x, i: time.sleep(0.05) or x, [0, 1, 2], usage=idle)
-  assert busy["cpu_per_wall"] > 0.5 > 0.2 > idle["cpu_per_wall"] >= 0
+  def usage(spells, repeats=1):
+    """cpu_per_wall of a timed_pass whose call on input i works spells[i] = (seconds, cores)."""
+    clocks, out, calls = _Clocks(), {}, []
+
+    def fn(spell, i):
+      calls.append(i)
+      # The untimed warm-up (compilation: 8 s on one core) must not count.
+      clocks.work(*((8.0, 1.0) if len(calls) == 1 else spell))
+      return spell
+
+    _, seconds = timing.timed_pass(fn, spells, usage=out, repeats=repeats,
+                                   clock=clocks.wall_clock, cpu_clock=clocks.cpu_clock)
+    assert seconds == sum(s for s, _ in spells)
+    return out["cpu_per_wall"]
+
+  assert usage([(0.25, 2.0), (0.5, 2.0)]) == 2.0
+  assert usage([(0.25, 1.0)] * 3) == 1.0
+  assert usage([(0.5, 0.0)] * 3) == 0.0
+  assert usage([(0.25, 2.0), (0.75, 0.0)]) == 0.5  # one call of the pass stalled
+  # Every repeat counts: CPU 3·(0.25·2 + 0.125·1.5) = 2.0625 s over 3·0.375 = 1.125 s of wall.
+  assert usage([(0.25, 2.0), (0.125, 1.5)], repeats=3) == round(2.0625 / 1.125, 3)
   assert timing.cpu_per_wall(3.0, 2.0) == 1.5 and timing.cpu_per_wall(1.0, 0.0) is None
+  assert timing.cpu_per_wall(1.0, 3.0) == 0.333
 
 
 def test_verifier_cost_ratio_runs_the_forward():
@@ -184,9 +250,13 @@ def test_verifier_cost_ratio_runs_the_forward():
   make_cache = lambda: llama.init_cache(cfg, 2, 24)  # noqa: E731
   assert timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2,
                                     m=1, position=10) == 1.0
-  r = timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=5,
-                                 position=10, repeats=2)
-  assert np.isfinite(r) and r > 0
+  # Calls in order: T = 1 and T = 5 once each (compilation), then 2 turns of both. Medians
+  # 0.125 s and 0.375 s: r(5) = 3, whatever the compile calls took.
+  clock = _stopwatch([1.0, 2.0, 0.125, 0.375, 0.125, 0.375])
+  assert timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=5,
+                                    position=10, repeats=2, clock=clock) == 3.0
+  with pytest.raises(StopIteration):  # every one of the 6 timed calls read the clock
+    clock(), clock()
   with pytest.raises(ValueError, match="m >= 1"):
     timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=0,
                                position=10)

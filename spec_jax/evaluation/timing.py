@@ -5,6 +5,10 @@ and compilation is never timed: each function runs once untimed (or timed apart 
 before its measured calls, or is only compiled (`timed_pass(..., compile_only=True)`). On a
 machine shared with other jobs a slow spell lands on whichever call runs during it, so methods
 that are compared run in turns (`interleave`, `round_robin`) rather than one after the other.
+
+Every function here that reads a clock takes it as a keyword (`clock`, the wall clock, default
+time.perf_counter; `cpu_clock`, the process's CPU clock, default time.process_time), so tests
+check the arithmetic on a fake clock whose readings are exact, whatever else the machine runs.
 """
 
 from __future__ import annotations
@@ -28,16 +32,20 @@ def device_description() -> str:
   return f"{devices[0].device_kind} x{len(devices)}"
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+Clock = Callable[[], float]  # seconds since an arbitrary origin; only differences are read
+
+
+def timed(fn: Callable[[], Any], *, clock: Clock = time.perf_counter) -> tuple[Any, float]:
   """(fn(), seconds), the clock stopped only once every output array is ready."""
-  t0 = time.perf_counter()
+  t0 = clock()
   out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - t0
+  return out, clock() - t0
 
 
 def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | None = None,
                compile_only: bool = False, usage: dict | None = None,
-               repeats: int = 1) -> tuple[list[Any], float]:
+               repeats: int = 1, clock: Clock = time.perf_counter,
+               cpu_clock: Clock = time.process_time) -> tuple[list[Any], float]:
   """Compile on inputs[0] (untimed), then run fn(x, i) `repeats` times for every input, timed;
   the pass's seconds sum each input's median time (one slow call on a busy CPU no longer sets a
   baseline; the outputs of a deterministic fn are the same every time, the last is kept).
@@ -46,7 +54,7 @@ def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | Non
   keyword (as `generate.generate` and `loop.speculative_generate` do) and compiles without
   decoding; otherwise the untimed warm-up is a whole call on inputs[0], its output discarded.
   usage: a dict that receives cpu_per_wall, the process's CPU seconds (every thread) per wall
-  second over the timed calls (`cpu_per_wall`).
+  second over the timed calls (`cpu_per_wall`), read on `cpu_clock` and `clock`.
   Returns (outputs, total seconds).
   """
   if compile_only:
@@ -59,9 +67,9 @@ def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | Non
   for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
     times = []
     for _ in range(repeats):
-      cpu0 = time.process_time()
-      out, s = timed(lambda: fn(x, i))
-      cpu += time.process_time() - cpu0
+      cpu0 = cpu_clock()
+      out, s = timed(lambda: fn(x, i), clock=clock)
+      cpu += cpu_clock() - cpu0
       times.append(s)
     outputs.append(out)
     seconds += statistics.median(times)
@@ -87,8 +95,8 @@ def seconds_per_step(outputs: Sequence[Any], seconds: float) -> float:
 
 def interleave(calls: Sequence[Sequence[Callable[[], Any]]], *,
                warmups: Sequence[Callable[[], Any]] | None = None,
-               on_turn: Callable[[int, int], None] | None = None
-               ) -> list[list[tuple[Any, float]]]:
+               on_turn: Callable[[int, int], None] | None = None,
+               clock: Clock = time.perf_counter) -> list[list[tuple[Any, float]]]:
   """Run several methods' calls in turns: calls[k] is method k's list of calls (one per batch).
 
   Every warmup runs first, untimed (compilation; None: each method's first call). Then a method
@@ -106,18 +114,19 @@ def interleave(calls: Sequence[Sequence[Callable[[], Any]]], *,
     for method, method_calls in enumerate(calls):
       for j, call in enumerate(method_calls):
         if int((j + 0.5) * turns / len(method_calls)) == turn:
-          results[method].append(timed(call))
+          results[method].append(timed(call, clock=clock))
   return results
 
 
-def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, dict[str, float]]:
+def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
+                clock: Clock = time.perf_counter) -> dict[str, dict[str, float]]:
   """Time each of `fns` (same inputs, closed over) once to compile, then `repeats` turns in which
   every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s."""
   if repeats < 1:
     raise ValueError(f"repeats={repeats} must be >= 1.")
   names = list(fns)
-  first = {name: timed(fns[name])[1] for name in names}
-  results = interleave([[fns[name]] * repeats for name in names], warmups=[])
+  first = {name: timed(fns[name], clock=clock)[1] for name in names}
+  results = interleave([[fns[name]] * repeats for name in names], warmups=[], clock=clock)
   out = {}
   for name, runs in zip(names, results):
     times = [s for _, s in runs]
@@ -126,9 +135,10 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str,
   return out
 
 
-def time_call(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
+def time_call(fn: Callable[[], Any], repeats: int, *,
+              clock: Clock = time.perf_counter) -> dict[str, float]:
   """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s."""
-  return round_robin({"fn": fn}, repeats)["fn"]
+  return round_robin({"fn": fn}, repeats, clock=clock)["fn"]
 
 
 def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
@@ -163,33 +173,34 @@ def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
 
 def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                   batch_size: int, tokens: Sequence[int], position: int,
-                  repeats: int = 5) -> dict[int, float]:
+                  repeats: int = 5, clock: Clock = time.perf_counter) -> dict[int, float]:
   """Median seconds of one forward call on T new tokens per row, for every T in `tokens`.
 
-  apply_fn is the DESIGN §2 forward apply(params, tokens[B,T], positions[B,T], cache) -> (logits,
-  hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for B =
-  batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
+  apply_fn is the docs/design.md §2 forward apply(params, tokens[B,T], positions[B,T], cache)
+  -> (logits, hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for
+  B = batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
   The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
   under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
   the sizes take turns (`round_robin`).
   """
   calls = forward_calls(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
                         position=position)
-  times = round_robin({str(t): call for t, call in calls.items()}, repeats)
+  times = round_robin({str(t): call for t, call in calls.items()}, repeats, clock=clock)
   return {int(t): v["median_s"] for t, v in times.items()}
 
 
 def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
-                        batch_size: int, m: int, position: int, repeats: int = 5) -> float:
-  """r(M) = median time of a verifier forward over M new tokens / that of 1 token (DESIGN §3),
-  measured by `forward_costs` (same arguments)."""
+                        batch_size: int, m: int, position: int, repeats: int = 5,
+                        clock: Clock = time.perf_counter) -> float:
+  """r(M) = median time of a verifier forward over M new tokens / that of 1 token
+  (docs/design.md §3), measured by `forward_costs` (same arguments)."""
   if m < 1 or batch_size < 1:
     raise ValueError(f"verifier_cost_ratio needs m >= 1 and batch_size >= 1, got m={m}, "
                      f"batch_size={batch_size}.")
   if m == 1:
     return 1.0
   costs = forward_costs(apply_fn, params, init_cache, batch_size=batch_size, tokens=(1, m),
-                        position=position, repeats=repeats)
+                        position=position, repeats=repeats, clock=clock)
   return costs[m] / costs[1]
 
 
@@ -213,12 +224,13 @@ class MemoryReads:
     return self.nbytes / min(times[name]["median_s"] for name in self.calls)
 
 
-def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5) -> float:
+def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, *,
+                     clock: Clock = time.perf_counter) -> float:
   """Bytes per second a jitted read of `nbytes` achieves (`MemoryReads`: the faster of a sum and
   a GEMV, medians of `repeats`). The memory roofline of a decode step is the bytes it must read
   (the weights, then the KV cache) over this."""
   reads = MemoryReads(nbytes)
-  return reads.bandwidth(round_robin(reads.calls, repeats))
+  return reads.bandwidth(round_robin(reads.calls, repeats, clock=clock))
 
 
 def param_bytes(params: Any) -> int:
