@@ -76,8 +76,10 @@ def main(argv):
   cli.check_same_config_everywhere(config)
   if _VERBOSE.value:
     logging.info("config:\n%s", config)
-  if jax.process_index() == 0 and not os.path.isfile(_WORKDIR.value):
-    # The resolved config, for the record (printed only with --verbose).
+  if (jax.process_index() == 0 and not os.path.isfile(_WORKDIR.value)
+      and not config.get("render_only", False)):
+    # The resolved config, for the record (printed only with --verbose); a render_only run
+    # reports a workdir's finished runs and leaves the config they were made with in place.
     os.makedirs(_WORKDIR.value, exist_ok=True)
     with open(os.path.join(_WORKDIR.value, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))

@@ -6,7 +6,7 @@
   python launch.py --config configs/evaluate.py:smoke --workdir /tmp/eval   # tiny random models
 
 Writes results.json (one row per method × γ × temperature × batch size, with every metric of the
-glossary in DESIGN.md §3, the seed and the device), results.md and tau_vs_gamma.png /
+glossary in docs/design.md §3, the seed and the device), results.md and tau_vs_gamma.png /
 speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
 --config.prompts_file=FILE, which then replaces them: one prompt per line or JSON lines with a
 "prompt" field; --config.data.name=spec_jax_pystdlib for code). `eval.num_prompts` is the one
@@ -19,6 +19,7 @@ T ∈ {0, 1} × batch {1, 8}, 8 prompts × 128 tokens, 3 timed passes each: 3.6 
 """
 
 from configs import common
+from spec_jax.decoding import methods
 
 
 def _floats(s: str) -> tuple[float, ...]:
@@ -45,10 +46,9 @@ def get_config(arg=None):
   config.num_data_prompts = args.num_prompts
   config.data_prompt_tokens = 64
   config.eval = dict(
-      # Speculative methods run beside the autoregressive baseline: sd, specinfer, spectr, rsd_c,
-      # rsd_s, each optionally NAME:SHAPE@L (see spec_jax.programs.evaluate.parse_method), and
-      # the chains lookup (prompt lookup, no drafter model) and sd_lookup (lookup where the text
-      # repeats, the drafter elsewhere).
+      # Speculative methods run beside the autoregressive baseline, each NAME[:SHAPE][@L] with
+      # NAME a registered method (spec_jax.decoding.methods; `python launch.py --config
+      # configs/methods.py` lists them with their shapes and options).
       methods=("sd",),
       tree_width=3,      # K chains (specinfer/spectr), beam width W (rsd_s), root branching (rsd_c)
       tree_rule="auto",  # tree verification rule; auto = the one each tree's sampling needs
@@ -63,21 +63,11 @@ def get_config(arg=None):
       # Every timed pass (autoregressive, drafter-only, speculative) runs each prompt batch this
       # many times and sums the per-batch medians: single passes vary by ±10-30% on a busy CPU.
       timing_repeats=1,
-      # With BPD heads as the drafter (a train_bpd workdir): the refinements bpd_ngram[:P] and
-      # bpd_neural (Kim et al. 2024). Each head's top_k candidates; bpd_ngram keeps the `paths`
-      # best of the k^h lattice paths under (1 - w)·log q_head + w·log p_ngram (w =
-      # ngram_weight; the n-gram is counted on `ngram`'s train split, or read from a .npz);
-      # bpd_neural rescores each head's top k left to right with the `rescorer` LM (weight a =
-      # rescorer_weight).
-      bpd=dict(top_k=4, paths=16, ngram="spec_jax_shakespeare", ngram_order=4,
-               ngram_weight=0.5,
-               rescorer=common.model(size="drafter-s", checkpoint="runs/quickstart/drafter"),
-               rescorer_weight=0.5),
-      # Prompt lookup (methods lookup and sd_lookup): the text's last n tokens, n = max_ngram
-      # down to 1, are looked up earlier in the text and what followed them is drafted;
-      # sd_lookup takes that draft only for matches of min_ngram+ tokens, the drafter's
-      # otherwise.
-      lookup=dict(max_ngram=3, min_ngram=2))
+      # Each method's options (eval.bpd for the BPD refinements, eval.lookup for prompt
+      # lookup, ...), with the defaults their drafter modules declare
+      # (spec_jax.decoding.methods.option_defaults); override a field with
+      # --config.eval.<group>.<field>=VALUE.
+      **methods.option_defaults())
   if args.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")

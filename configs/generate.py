@@ -15,6 +15,7 @@ Time: ~30 s on 2 CPU cores (a few seconds loading the GGUF, ~1 s per prompt batc
 """
 
 from configs import common
+from spec_jax.decoding import methods
 
 
 def get_config(arg=None):
@@ -27,12 +28,14 @@ def get_config(arg=None):
                                         batch_size=4)
   config.generation.sampling.temperature = args.temperature
   config.chat = args.chat  # wrap prompts in the tokenizer's chat template
-  # Speculative decoding: method sd (a γ chain) or a tree NAME[:SHAPE][@L] (rsd_c, rsd_s,
-  # specinfer, spectr), drafted by `drafter` (a checkpoint; '' = a random drafter.size model);
-  # or prompt lookup: lookup (no drafter model) or sd_lookup (lookup where the text repeats).
+  # Speculative decoding: `method` NAME[:SHAPE][@L], a registered method
+  # (spec_jax.decoding.methods: sd, the trees rsd_c / rsd_s / specinfer / spectr, lookup, ...)
+  # drafted by `drafter` (a checkpoint; '' = a random drafter.size model), depth `gamma` unless
+  # @L; each method's options sit under their group (config.lookup, config.bpd, ...).
   config.method = args.method
   config.gamma = args.gamma
   config.tree_width = 3
+  config.update(methods.option_defaults())
   config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
   config.prompts = (
       "What is speculative decoding?",

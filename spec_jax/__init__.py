@@ -1,4 +1,4 @@
-"""spec_jax: speculative decoding in JAX (DESIGN.md).
+"""spec_jax: speculative decoding in JAX (docs/design.md).
 
 Shape letters, one vocabulary for the whole package (docstrings, `x[B,T,V]` annotations,
 `logits_BxTxV` suffixes and capital-letter einsums):

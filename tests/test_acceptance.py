@@ -1,9 +1,9 @@
-"""Acceptance rules on hand-written probability tables, no model (DESIGN §2, §6).
+"""Acceptance rules on hand-written probability tables, no model (docs/design.md §2, §6).
 
 Statistical tests simulate whole draft chains: a Markov "drafter" q_i(· | x_{i-1}) and
 "verifier" p_i(· | x_{i-1}) over a tiny vocabulary, drafts drawn from q, the rule applied to a
 batch of B independent rows in one jitted call. Each exactness check looks at three things, as
-DESIGN §6 asks: the law of the emitted tokens (chi-square vs p), the acceptance rate
+docs/design.md §6 asks: the law of the emitted tokens (chi-square vs p), the acceptance rate
 (Σ min(p, q), binomial tolerance) and the distribution of the accepted count n. Seeds are fixed,
 so every test is deterministic; thresholds (p-value > 1e-3, 5σ) make a false failure unlikely
 for any seed while the planted bugs below miss by orders of magnitude.
@@ -131,7 +131,7 @@ def _broken_residual_is_p(p, q, draft, rng):
 
 def _one_hot_q(p, q, draft, rng):
   """Verifying with a one-hot q (accept with p(x)) and its matching residual: exact, but
-  acceptance drops from Σ min(p, q) to Σ q·p (DESIGN §6; transformers#47932)."""
+  acceptance drops from Σ min(p, q) to Σ q·p (docs/design.md §6; transformers#47932)."""
   return chain.speculative_sampling(p, jax.nn.one_hot(draft, p.shape[-1]), draft, rng)
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd, trees
+from spec_jax.decoding.drafters import bpd, standard, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, llama
 from spec_jax.training import bpd as bpd_train
@@ -80,8 +80,8 @@ def test_greedy_bpd_equals_verifier_greedy_at_batch_4():
   assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
 
 
-TREES = {"rsd_c": trees.TreeSpec("rsd_c", depth=3, branching=(2, 2, 1)),
-         "specinfer": trees.TreeSpec("specinfer", depth=2, width=3)}
+TREES = {"rsd_c": standard.tree("rsd_c", depth=3, branching=(2, 2, 1)),
+         "specinfer": standard.tree("specinfer", depth=2, width=3)}
 
 
 @pytest.mark.parametrize("method", sorted(TREES))
@@ -251,7 +251,8 @@ def test_train_bpd_resumes_and_records_its_verifier(tmp_path):
   v_cfg, v_params = testing.tiny_model(seed=0)
   with pytest.raises(ValueError,
                      match="holds 3 BPD heads: they draft chains and trees of depth at most 3"):
-    evaluate.make_drafter(v_cfg, None, trees.chain(4), b_cfg)
+    methods.check(methods.parse("sd@4", None), methods.Source(kind="bpd", b_cfg=b_cfg),
+                  Sampling(0.0))
 
 
 def test_train_bpd_over_a_token_subset(tmp_path):

@@ -19,7 +19,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.acceptance import tree as tree_acceptance
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import bpd, bpd_neural, lattice, trees
+from spec_jax.decoding.drafters import bpd, bpd_neural, lattice, standard, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, ngram
 
@@ -353,7 +353,7 @@ def test_top_k_relaxed_decoding_is_lossy_with_longer_blocks():
     run(2, Sampling(1.0))
   with pytest.raises(ValueError, match="relaxed_top_k=0 must be an integer >= 1"):
     run(0)
-  tree = bpd.BPDDrafter(cfg, v_cfg, tree=trees.TreeSpec("rsd_c", 2, (2, 1)))
+  tree = bpd.BPDDrafter(cfg, v_cfg, tree=standard.tree("rsd_c", 2, (2, 1)))
   with pytest.raises(ValueError, match="verifies chains"):
     run(2, d=tree)
 

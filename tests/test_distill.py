@@ -191,7 +191,7 @@ def test_a_reduced_vocabulary_is_counted_on_the_blend(data_dir, digits_dataset):
   tok = ByteTokenizer()
   config = testing.with_overrides(distill_config.get_config("smoke"), {
       "data.data_dir": data_dir, "data.blend": ((name, 0.75),), "train.batch_size": 4})
-  counts = distill_program.blend_counts(config, tok)
+  counts = distill_data.blend_counts(config, tok)
   freq = lambda n: np.bincount(  # noqa: E731
       np.asarray(pipeline.token_stream(n, "train", tok, data_dir=data_dir)),
       minlength=tok.vocab_size) / len(pipeline.token_stream(n, "train", tok, data_dir=data_dir))
@@ -362,7 +362,7 @@ def test_vocab_mismatch_names_both_models():
   v_cfg = llama.model_config("test-tiny", vocab_size=300)
   with pytest.raises(ValueError, match=r"Drafter vocab_size=257 \(drafter.checkpoint=''.*"
                      r"verifier's vocab_size=300 \(verifier.checkpoint=''"):
-    distill_program.check_vocab(v_cfg, llama.model_config("test-tiny"), config)
+    distill.check_vocab(v_cfg, llama.model_config("test-tiny"), config)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from experiments.distillspec import config as distillspec_config
 from experiments.rsd import config as rsd_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,17 +25,19 @@ def _refuse(*args, **kwargs):
   raise AssertionError("a finished piece was redone instead of read back")
 
 
+def _launch(*args: str) -> subprocess.CompletedProcess:
+  result = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
+                          text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
 @pytest.fixture(scope="module")
 def rsd_workdir(tmp_path_factory):
+  """The RSD experiment's smoke run, through the launcher."""
   workdir = str(tmp_path_factory.mktemp("rsd"))
-  _dispatch(rsd_config.get_config("smoke"), workdir)
-  return workdir
-
-
-@pytest.fixture(scope="module")
-def distillspec_workdir(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp("distillspec"))
-  _dispatch(distillspec_config.get_config("smoke"), workdir)
+  _launch("--config", "experiments/rsd/config.py:smoke", "--workdir", workdir)
   return workdir
 
 
@@ -52,12 +53,13 @@ def test_rsd_config_carries_what_the_program_needs():
 
 
 def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
+  """End to end through the launcher (fixture); then a rerun that runs nothing."""
   config = rsd_config.get_config("smoke")
   names = sorted(os.listdir(os.path.join(rsd_workdir, "runs")))
   assert names == ["fixed_budget_K3_B4_spec_jax_shakespeare_T1",
                    "fixed_length_L1_spec_jax_shakespeare_T0",
                    "fixed_length_L1_spec_jax_shakespeare_T1",
-                   "level_acceptance_spec_jax_shakespeare.json"]
+                   "level_acceptance_spec_jax_shakespeare"]
   for name in ("results.md", "tau_vs_depth.png", "tau_vs_budget.png"):
     assert os.path.getsize(os.path.join(rsd_workdir, name)) > 0
   rows = json.load(open(os.path.join(rsd_workdir, "results.json")))
@@ -71,6 +73,7 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
   assert (f"Command: `python launch.py --config experiments/rsd/config.py:smoke --workdir "
           f"{rsd_workdir}`") in md
   assert "Does RSD-S ≥ RSD-C ≥ SpecTr ≥ SD (τ) hold at fixed L?" in md
+  assert "### spec_jax_shakespeare, T = 0" in md and "Not finished yet" not in md
   assert "**block_efficiency**" in md
   # Counts only: wall-clock speedups of an hours-long, paused-and-resumed run stay in results.json.
   assert "speedup" not in md.split("## Glossary")[1] and "kept in results.json" in md
@@ -96,10 +99,10 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
 def test_rsd_ordering_check_on_synthetic_rows():
   """Verdicts from τ and its standard error: in order → holds; a pair reversed by more than
   2 SE → does not hold; out of order within noise → within noise."""
-  from spec_jax.programs import rsd_experiment
+  from spec_jax.evaluation import rsd_report
   def rows(taus, depth, se):
     return [dict(method=m, block_efficiency=t, tau_se=se, dataset="d", temperature=1.0,
-                 gamma=depth) for m, t in zip(rsd_experiment.FIXED_ORDER, taus)]
+                 gamma=depth) for m, t in zip(rsd_report.FIXED_ORDER, taus)]
   synthetic = (rows((2.0, 1.9, 1.8, 1.5), 2, 0.01) + rows((2.0, 2.1, 1.8, 1.9), 3, 0.01)
                + rows((2.0, 2.05, 1.8, 1.5), 4, 0.05)
                + [dict(method="sd", block_efficiency=1.4, tau_se=0.01, dataset="d",
@@ -107,7 +110,7 @@ def test_rsd_ordering_check_on_synthetic_rows():
   # Greedy: SpecTr is SD's chain and is not needed; RSD-C below SD beyond noise.
   greedy = [dict(r, temperature=0.0) for r in rows((1.6, 1.2, 0.0, 1.3), 2, 0.01)
             if r["method"] != "spectr"]
-  lines, counts, trees_win = rsd_experiment.ordering_checks(synthetic + greedy)
+  lines, counts, trees_win = rsd_report.ordering_checks(synthetic + greedy)
   assert counts == {"holds": 1, "within noise": 1, "does not hold": 2} and trees_win == 2
   assert lines[2:] == [
       "| d | 0 | 2 | 1.60 ± 0.01 | 1.20 ± 0.01 | = sd (greedy) | 1.30 ± 0.01 | > < | does not hold |",
@@ -117,16 +120,42 @@ def test_rsd_ordering_check_on_synthetic_rows():
 
 
 def test_rsd_plot_series_all_look_different():
-  from spec_jax.programs import rsd_experiment
-  labels = [f"{m} T={t} {d}" for m in rsd_experiment.FIXED_ORDER + ("specinfer",)
+  from spec_jax.evaluation import rsd_report
+  labels = [f"{m} T={t} {d}" for m in rsd_report.FIXED_ORDER + ("specinfer",)
             for t in (0, 1) for d in ("shakespeare", "pystdlib")]
-  styles = {tuple(sorted(rsd_experiment._style(label).items())) for label in labels}
+  styles = {tuple(sorted(rsd_report.style(label).items())) for label in labels}
   assert len(styles) == len(labels)  # matplotlib's default cycle repeated colours past 10
 
 
-def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
-  from spec_jax.programs import evaluate
+def _synthetic_run(setting) -> list[dict]:
+  """Rows an evaluate run of one setting could give (no model): the autoregressive baseline
+  and, per entry NAME[:W]@L, τ rising with L (trees above SD), SE 0.01."""
+  rows = [dict(method="autoregressive", tree=None, gamma=None, block_efficiency=1.0,
+               tau_se=None, verifier_tokens_per_call=1, speedup=1.0)]
+  for entry in setting.methods:
+    name, depth = entry.split("@")
+    name, _, width = name.partition(":")
+    depth, width = int(depth), int(width or 3)
+    tree = None if name == "sd" else f"{name} W={width} L={depth}"
+    rows.append(dict(method=name, tree=tree, gamma=depth, tau_se=0.01, speedup=1.5,
+                     block_efficiency=round(1.0 + 0.1 * depth + (0.2 if tree else 0.0), 2),
+                     verifier_tokens_per_call=depth + 1 if tree is None else width * depth + 1))
+  for r in rows:
+    r.update(dataset=setting.dataset, temperature=setting.temperature, device="cpu",
+             verifier="v", drafter="d")
+  return rows
+
+
+def test_rsd_render_only_reads_back_and_runs_nothing(tmp_path, monkeypatch):
+  """Without models: render_only over no runs lists every unfinished run; over finished runs
+  (synthetic rows, as committed runs are: results.json without config.json) it reports their
+  tables, the ordering check, part (b) and both plots, and runs nothing."""
+  from spec_jax.evaluation import multidraft, rsd_report
+  from spec_jax.programs import evaluate, rsd_experiment
   monkeypatch.setattr(evaluate, "run", _refuse)
+  monkeypatch.setattr(multidraft, "analyse", _refuse)
+  monkeypatch.setattr(sys, "argv", ["launch.py", "--config", "experiments/rsd/config.py:smoke",
+                                    "--workdir", str(tmp_path), "--config.render_only=True"])
   config = rsd_config.get_config("smoke")
   config.render_only = True
   config.note = "Made in two sessions."
@@ -134,11 +163,84 @@ def test_rsd_render_only_runs_nothing(tmp_path, monkeypatch):
   md = open(tmp_path / "results.md").read()
   assert "The order holds in 0 of 0 settings" in md
   assert "\n\nMade in two sessions.\n\n" in md  # the config's note, under the heading
+  # The command that reruns it: the render_only override is not part of it.
+  assert (f"Command: `python launch.py --config experiments/rsd/config.py:smoke --workdir "
+          f"{tmp_path}`. ") in md
   assert not os.path.exists(tmp_path / "runs" / "fixed_length_L1_spec_jax_shakespeare_T1")
+  assert not os.path.exists(tmp_path / "tau_vs_depth.png")  # no rows: nothing to plot
   # It says which runs have not finished.
-  assert ("**Not finished yet: 3 runs** (fixed_length_L1_spec_jax_shakespeare_T1, "
-          "fixed_budget_K3_B4_spec_jax_shakespeare_T1, fixed_length_L1_spec_jax_shakespeare_T0)"
-          ) in md
+  assert ("**Not finished yet: 4 runs** (level_acceptance_spec_jax_shakespeare, "
+          "fixed_length_L1_spec_jax_shakespeare_T1, fixed_budget_K3_B4_spec_jax_shakespeare_T1, "
+          "fixed_length_L1_spec_jax_shakespeare_T0)") in md
+
+  config = rsd_config.get_config("smoke")
+  config.render_only = True
+  config.fixed_methods = config.greedy_methods = rsd_report.FIXED_ORDER
+  config.budget_widths, config.budgets, config.level_ks = (3, 2), (4, 5), (1, 2)
+  config.budget_methods = {"K3_B4": ("sd@3", "rsd_s:3@1"), "K3_B5": ("sd@4", "rsd_s:3@1"),
+                           "K2_B4": ("rsd_s:2@1",), "K2_B5": ("rsd_s:2@2",)}
+  plan = rsd_experiment.settings(config)
+  assert [s.name for s in plan] == [
+      "fixed_length_L1_spec_jax_shakespeare_T1", "fixed_budget_K3_B4_spec_jax_shakespeare_T1",
+      "fixed_budget_K3_B5_spec_jax_shakespeare_T1", "fixed_budget_K2_B4_spec_jax_shakespeare_T1",
+      "fixed_budget_K2_B5_spec_jax_shakespeare_T1", "fixed_length_L1_spec_jax_shakespeare_T0"]
+  assert plan[1].methods == ("sd@3",)  # rsd_s:3@1 is part (a)'s shape: read from its rows
+  for s in plan:
+    os.makedirs(tmp_path / "runs" / s.name)
+    json.dump(_synthetic_run(s), open(tmp_path / "runs" / s.name / "results.json", "w"))
+  level = dict(k=[1, 2], rows=2, positions=8, dataset="spec_jax_shakespeare", temperature=1.0,
+               rho=[1.0, 1.8], **{f"{n}{e}": [0.3, 0.4] for n in multidraft.RULES
+                                  for e in ("", "_se")},
+               **{f"{a}_minus_{b}{e}": [0.0, 0.01] for a, b in multidraft.PAIRS
+                  for e in ("", "_se")})
+  os.makedirs(tmp_path / "runs" / "level_acceptance_spec_jax_shakespeare")
+  json.dump([level], open(tmp_path / "runs" / "level_acceptance_spec_jax_shakespeare" /
+                          "results.json", "w"))
+  rows = _dispatch(config, str(tmp_path))
+  assert len(rows) == sum(len(s.methods) + 1 for s in plan)
+  assert {r["part"] for r in rows} == {"fixed_length", "fixed_budget"}
+  assert json.load(open(tmp_path / "level_acceptance.json")) == [level]
+  md = open(tmp_path / "results.md").read()
+  assert "Not finished yet" not in md and "With k = 2 candidates a level accepts" in md
+  assert ("| spec_jax_shakespeare | 1 | 1 | 1.30 ± 0.01 | 1.30 ± 0.01 | 1.30 ± 0.01 | "
+          "1.10 ± 0.01 | ≈ ≈ > | holds |") in md
+  assert "The order holds in 2 of 2 settings" in md
+  assert "plus width-2 trees for B ∈ {4, 5}." in md
+  # B = 5: SD's best shape is γ = 4; RSD-S's is the width-2 tree that just fits.
+  assert ("| 5 | 1.40 ± 0.01 (rsd_s W=2 L=2) | 1.30 ± 0.01 (rsd_c W=3 L=1) | 1.30 ± 0.01 "
+          "(spectr W=3 L=1) | 1.40 ± 0.01 (γ=4) | rsd_s | holds |") in md
+  assert "(this run's: 1.50–1.50×)" in md
+  for name in ("tau_vs_depth.png", "tau_vs_budget.png"):
+    assert os.path.getsize(tmp_path / name) > 0
+  depth, budget = rsd_report.plot_series(config, rows)
+  assert sorted(depth) == sorted(f"{m} T={t} shakespeare" for m in rsd_report.FIXED_ORDER
+                                 for t in (0, 1))
+  assert depth["sd T=1 shakespeare"] == ([1], [1.1], [0.01])
+  # Part (b)'s series: the best τ within each budget, over both parts' rows at its temperature.
+  assert budget["sd shakespeare"] == ([4, 5], [1.3, 1.4], [0.01, 0.01])
+  assert budget["rsd_s shakespeare"] == ([4, 5], [1.3, 1.4], [0.01, 0.01])
+
+
+def test_rsd_runs_resume_on_what_changes_their_results():
+  """A run's digest moves with what its result depends on, not with the experiment's own
+  fields: a new note or budget list keeps part (a)'s finished runs."""
+  from spec_jax.evaluation import experiment
+  from spec_jax.programs import rsd_experiment
+
+  def digests(**changes):
+    config = rsd_config.get_config("smoke")
+    for key, value in changes.items():
+      section, _, name = key.rpartition("__")
+      (config[section] if section else config)[name] = value
+    return {r.name: experiment.digest(r.config, ignore=r.ignore)
+            for r in rsd_experiment.runs(config, "w")}
+  base = digests()
+  level, fixed = "level_acceptance_spec_jax_shakespeare", "fixed_length_L1_spec_jax_shakespeare_T1"
+  assert digests(note="another session", budgets=(4,), title="t") == base
+  for change in (dict(level_ks=(1, 2, 3)), dict(level_draws=3), dict(eval__new_tokens=7)):
+    assert digests(**change)[level] != base[level], change
+  assert digests(level_ks=(1, 2, 3))[fixed] == base[fixed]
+  assert digests(eval__new_tokens=7)[fixed] != base[fixed]
 
 
 def test_rsd_prompts_are_checked_for_every_dataset_before_any_run(tmp_path):
@@ -157,80 +259,6 @@ def test_rsd_budget_methods_must_cover_the_budgets(tmp_path):
   with pytest.raises(ValueError, match="budget_methods has no entry 'K3_B5'"):
     _dispatch(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "runs")  # nothing ran
-
-
-def test_rsd_through_the_launcher(rsd_workdir):
-  """launch.py dispatches the experiment (no second absl app) and accepts its overrides; with
-  render_only it reports the finished runs it finds."""
-  result = subprocess.run(
-      [sys.executable, "launch.py", "--config", "experiments/rsd/config.py:smoke",
-       "--workdir", rsd_workdir, "--config.render_only=True"],
-      cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True,
-      timeout=300)
-  assert result.returncode == 0, result.stderr[-3000:]
-  md = open(os.path.join(rsd_workdir, "results.md")).read()
-  assert ("Command: `python launch.py --config experiments/rsd/config.py:smoke --workdir "
-          f"{rsd_workdir}`") in md  # the render_only override is not part of the command
-  assert "### spec_jax_shakespeare, T = 0" in md
-  assert "Not finished yet" not in md
-
-
-def test_distillspec_configs_cover_the_grid_and_the_longer_budget():
-  grid = distillspec_config.get_config()
-  assert grid.program == "distillspec_experiment" and grid.runs_dir == "runs/distillspec"
-  assert (grid.divergences, grid.sources) == (("fkl", "rkl", "jsd", "tvd"),
-                                              ("fixed", "verifier", "onpolicy", "mix"))
-  assert grid.base.train.num_steps == 40 and grid.base.train.checkpoint_every == 20
-  long = distillspec_config.get_config("long")
-  assert long.base.train.num_steps == 200 and long.eval.speedup_prompts == 0
-  assert not long.lenience.lin_epsilons and long.divergences == ("jsd",)
-  assert long.runs_dir == "runs/distillspec_long"
-  assert distillspec_config.get_config("long,steps=80").base.train.num_steps == 80
-  code = distillspec_config.get_config("code")
-  assert code.base.data.name == "spec_jax_pystdlib" and code.runs_dir == "runs/distillspec_code"
-  smoke = distillspec_config.get_config("smoke")
-  assert smoke.base.verifier.size == "test-tiny" and smoke.base.train.num_steps == 4
-  assert smoke.runs_dir == ""  # <workdir>/runs
-
-
-def test_distillspec_smoke_writes_results_and_resumes(distillspec_workdir, monkeypatch):
-  config = distillspec_config.get_config("smoke")
-  workdir = distillspec_workdir
-  for name in ("results.md", "tau_grid.png", "lenience_tradeoff.png"):
-    assert os.path.getsize(os.path.join(workdir, name)) > 0
-  assert sorted(os.listdir(os.path.join(workdir, "runs", "train"))) == ["baseline", "fkl_mix"]
-  assert os.listdir(os.path.join(workdir, "runs", "verifier_cache"))  # the mix's responses
-  results = json.load(open(os.path.join(workdir, "results.json")))
-  assert set(results["trained"]) == {"baseline", "fkl_mix"}
-  assert {(r["drafter"], r["temperature"]) for r in results["grid"]} == {
-      (n, t) for n in ("baseline", "fkl_mix") for t in (0.0, 1.0)}
-  for r in results["grid"]:
-    assert 1.0 <= r["block_efficiency"] <= config.eval.gamma + 1
-    assert 0.0 <= r["acceptance_rate"] <= 1.0 and r["tau_se"] >= 0 and r["token_tv"] == 0
-  # Lenience: f_lin over ε for the best distilled drafter and the baseline, f_exp for the best.
-  lenient = {(r["lenience"], r["epsilon"]) for r in results["lenience"]}
-  assert lenient == {("lin", 1.0), ("lin", 0.3), ("exp", 0.3)}
-  assert all(r["token_tv"] > 0 for r in results["lenience"] if r["epsilon"] < 1)
-  assert {r["drafter"] for r in results["speedup"]} <= {"baseline", "fkl_mix"}
-  md = open(os.path.join(workdir, "results.md")).read()
-  assert (f"Produced by `python launch.py --config experiments/distillspec/config.py:smoke "
-          f"--workdir {workdir}`") in md
-  assert "## Findings (computed from the numbers above)" in md and "CE baseline" in md
-
-  # Resume: no drafter is trained and no row decoded again; the same results come out.
-  from spec_jax.programs import distill, distillspec_experiment
-  monkeypatch.setattr(distill, "run", _refuse)
-  monkeypatch.setattr(distillspec_experiment, "_chain_sd", _refuse)
-  again = _dispatch(distillspec_config.get_config("smoke"), workdir)
-  assert again == results == json.load(open(os.path.join(workdir, "results.json")))
-  assert open(os.path.join(workdir, "results.md")).read() == md
-
-
-def test_distillspec_render_only_runs_nothing(tmp_path, monkeypatch):
-  from spec_jax.programs import distill, distillspec_experiment
-  monkeypatch.setattr(distill, "run", _refuse)
-  monkeypatch.setattr(distillspec_experiment, "_chain_sd", _refuse)
-  config = distillspec_config.get_config("smoke")
-  config.render_only = True
-  assert _dispatch(config, str(tmp_path)) == dict(trained={}, grid=[], lenience=[], speedup=[])
-  assert os.path.exists(tmp_path / "results.md") and os.path.exists(tmp_path / "tau_grid.png")
+  config.render_only = True  # even when it would run nothing
+  with pytest.raises(ValueError, match="budget_methods has no entry 'K3_B5'"):
+    _dispatch(config, str(tmp_path))

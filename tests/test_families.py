@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from spec_jax.decoding import generate as generate_lib  # noqa: E402
 from spec_jax.decoding import loop  # noqa: E402
 from spec_jax.decoding import verifier as verifier_lib  # noqa: E402
-from spec_jax.decoding.drafters import lm, trees  # noqa: E402
+from spec_jax.decoding.drafters import lm, standard, trees  # noqa: E402
 from spec_jax.decoding.sampling import Sampling  # noqa: E402
 from spec_jax.models import gemma, hf_export, hf_import, llama  # noqa: E402
 
@@ -139,7 +139,7 @@ def test_speculative_on_sliding_window_model_equals_greedy(case, tmp_path):
   n = 16
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
                              sampling=Sampling(), max_new_tokens=n)
-  for spec in (trees.chain(3), trees.TreeSpec("rsd_c", depth=3, branching=(2, 2))):
+  for spec in (trees.chain(3), standard.tree("rsd_c", depth=3, branching=(2, 2))):
     for drafter_cfg, drafter_params in ((d_cfg, d_params), (v_cfg, v_params)):
       out = loop.speculative_generate(
           v_params, drafter_params, prompts, jax.random.key(0),

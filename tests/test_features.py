@@ -22,7 +22,7 @@ from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import features, trees
+from spec_jax.decoding.drafters import features, standard, trees
 from spec_jax.decoding.sampling import Sampling, probs_from_logits
 from spec_jax.models import draft_init, hf_export, llama
 from spec_jax.programs import distill as distill_program
@@ -205,7 +205,7 @@ def test_bad_input_names_the_field():
                                        r"verifier's is 48"):
     draft_init.check_feature_width(wider, d_cfg)
   with pytest.raises(ValueError, match=r"A feature drafter drafts chains, not"):
-    features.FeatureDrafter(d_cfg, trees.TreeSpec("rsd_c", 2, (2, 1)))
+    features.FeatureDrafter(d_cfg, standard.tree("rsd_c", 2, (2, 1)))
   with pytest.raises(ValueError, match=r"needs a feature drafter"):
     features.FeatureDrafter(v_cfg)
   with pytest.raises(ValueError, match=r"distill.feature_weight=-1.0 must be >= 0"):

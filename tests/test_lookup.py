@@ -11,9 +11,9 @@ import pytest
 from configs import evaluate as evaluate_config
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import features, lm, lookup, trees
+from spec_jax.decoding.drafters import features, lm, lookup, standard, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import draft_init, llama
 from spec_jax.programs import evaluate
@@ -195,9 +195,10 @@ def test_bad_input_names_the_field(tmp_path):
   config.eval.methods = ("lookup:3",)
   with pytest.raises(ValueError, match="drafts a chain"):
     evaluate.run(config, str(tmp_path))
+  overlay, greedy = methods.parse("sd_lookup@2", None), Sampling(0.0)
   with pytest.raises(ValueError, match="holds BPD heads"):
-    evaluate.make_drafter(None, None, trees.chain(2), b_cfg=object(), method="sd_lookup")
+    methods.check(overlay, methods.Source(kind="bpd", b_cfg=object()), greedy)
   with pytest.raises(ValueError, match="holds a steered drafter"):
-    evaluate.make_drafter(None, object(), trees.chain(2), method="sd_lookup")
+    methods.check(overlay, methods.Source(kind="steered", s_cfg=object()), greedy)
   with pytest.raises(ValueError, match="Prompt lookup drafts chains"):
-    lookup.PromptLookupDrafter(16, trees.TreeSpec("rsd_c", depth=2, branching=(2,)))
+    lookup.PromptLookupDrafter(16, standard.tree("rsd_c", depth=2, branching=(2,)))

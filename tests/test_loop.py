@@ -16,14 +16,14 @@ from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import hidden, trees
+from spec_jax.decoding.drafters import hidden, standard, trees
 from spec_jax.decoding.sampling import Sampling
 
 V = 6
 PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
-SHAPES = [trees.chain(1), trees.chain(3), trees.TreeSpec("rsd_c", 3, (2, 2)),
-          trees.TreeSpec("rsd_s", 3, width=2), trees.TreeSpec("specinfer", 2, width=3),
-          trees.TreeSpec("spectr", 2, width=3)]
+SHAPES = [trees.chain(1), trees.chain(3), standard.tree("rsd_c", 3, (2, 2)),
+          standard.tree("rsd_s", 3, width=2), standard.tree("specinfer", 2, width=3),
+          standard.tree("spectr", 2, width=3)]
 
 
 def _run(v_params, d_params, prompts, drafter, *, verifier=None, sampling=Sampling(), n=10,
@@ -83,7 +83,7 @@ def test_perfect_drafter_accepts_every_draft(shape):
   v_params = {"logits": jnp.broadcast_to(table, v_params["logits"].shape)}
   out = _run(v_params, {"logits": table}, PROMPTS, testing.MarkovDrafter(V, shape), n=12)
   assert out.new_tokens() == [testing.markov_greedy(v_params, p, 12) for p in PROMPTS]
-  if shape.method != "rsd_s":
+  if shape.layout != "beam":
     np.testing.assert_array_equal(out.stats.verifier_calls, -(-12 // (shape.depth + 1)))
 
 
@@ -97,7 +97,7 @@ class _ForgetfulVerifier(testing.MarkovVerifier):
 
 def test_a_cache_that_forgets_the_accepted_path_is_caught():
   v_params, d_params = testing.markov_tables(V, seed=1, drafter_noise=0.3)
-  shape = trees.TreeSpec("rsd_c", 3, (3, 2))
+  shape = standard.tree("rsd_c", 3, (3, 2))
   want = [testing.markov_greedy(v_params, p, 12) for p in PROMPTS]
   good = _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, shape), n=12)
   bad = _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, shape), n=12,
@@ -119,10 +119,10 @@ def _law_check(drafter, d_params, sampling, *, rule="auto", n_samples=3000, seed
 LOSSLESS = [(trees.chain(1), Sampling(1.0), "auto"), (trees.chain(3), Sampling(0.8, top_k=4), "auto"),
             (trees.chain(2), Sampling(1.0, top_p=0.9), "lenient"),   # ε = 1: lossless
             (trees.chain(2), Sampling(1.0), "rrs_without"),           # tree rules fit chains
-            (trees.TreeSpec("rsd_c", 2, (3, 2)), Sampling(1.0), "auto"),
-            (trees.TreeSpec("rsd_s", 2, width=3), Sampling(0.9, top_k=5), "auto"),
-            (trees.TreeSpec("specinfer", 2, width=3), Sampling(1.0), "auto"),
-            (trees.TreeSpec("spectr", 2, width=3), Sampling(1.0, top_p=0.9), "auto")]
+            (standard.tree("rsd_c", 2, (3, 2)), Sampling(1.0), "auto"),
+            (standard.tree("rsd_s", 2, width=3), Sampling(0.9, top_k=5), "auto"),
+            (standard.tree("specinfer", 2, width=3), Sampling(1.0), "auto"),
+            (standard.tree("spectr", 2, width=3), Sampling(1.0, top_p=0.9), "auto")]
 
 
 @pytest.mark.parametrize("shape,sampling,rule", LOSSLESS,
@@ -150,15 +150,15 @@ def test_planted_bugs_fail_the_law_check(monkeypatch):
     gamma = proposal.drafts.shape[1]
     return verdict.replace(next_token=jnp.where(n < gamma, resample, verdict.next_token)
                            .astype(jnp.int32))
-  monkeypatch.setitem(acceptance.RULES, "broken", broken)
-  monkeypatch.setitem(acceptance.FITS, "broken", ("chain",))
+  monkeypatch.setitem(acceptance.RULES, "broken",
+                      acceptance.Rule(broken, ("chain",), chains_only=True))
   _, d_params = testing.markov_tables(V, seed=3, drafter_noise=0.5)
   pvalue, _ = _law_check(testing.MarkovDrafter(V, trees.chain(1)), d_params, Sampling(1.0),
                          rule="broken")
   assert pvalue < 1e-3
   # A drafter much more peaked than the verifier makes the with-replacement error large.
   peaked = {"logits": 3.0 * d_params["logits"]}
-  rsd = testing.MarkovDrafter(V, trees.TreeSpec("rsd_c", 1, (4,)))
+  rsd = testing.MarkovDrafter(V, standard.tree("rsd_c", 1, (4,)))
   assert _law_check(rsd, peaked, Sampling(1.0))[0] > 1e-3
   assert _law_check(rsd, peaked, Sampling(1.0), rule="rrs_with", allow_inexact=True)[0] < 1e-3
 
@@ -275,8 +275,8 @@ def test_bad_input_is_refused_before_compiling():
   with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
     _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, chain), n=0)
   with pytest.raises(ValueError, match="decode.rule='lenient' verifies chains"):
-    _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, trees.TreeSpec("rsd_c", 2, (2,))),
+    _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, standard.tree("rsd_c", 2, (2,))),
          sampling=Sampling(1.0), rule="lenient")
   with pytest.raises(ValueError, match="decode.rule='kseq' is not exact for rsd_c"):
-    _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, trees.TreeSpec("rsd_c", 2, (2,))),
+    _run(v_params, d_params, PROMPTS, testing.MarkovDrafter(V, standard.tree("rsd_c", 2, (2,))),
          sampling=Sampling(1.0), rule="kseq")

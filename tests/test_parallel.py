@@ -120,7 +120,7 @@ def _run(mesh_spec, batches):
   for b in batches:
     state, m = step(state, parallel.shard_batch(b, parallel.batch_sharding(mesh)),
                     jax.random.key(1))
-    losses.append(float(m["loss"]))  # blocks each step (DESIGN.md §5 trap)
+    losses.append(float(m["loss"]))  # blocks each step (docs/design.md §5 trap)
   return losses, jax.device_get(state.params), state
 
 
@@ -145,7 +145,7 @@ def test_sharded_train_step_matches_one_device(mesh_spec, one_device_run):
 
 
 def test_train_loop_many_sharded_steps_does_not_hang():
-  """> 40 steps of cross-device collectives through the host loop (DESIGN.md §5 trap)."""
+  """> 40 steps of cross-device collectives through the host loop (docs/design.md §5 trap)."""
   mesh, _, state, step = _setup(dict(data=4, fsdp=2, tensor=1))
   batches = _batches(4, seed=1)
   state, last, _ = train.train_loop(

@@ -53,7 +53,7 @@ def _table_lines(table):
 
 
 def test_glossary_theory_and_new_entries():
-  # The theory is the measured-r(M) one of DESIGN §3, not the constant-cost τ/(γc+1).
+  # The theory is the measured-r(M) one of docs/design.md §3, not the constant-cost τ/(γc+1).
   assert "τ/(r(M) + d·c)" in glossary.GLOSSARY["theoretical_speedup"]
   assert "γc+1" not in glossary.GLOSSARY["theoretical_speedup"]
   assert "measured" in glossary.GLOSSARY["verifier_cost_ratio_r"]
@@ -147,7 +147,7 @@ def test_write_report_markdown(tmp_path):
   headers = [line for line in text.splitlines() if line.startswith("| method")]
   assert len(headers) == 4 and all("temperature" not in h and "batch_size" not in h
                                    for h in headers)
-  # The glossary lists every column shown, with the DESIGN §3 definitions, and nothing unused.
+  # The glossary lists every column shown, with the docs/design.md §3 definitions, and nothing unused.
   printed = text.split("## Glossary")[1].split("## Config")[0]
   columns = tables.default_columns(rows)
   assert "verifier_cost_ratio_r" in columns  # r(M) stands beside the theory it enters

@@ -14,7 +14,7 @@ from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import hidden, lm, trees
+from spec_jax.decoding.drafters import hidden, lm, standard, trees
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import llama
 
@@ -53,7 +53,7 @@ def test_sharded_greedy_equals_single_device(mesh_spec):
   # every drafter kind on the mesh equals the same AR output.
   shapes = [trees.chain(3)]
   if mesh.shape["tensor"] > 1:  # one tree is enough: it shares everything else with the chain
-    shapes.append(trees.TreeSpec("rsd_c", depth=2, branching=(2, 2)))
+    shapes.append(standard.tree("rsd_c", depth=2, branching=(2, 2)))
   for shape in shapes:
     sharded = _sd(pair, prompts, shape, mesh=mesh)
     assert sharded.new_tokens() == ar.new_tokens(), shape.describe()

@@ -132,8 +132,8 @@ def test_broken_rule_fails_the_law_check(monkeypatch):
     resample = jax.random.categorical(jax.random.fold_in(rng, 99), jnp.log(p_n + 1e-30))
     return verdict.replace(next_token=jnp.where(n < gamma, resample, verdict.next_token)
                            .astype(jnp.int32))
-  monkeypatch.setitem(acceptance.RULES, "broken_residual", broken)
-  monkeypatch.setitem(acceptance.FITS, "broken_residual", ("chain",))
+  monkeypatch.setitem(acceptance.RULES, "broken_residual",
+                      acceptance.Rule(broken, ("chain",), chains_only=True))
   pvalue, *_ = _first_tokens_law_check("broken_residual", Sampling(1.0), 1)
   assert pvalue < 1e-3
 

@@ -13,9 +13,9 @@ import pytest
 
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import steered, trees
+from spec_jax.decoding.drafters import standard, steered, trees
 from spec_jax.decoding.protocols import Verdict
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import llama, steering
@@ -163,7 +163,7 @@ def _law_check(shape, cls=steered.SteeredDrafter):
   return testing.sd_law_pvalue(v_cfg, v_params, drafter, params, [1, 4, 2])
 
 
-@pytest.mark.parametrize("shape", [trees.chain(2), trees.TreeSpec("rsd_c", 2, (2, 1))],
+@pytest.mark.parametrize("shape", [trees.chain(2), standard.tree("rsd_c", 2, (2, 1))],
                          ids=lambda s: s.describe())
 def test_steered_sampling_is_lossless(shape):
   assert _law_check(shape) > 1e-3
@@ -206,19 +206,31 @@ def test_bad_input_names_the_field():
 
 @pytest.fixture(scope="module")
 def experiment(data_dir, tmp_path_factory):
-  """The steering experiment's smoke run (trains `distilled` and `steered` from one drafter,
-  evaluates all three), dispatched as launch.py does."""
+  """The steering experiment's smoke run through the launcher (trains `distilled` and `steered`
+  from one drafter, evaluates all three, times the steering): (config, workdir, rows)."""
+  import json  # noqa: PLC0415
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
   from experiments.steering import config as experiment_config  # noqa: PLC0415
-  from spec_jax.programs import steering_experiment  # noqa: PLC0415
   config = experiment_config.get_config("smoke")
   config.train.data.data_dir = data_dir
   config.eval.data.data_dir = data_dir
   config.lock()
   workdir = str(tmp_path_factory.mktemp("steering"))
-  return config, workdir, steering_experiment.run(config, workdir)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run(
+      [sys.executable, "launch.py", "--config", "experiments/steering/config.py:smoke",
+       "--workdir", workdir, f"--config.train.data.data_dir={data_dir}",
+       f"--config.eval.data.data_dir={data_dir}"], cwd=root, capture_output=True, text=True,
+      env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
+    return config, workdir, json.load(f)
 
 
 def test_experiment_smoke_writes_results_and_resumes(experiment, monkeypatch):
+  """End to end through the launcher (fixture); then a rerun that runs nothing."""
+  import json  # noqa: PLC0415
   from spec_jax.programs import distill, evaluate, steering_experiment  # noqa: PLC0415
   config, workdir, rows = experiment
   sd = {(r["drafter"], r["temperature"], r["gamma"]) for r in rows if r["method"] == "sd"}
@@ -228,14 +240,122 @@ def test_experiment_smoke_writes_results_and_resumes(experiment, monkeypatch):
   md = open(os.path.join(workdir, "results.md")).read()
   assert "steered vs distilled (τ−1)" in md and "| Qwen3-8B / Qwen3-0.6B, T = 1 | 3.97" in md
   assert "goal ≥ +20%" in md and "Steering overhead at batch" in md
+  assert "Not finished yet" not in md
   assert os.path.getsize(os.path.join(workdir, "accepted_tokens.png")) > 0
+  overhead = json.load(open(os.path.join(workdir, "overhead.json")))
+  assert overhead["batch_size"] == config.overhead_batch and overhead["steering_ms"] > 0
+  assert overhead["round_ms"] > 0 and overhead["fraction"] is not None
 
   def refuse(*args, **kwargs):
     raise AssertionError("a finished piece was redone instead of read back")
   for module in (evaluate, distill):
     monkeypatch.setattr(module, "run", refuse)
+  monkeypatch.setattr(steering_experiment, "steering_ms", refuse)
   again = steering_experiment.run(config, workdir)
   assert again == rows
+  # The same report, but for the command (the launcher's had the data_dir overrides).
+  assert open(os.path.join(workdir, "results.md")).read().split("`. Verifier")[1] == \
+      md.split("`. Verifier")[1]
+
+
+def _steering_rows(name, domain, t, tau, tokens_per_s=None):
+  """One (drafter, domain, T) setting's evaluate rows at γ = 4 (no model): SD's τ ± 0.01."""
+  return [dict(method="sd", gamma=4, temperature=t, block_efficiency=tau, tau_se=0.01,
+               batch_size=4, tokens_per_s=tokens_per_s, device="cpu", verifier="v",
+               drafter="runs/pre/drafter" if name == "pretrained" else f"runs/train/{name}")]
+
+
+def test_experiment_render_only_reads_back_and_runs_nothing(tmp_path, monkeypatch):
+  """Without models: render_only lists the unfinished evaluations (not the training runs that
+  left no results behind); over finished ones it computes the gains, the goals, the overhead
+  against the steered drafter's measured rounds and the plot's bars, and runs nothing."""
+  import json  # noqa: PLC0415
+  from experiments.steering import config as experiment_config  # noqa: PLC0415
+  from spec_jax.evaluation import steering_report  # noqa: PLC0415
+  from spec_jax.programs import distill, evaluate, steering_experiment  # noqa: PLC0415
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("render_only ran something")
+  for module in (evaluate, distill):
+    monkeypatch.setattr(module, "run", refuse)
+  monkeypatch.setattr(steering_experiment, "steering_ms", refuse)
+  config = experiment_config.get_config()
+  config.render_only = True
+  config.lock()
+  assert steering_experiment.run(config, str(tmp_path)) == []
+  md = open(tmp_path / "results.md").read()
+  assert "**Not finished yet: 10 runs** (eval_pretrained_in, eval_pretrained_out, " in md
+  assert "train_" not in md and "overhead)" in md
+  assert not os.path.exists(tmp_path / "accepted_tokens.png")  # no rows: nothing to plot
+
+  finished = {"pretrained_in": _steering_rows("pretrained", "in", 1.0, 1.25),
+              "distilled_in": _steering_rows("distilled", "in", 1.0, 1.5),
+              "steered_in": _steering_rows("steered", "in", 1.0, 1.7, tokens_per_s=68.0),
+              "pretrained_out": _steering_rows("pretrained", "out", 1.0, 1.2),
+              "steered_out": _steering_rows("steered", "out", 1.0, 1.1, tokens_per_s=44.0)}
+  for name, rows in {**{f"eval/{k}": v for k, v in finished.items()},
+                     "overhead": [dict(batch_size=4, steering_ms=2.0)]}.items():
+    os.makedirs(tmp_path / "runs" / name)
+    json.dump(rows, open(tmp_path / "runs" / name / "results.json", "w"))
+  rows = steering_experiment.run(config, str(tmp_path))
+  assert {(r["drafter"], r["domain"], r["drafter_checkpoint"]) for r in rows} == {
+      (k.rsplit("_", 1)[0], k.rsplit("_", 1)[1], v[0]["drafter"]) for k, v in finished.items()}
+  assert json.load(open(tmp_path / "results.json")) == rows
+  md = open(tmp_path / "results.md").read()
+  assert "**Not finished yet: 4 runs** (eval_distilled_out, eval_steered_frozen_in, " in md
+  assert "pretrained drafter `runs/pre/drafter`" in md  # what the rows measured
+  blanks = " | ".join("–" for _ in config.steered_runs if _ != "steered")
+  assert (f"| in | 1 | 4 | 1.250 ± 0.010 | 1.500 ± 0.010 | 1.700 ± 0.010 | {blanks} | +40.0% | "
+          "+180.0% |") in md
+  assert ("- In domain, T = 1, γ = 4: steered vs distilled τ − 1 +40.0% (± 2.8%); goal ≥ "
+          "+20%: met.") in md
+  assert ("- Out of domain, T = 1, γ = 4: steered vs pretrained τ − 1 -50.0% (± 7.1%); goal "
+          "no loss: not met.") in md
+  # Rounds of 4 · τ / tokens_per_s: 4 · 1.7 / 68 = 4 · 1.1 / 44 = 100 ms.
+  assert json.load(open(tmp_path / "overhead.json")) == dict(
+      batch_size=4, steering_ms=2.0, round_ms=100.0, fraction=0.02)
+  assert ("- Steering overhead at batch 4: 2.000 ms per round against a measured round of "
+          "100.0 ms (2.00%); goal ≤ 5%: met.") in md
+  assert os.path.getsize(tmp_path / "accepted_tokens.png") > 0
+  tagged = [dict(r, drafter_name=r["drafter"]) for r in rows]
+  series = steering_report.plot_series(config, tagged)
+  assert list(series) == [("domain in (shakespeare), T = 1", n)
+                          for n in ("pretrained", "distilled", "steered")] + [
+      ("domain out (pystdlib), T = 1", n) for n in ("pretrained", "steered")]
+  xs, ys, errs = series["domain in (shakespeare), T = 1", "steered"]
+  assert xs == [4] and ys == pytest.approx([0.7]) and errs == [0.01]
+
+
+def test_experiment_evaluations_depend_on_their_training():
+  """A drafter trained again under another config is evaluated (and timed) again: its training
+  run's digest is an input of its evaluations, though its checkpoint path stays the same."""
+  from experiments.steering import config as experiment_config  # noqa: PLC0415
+  from spec_jax.evaluation import experiment as harness  # noqa: PLC0415
+  from spec_jax.programs import steering_experiment  # noqa: PLC0415
+
+  def runs(steps):
+    config = experiment_config.get_config("smoke")
+    config.train.train.num_steps = steps
+    return {r.name: r for r in steering_experiment.runs(config, "w")}
+  before, after = runs(4), runs(5)
+  assert list(before) == ["train_distilled", "train_steered", "eval_pretrained_in",
+                          "eval_distilled_in", "eval_steered_in", "overhead"]
+  assert before["eval_pretrained_in"].inputs == {}
+  for name in ("eval_distilled_in", "eval_steered_in", "overhead"):
+    assert before[name].config == after[name].config  # the same checkpoint path
+    assert before[name].inputs != after[name].inputs, name
+  assert before["eval_steered_in"].inputs == {
+      "drafter": harness.run_digest(before["train_steered"])}
+
+
+def test_experiment_bad_steered_run_is_named_before_anything_runs(tmp_path):
+  from experiments.steering import config as experiment_config  # noqa: PLC0415
+  from spec_jax.programs import steering_experiment  # noqa: PLC0415
+  config = experiment_config.get_config("smoke")
+  config.steered_runs.steered.mode = "mixed"
+  with pytest.raises(ValueError, match="steering.mode='mixed' is not known"):
+    steering_experiment.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "runs")
 
 
 def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experiment, tmp_path):
@@ -256,7 +376,10 @@ def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experimen
   section = config.train.drafter.copy_and_resolve_references()
   section.checkpoint = steered_dir
   assert loading.drafter_steering(section) == s_cfg
-  assert isinstance(evaluate.make_drafter(cfg, s_cfg, trees.chain(2)), steered.SteeredDrafter)
+  source = methods.Source(kind="steered", s_cfg=s_cfg, d_cfg=cfg, d_params=params)
+  built = methods.build(methods.parse("sd@2", None), source)
+  assert isinstance(built.drafter, steered.SteeredDrafter)
+  assert built.cost.params is params["drafter"]  # c times the drafter without its module
   # A finished run trains nothing; a steered checkpoint seeds another run (module alone).
   finished = config.train.copy_and_resolve_references()
   finished.steering.update(config.steered_runs["steered"])

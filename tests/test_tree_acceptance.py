@@ -1,10 +1,10 @@
-"""Tree acceptance rules on hand-written probability tables, no model (DESIGN §2, §6).
+"""Tree acceptance rules on hand-written probability tables, no model (docs/design.md §2, §6).
 
 Statistical tests build draft trees from hand tables the way the real samplers do (Gumbel-top-k
 siblings without replacement for RSD, i.i.d. chains for SpecInfer/SpecTr), verify B independent
 rows in one jitted call, and check (a) the law of the emitted tokens against the verifier's
 (chi-square) and (b) the acceptance rate against its exact value (binomial, 5σ), since a rule
-can keep the token law and still accept less than it should (DESIGN §6). Planted bugs
+can keep the token law and still accept less than it should (docs/design.md §6). Planted bugs
 (mismatched sibling sampling, K-SEQ with ρ = 1) must fail the same checks by orders of
 magnitude. Seeds are fixed; thresholds (p > 1e-3 to pass, p < 1e-6 to fail) leave wide margins.
 One-level tests put k = 1..4 candidates in one compiled shape (padding via `valid`).

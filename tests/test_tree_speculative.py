@@ -8,9 +8,9 @@ import pytest
 
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import lm, standard
 from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
 
@@ -57,7 +57,7 @@ def test_greedy_tree_equals_autoregressive(method):
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=10)
-  spec = trees.TreeSpec(method, depth=3, **SHAPES[method])
+  spec = standard.tree(method, depth=3, **SHAPES[method])
   out = _run(v_cfg, v_params, d_cfg, d_params, prompts, spec)
   assert out.new_tokens() == ar.new_tokens()
   np.testing.assert_array_equal(out.lengths, ar.lengths)
@@ -76,15 +76,15 @@ def test_greedy_tree_beats_chain_and_stops_like_autoregressive():
   v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
   d_params = testing.perturbed(v_params, 0.08)
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  chain = _run(v_cfg, v_params, v_cfg, d_params, prompts, trees.TreeSpec("rsd_c", 3, (1,)), n=16)
-  tree = _run(v_cfg, v_params, v_cfg, d_params, prompts, trees.TreeSpec("rsd_c", 3, (3, 2)), n=16)
+  chain = _run(v_cfg, v_params, v_cfg, d_params, prompts, standard.tree("rsd_c", 3, (1,)), n=16)
+  tree = _run(v_cfg, v_params, v_cfg, d_params, prompts, standard.tree("rsd_c", 3, (3, 2)), n=16)
   assert tree.new_tokens() == chain.new_tokens()
   assert np.sum(tree.stats.accepted) > np.sum(chain.stats.accepted)
   free = chain.new_tokens()
   stops = (free[0][3], free[2][1])
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=16, stop_ids=stops)
-  out = _run(v_cfg, v_params, v_cfg, d_params, prompts, trees.TreeSpec("rsd_s", 3, width=2),
+  out = _run(v_cfg, v_params, v_cfg, d_params, prompts, standard.tree("rsd_s", 3, width=2),
              n=16, stop_ids=stops)
   assert out.new_tokens() == ar.new_tokens()
 
@@ -98,7 +98,7 @@ def _law_check(method, sampling, rule="auto", n_samples=3000, seed=0, drafter=(5
   prompt = [1, 4, 2]
   law = testing.exact_sequence_law(v_cfg, v_params, prompt, 2, sampling)
   prompts = generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0)
-  spec = trees.TreeSpec(method, depth=2, **SHAPES[method])
+  spec = standard.tree(method, depth=2, **SHAPES[method])
   out = _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, sampling=sampling, n=2, rule=rule,
              seed=seed, allow_inexact=allow_inexact)
   samples = [tuple(r) for r in out.new_tokens()]
@@ -133,7 +133,7 @@ def test_no_recompile_across_calls(monkeypatch):
   monkeypatch.setattr(loop, "_generate_jit", jax.jit(chex.assert_max_traces(loop._generate, n=1),
                                                      static_argnames=loop.STATIC))
   v_cfg, v_params, d_cfg, d_params = _pair()
-  spec = trees.TreeSpec("rsd_s", depth=2, width=2)
+  spec = standard.tree("rsd_s", depth=2, width=2)
   first = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   second = generate_lib.pad_prompts([[9, 9, 9], [1, 2], [3], [4, 5, 6, 7]], 8, pad_id=0)
   _run(v_cfg, v_params, d_cfg, d_params, first, spec, sampling=Sampling(1.0), n=6)
@@ -143,7 +143,7 @@ def test_no_recompile_across_calls(monkeypatch):
 def test_bad_input():
   v_cfg, v_params, d_cfg, d_params = _pair()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  spec = trees.TreeSpec("rsd_c", depth=4, branching=(4, 4, 2))
+  spec = standard.tree("rsd_c", depth=4, branching=(4, 4, 2))
   with pytest.raises(ValueError, match="only 12 cache slots"):
     _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, max_cache_len=30)
   with pytest.raises(ValueError, match="temperature"):
@@ -157,7 +157,7 @@ def test_bad_input():
   with pytest.raises(ValueError, match="decode.rule='rrs_with' is not exact for rsd_c"):
     _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, rule="rrs_with", sampling=Sampling(1.0))
   with pytest.raises(ValueError, match="decode.rule='kseq' is not exact for rsd_s"):
-    _run(v_cfg, v_params, d_cfg, d_params, prompts, trees.TreeSpec("rsd_s", 2, width=2),
+    _run(v_cfg, v_params, d_cfg, d_params, prompts, standard.tree("rsd_s", 2, width=2),
          rule="kseq", sampling=Sampling(1.0))
   other_cfg, other_params = testing.tiny_model(seed=1, vocab_size=100)
   with pytest.raises(ValueError, match="vocab_size=100"):
@@ -171,21 +171,21 @@ def test_method_entries_parse_and_fit_their_budget():
   ev = evaluate_config.get_config("smoke").eval
   ev.methods = ("sd", "rsd_c:3-2@3", "rsd_s:4@2", "spectr")
   ev.gammas = (1, 3)
-  runs = [(label, m, d, None if t is None else t.describe()) for label, m, d, t in
-          evaluate.method_runs(ev)]
+  runs = [(e.label, e.name, e.depth, None if e.shape.is_chain else e.shape.describe())
+          for e in evaluate.method_runs(ev)]
   assert runs == [("sd", "sd", 1, None), ("sd", "sd", 3, None),
                   ("rsd_c:3-2", "rsd_c", 3, "rsd_c b=3x2x1"),
                   ("rsd_s:4", "rsd_s", 2, "rsd_s W=4 L=2"),
                   ("spectr", "spectr", 1, "spectr K=3 L=1"),
                   ("spectr", "spectr", 3, "spectr K=3 L=3")]
-  for bad, match in [("rsd_c:3-2@1", "at most one entry per depth"), ("beam", "unknown method"),
-                     ("rsd_s:2-2", "takes one width"), ("sd:3", "no shape"),
+  for bad, match in [("rsd_c:3-2@1", "at most one entry per depth"), ("beam", "'beam', which is not a method"),
+                     ("rsd_s:2-2", "takes one number W"), ("sd:3", "no shape"),
                      ("rsd_s:x", "does not parse")]:
     ev.methods = (bad,)
     with pytest.raises(ValueError, match=match):
       evaluate.method_runs(ev)
   for budget in (6, 10, 14, 20, 30):
     for width in (2, 3):
-      sizes = [evaluate.parse_method(e, None, 3)[2].num_nodes
+      sizes = [methods.parse(e, None, default_width=3).shape.num_nodes
                for e in rsd_config.budget_entries(budget, width)]
       assert len(sizes) == 4 and budget - width < max(sizes) <= budget  # as deep as fits

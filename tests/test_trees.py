@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.decoding.drafters import trees
+from spec_jax.decoding.drafters import standard, trees
 from spec_jax.decoding.sampling import Sampling
 
 
@@ -72,14 +72,14 @@ def _two_level_sbs(n, width, truncate=True, seed=0):
   """Stochastic beam search of width `width` and depth 2 over a hand-made two-step law."""
   q_root = jnp.asarray([0.5, 0.3, 0.2])
   q_next = jnp.asarray([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]])
-  spec = trees.TreeSpec("rsd_s", depth=2, width=width)
+  spec = standard.tree("rsd_s", depth=2, width=width)
   s = Sampling(1.0)
   root = trees.root_level(jnp.zeros((n,), jnp.int32))
   key1, key2 = jax.random.split(jax.random.key(seed))
   l1 = trees.expand(spec, 1, key1, jnp.log(q_root)[None, None].repeat(n, 0),
                     q_root[None, None].repeat(n, 0), root, 0, s)
   q1 = q_next[l1.tokens]                                                 # [n, W, V]
-  if not truncate:  # the bug DESIGN.md §6 warns about: children's Gumbels not conditioned
+  if not truncate:  # the bug docs/design.md §6 warns about: children's Gumbels not conditioned
     l1 = l1.replace(value=jnp.where(l1.valid, 0.0, -jnp.inf))
   l2 = trees.expand(spec, 2, key2, jnp.log(q1), q1, l1, 1, s)
   first = jnp.take_along_axis(l1.tokens, l2.parent - 1, axis=1)
@@ -114,7 +114,7 @@ def test_truncated_gumbel_max_equals_the_bound():
 
 def test_hand_drawn_tree_mask_and_positions():
   """RSD-C with b = (2, 2): root 0; children 1, 2; grandchildren 3, 4 (of 1) and 5, 6 (of 2)."""
-  spec = trees.TreeSpec("rsd_c", depth=2, branching=(2, 2))
+  spec = standard.tree("rsd_c", depth=2, branching=(2, 2))
   assert spec.level_widths == (2, 4) and spec.num_nodes == 7 and spec.level_offsets == (0, 1, 3)
   assert spec.depths() == (0, 1, 1, 2, 2, 2, 2)
   tree = trees.Tree(tokens=jnp.zeros((1, 7), jnp.int32),
@@ -149,7 +149,7 @@ def test_hand_drawn_tree_mask_and_positions():
     ("specinfer", dict(width=2), (2, 2, 2), 2),
     ("spectr", dict(width=3), (3, 3, 3), 3)])
 def test_tree_shapes(method, kw, widths, cands):
-  spec = trees.TreeSpec(method, depth=3, **kw)
+  spec = standard.tree(method, depth=3, **kw)
   assert spec.level_widths == widths
   assert spec.num_nodes == 1 + sum(widths)
   assert spec.max_candidates == cands
@@ -162,7 +162,7 @@ def test_expand_levels():
   q = jnp.asarray([0.5, 0.25, 0.25, 0.0, 0.0])
   logits = jnp.log(q)[None, None].repeat(b, 0)
   root = trees.root_level(jnp.zeros((b,), jnp.int32))
-  spec = trees.TreeSpec("rsd_c", depth=1, branching=(4,))
+  spec = standard.tree("rsd_c", depth=1, branching=(4,))
   lvl = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
                      Sampling(1.0))
   toks, valid = np.asarray(lvl.tokens), np.asarray(lvl.valid)
@@ -172,7 +172,7 @@ def test_expand_levels():
   greedy = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
                         Sampling(0.0))
   np.testing.assert_array_equal(greedy.tokens[:, 0], 0)
-  chains = trees.TreeSpec("specinfer", depth=2, width=3)
+  chains = standard.tree("specinfer", depth=2, width=3)
   lvl = trees.expand(chains, 1, jax.random.key(1), logits, q[None, None].repeat(b, 0), root, 0,
                      Sampling(1.0))
   assert np.isin(np.asarray(lvl.tokens), [0, 1, 2]).all()
@@ -192,4 +192,4 @@ def test_expand_levels():
     (dict(method="medusa", depth=2), "unknown")])
 def test_bad_tree_shapes(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    trees.TreeSpec(**kwargs)
+    standard.tree(**kwargs)

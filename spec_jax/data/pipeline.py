@@ -1,7 +1,7 @@
 """Input pipeline: TFDS data sources -> token streams -> packed, index-addressable LM batches.
 
 Reading goes through `tfds.data_source` style random access (array_record), never `tfds.load`,
-which would import TensorFlow (DESIGN.md §4). Our two corpora (`spec_jax.data.corpora`) are built
+which would import TensorFlow (docs/design.md §4). Our two corpora (`spec_jax.data.corpora`) are built
 from local files on first use; any other TFDS dataset works by name once it has been prepared in
 `data_dir` in array_record format, and nothing is ever downloaded here.
 

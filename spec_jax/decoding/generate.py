@@ -1,6 +1,6 @@
 """Autoregressive generation: one jitted `lax.while_loop`, batch > 1 with ragged prompts.
 
-Cache layout (DESIGN.md §2): slot = absolute position. Prompts are right-padded to a fixed
+Cache layout (docs/design.md §2): slot = absolute position. Prompts are right-padded to a fixed
 `P = max_prompt_tokens`, so one compiled program serves every batch of the same (B, P, O). The
 padding's K/V land in slots >= length[b]; the causal mask hides them and the next real token in
 that row overwrites them before any query can see them.

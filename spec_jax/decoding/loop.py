@@ -4,7 +4,7 @@ rule (chains, lenience, RSD-C, RSD-S, SpecInfer, SpecTr, drafters fed by the ver
 Shape letters (repo legend): B batch, P padded prompt length, O max new tokens, M proposal nodes,
 A deepest draft level, V vocabulary, S = P + O + M − 1 cache slots.
 
-One round (DESIGN.md §2):
+One round (docs/design.md §2):
   proposal, d_state = drafter.propose(d_params, d_state, tokens, lengths, rng, sampling)
   logits, hidden, v_cache = verifier.score(v_params, v_cache, proposal, lengths)
   verdict = rule(probs_from_logits(logits, sampling), proposal, rng)
@@ -148,9 +148,9 @@ def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule
   if proposal.chain != shape.is_chain:
     raise ValueError(f"proposal.chain={proposal.chain} but drafter.shape is {shape.describe()}.")
   if proposal.q is None:
-    if rule not in acceptance.GREEDY_RULES:
+    if not acceptance.RULES[rule].greedy:
       raise ValueError(f"proposal.q is None (the drafter gives no exact law), so only greedy "
-                       f"decoding can verify it, not decode.rule={rule!r} (DESIGN §6).")
+                       f"decoding can verify it, not decode.rule={rule!r} (docs/design.md §6).")
     return
   if proposal.q.shape != (batch, m, vocab_size):
     raise ValueError(f"proposal.q has shape {proposal.q.shape}; it must be the exact law at "
@@ -202,10 +202,7 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
                                         sampling)
     _check_proposal(proposal, shape, verifier.vocab_size, b, rule_name)
     logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
-    if rule_name == "top_k_relaxed":  # ranks of the full law (greedy's p is one-hot)
-      p = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    else:
-      p = sampling_lib.probs_from_logits(logits, sampling)
+    p = acceptance.verifier_law(rule_name, logits, sampling)  # the law the rule declares
     verdict: Verdict = rule(p, proposal, accept_key)
     # A row whose verifier or drafter law broke this round stops here, emitting nothing of it.
     status = law_errors(logits, p, proposal)

@@ -1,4 +1,4 @@
-"""The types the speculative loop is written against (DESIGN.md §2), and the one check of their
+"""The types the speculative loop is written against (docs/design.md §2), and the one check of their
 contract that both sides share (`check_layers`, defined with the model's residual depths in
 `models/llama.py`). No algorithm.
 
@@ -49,7 +49,7 @@ class Proposal:
   valid   bool[B, M]   False for padding (a node that could not be drawn)
   q       f32[B, M, V] | None  the exact law node i's children were drawn from, after the same
                        temperature/top-k/top-p transform the verifier's p gets (zeros at leaves).
-                       Losslessness rests on it (DESIGN §6): never a one-hot stand-in for a
+                       Losslessness rests on it (docs/design.md §6): never a one-hot stand-in for a
                        sampled draft. None: the drafter has no law, and only greedy may verify it.
   chain   static bool  parent = j − 1 for every node: chain rules use the [B, γ] fast path.
   scheme  static str   how siblings were drawn (SCHEMES).

@@ -1,4 +1,4 @@
-"""A `protocols.Verifier` from any model with the forward contract (DESIGN.md §2).
+"""A `protocols.Verifier` from any model with the forward contract (docs/design.md §2).
 
 Shape letters (repo legend): B batch, P padded prompt length, M proposal nodes, A draft depth,
 V vocabulary, D model width, S cache slots.

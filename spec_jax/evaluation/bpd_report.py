@@ -1,21 +1,20 @@
-"""results.md and plots of the BPD experiment (`programs/bpd_experiment.py`): tables of τ ± SE,
-speedups and the refinements' gain over plain BPD per (dataset, heads, temperature), the head
-analysis, the papers' numbers beside ours, the issue's goals checked on the measured rows, and
-tau_by_method.png, oracle_vs_k.png, entropy_repetition.png (matplotlib, Agg).
+"""The BPD experiment's rows and report (`programs/bpd_experiment.py`): the rows assembled from
+its runs (carried settings, evaluate's rows, the head analysis as bpd_oracle rows, the gains over
+plain BPD), results.md (tables of τ ± SE, speedups and the refinements' gain per (dataset, heads,
+temperature), the head analysis, the papers' numbers beside ours, the issue's goals checked on
+the measured rows) and the plots tau_by_method.png, oracle_vs_k.png, entropy_repetition.png.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-from spec_jax.evaluation import glossary, tables
+from spec_jax.evaluation import experiment, glossary, tables
 
 # Decoded BPD methods (evaluate's row names) and the oracle, in table order.
 DECODED = ("bpd", "bpd_tree", "bpd_ngram", "bpd_ngram_beam", "bpd_neural")
 REFINED = ("bpd_ngram", "bpd_ngram_beam", "bpd_neural")
-# The issue's goals: greedy in-domain τ ≥ 2.0; a refinement gaining ≥ 5% τ over plain BPD.
-GOAL_TAU = 2.0
-GOAL_GAIN = 0.05
 NOISE_SE = 2.0  # a gain counts beyond noise when it exceeds this many standard errors
 OUTPUTS = ("results.json", "results.md", "tau_by_method.png", "oracle_vs_k.png",
            "entropy_repetition.png")
@@ -57,6 +56,107 @@ METHOD_NOTES = (
     " the ceiling of any rescoring of the top-k lattice.")
 
 
+# -- the rows --------------------------------------------------------------------------------
+
+
+def heads_key(dataset: str, h: int) -> str:
+  """The key of a (dataset, h) setting: in config.heads_checkpoints, carry and run names."""
+  return f"{dataset}_h{int(h)}"
+
+
+def setting(row: dict) -> str:
+  return heads_key(row["dataset"], row["heads"])
+
+
+def carried(config) -> tuple[str, ...]:
+  """The settings "<dataset>_h<h>" whose rows the experiment reads from `carry_from`."""
+  return tuple(config.get("carry", ()) or ())
+
+
+def lattice_k(config, h: int) -> int:
+  """The lattice's k for h heads: `top_k_per_heads[f"h{h}"]` if given, else `top_k`."""
+  return int(config.top_k_per_heads.get(f"h{int(h)}", config.top_k))
+
+
+def oracle_k(config, h: int) -> int:
+  """The k of the bpd_oracle row for h heads: `oracle_k`, or the decoded lattice's k if 0."""
+  return int(config.oracle_k) or lattice_k(config, h)
+
+
+def eval_run(dataset: str, h: int, temperature: float) -> str:
+  return f"eval_{heads_key(dataset, h)}_T{float(temperature):g}"
+
+
+def analysis_run(dataset: str, h: int) -> str:
+  return f"analysis_{heads_key(dataset, h)}"
+
+
+def paths_kept(row: dict) -> int | None:
+  """bpd_ngram's kept paths p, or bpd_ngram_beam's width W, from the row's tree description."""
+  match = re.search(r"(?:p|W)=(\d+)", row.get("tree") or "")
+  return int(match.group(1)) if match else None
+
+
+def oracle_row(k: int, stats: dict) -> dict:
+  """The bpd_oracle row of one head analysis (`bpd_analysis.analyse`'s dict, with its run's
+  tags): the lattice oracle's τ at k, and the analysis."""
+  keep = ("dataset", "heads", "heads_checkpoint", "heads_steps", "heads_data", "run")
+  return dict(method="bpd_oracle", temperature=0.0, gamma=stats["heads"], oracle_k=int(k),
+              block_efficiency=stats["oracle_tau"][str(k)], tau_se=None, speedup=None,
+              tokens_per_s=None, theoretical_speedup=None, verifier_tokens_per_call=None,
+              identical_to_greedy=None, oracle_tau=stats["oracle_tau"],
+              head_entropy=stats["head_entropy"], repetition_rate=stats["repetition_rate"],
+              topk_accuracy=stats["topk_accuracy"], num_prompts=stats["prompts"],
+              new_tokens=stats["tokens"] * stats["prompts"],
+              **{key: stats[key] for key in keep if key in stats})
+
+
+def add_gains(rows: list[dict]) -> None:
+  """gain_over_bpd (and its standard error, prompts treated as independent between the two
+  runs, which is conservative: both decode the same prompts) on every non-bpd BPD row."""
+  plain = {(r["dataset"], r["heads"], r["temperature"]): r for r in rows if r["method"] == "bpd"}
+  for r in rows:
+    b = plain.get((r["dataset"], r["heads"], r["temperature"]))
+    if r["method"] in ("autoregressive", "bpd") or b is None or not b["block_efficiency"]:
+      continue
+    ratio = r["block_efficiency"] / b["block_efficiency"]
+    rel = math.hypot((r.get("tau_se") or 0.0) / r["block_efficiency"],
+                     (b.get("tau_se") or 0.0) / b["block_efficiency"])
+    r.update(gain_over_bpd=round(ratio - 1, 4), gain_se=round(ratio * rel, 4))
+
+
+def collect_rows(config, collected, previous: list[dict]) -> tuple[list[dict], list[str]]:
+  """(the rows, the runs whose rows come from `previous`), in config order: each carried
+  setting's rows, each evaluate run's rows (bpd_ngram(_beam) with its p), each head analysis as
+  a bpd_oracle row, then the gains over plain BPD. A run that render_only found missing
+  (collected.missing) takes the rows `previous` (the workdir's results.json) holds for it."""
+  carry = experiment.carried_rows(config, setting)
+  rows, reread = [], []
+
+  def measured(name: str, old: list[dict]) -> list[dict]:
+    if name not in collected.missing:
+      return collected.by_run.get(name, [])
+    reread.extend([name] if old else [])
+    return old
+  for dataset in config.datasets:
+    for h in config.heads:
+      key = heads_key(dataset, h)
+      if key in carry:
+        rows += carry[key]
+        continue
+      mine = [r for r in previous if not r.get("carried") and setting(r) == key]
+      for t in config.temperatures:
+        got = measured(eval_run(dataset, h, t), [
+            r for r in mine if r["temperature"] == float(t) and r["method"] != "bpd_oracle"])
+        rows += [dict(r, p=paths_kept(r)) if r["method"] in ("bpd_ngram", "bpd_ngram_beam")
+                 else r for r in got]
+      got = measured(analysis_run(dataset, h), [r for r in mine if r["method"] == "bpd_oracle"])
+      rows += [r if r.get("method") == "bpd_oracle" else oracle_row(oracle_k(config, h), r)
+               for r in got]
+  add_gains(rows)
+  return rows, reread
+
+
 # -- results.md ------------------------------------------------------------------------------
 
 
@@ -91,9 +191,7 @@ def _shape(r: dict) -> str:
     return f"best of the top-{r['oracle_k']} lattice's k^h paths"
   if r["method"] == "bpd_neural":
     return f"chain γ={r['gamma']}, heads' top-k rescored"
-  if r["method"] == "autoregressive":
-    return "–"
-  return r.get("tree") or f"chain γ={r['gamma']}"
+  return "–" if r["method"] == "autoregressive" else r.get("tree") or f"chain γ={r['gamma']}"
 
 
 TABLE = ("heads", "method", "shape", "block_efficiency", "gain_over_bpd", "speedup",
@@ -117,7 +215,9 @@ def _by(rows, **where) -> list[dict]:
 
 
 def goal_lines(config, rows: list[dict]) -> list[str]:
-  """The issue's two goals, checked on the measured rows (never on the oracle)."""
+  """The issue's two goals (config.goal_tau, config.goal_gain), checked on the measured rows
+  (never on the oracle)."""
+  goal_tau, goal_gain = float(config.goal_tau), float(config.goal_gain)
   out, met, total = [], 0, 0
   for dataset in config.datasets:
     for h in config.heads:
@@ -128,7 +228,7 @@ def goal_lines(config, rows: list[dict]) -> list[str]:
       in_domain = greedy[0].get("heads_data") == dataset
       best = max(greedy, key=lambda r: r["block_efficiency"])
       plain = next((r for r in greedy if r["method"] == "bpd"), None)
-      ok = best["block_efficiency"] >= GOAL_TAU
+      ok = best["block_efficiency"] >= goal_tau
       if in_domain:
         total += 1
         met += ok
@@ -136,8 +236,8 @@ def goal_lines(config, rows: list[dict]) -> list[str]:
           f"- {dataset}, h = {h} (heads trained on {greedy[0].get('heads_data') or 'unknown'}"
           f"{', in domain' if in_domain else ', not in domain: not counted'}): plain bpd τ "
           f"{_tau(plain) if plain else '–'}, best decoded {_label(best)} τ {_tau(best)}: "
-          f"τ ≥ {GOAL_TAU:g} {'met' if ok else 'not met'}.")
-  lines = [f"**Greedy in-domain τ ≥ {GOAL_TAU:g}** (any decoded BPD method, T = 0): met in "
+          f"τ ≥ {goal_tau:g} {'met' if ok else 'not met'}.")
+  lines = [f"**Greedy in-domain τ ≥ {goal_tau:g}** (any decoded BPD method, T = 0): met in "
            f"{met} of {total} in-domain settings.", "", *out, ""]
   out, met, total = [], 0, 0
   for dataset in config.datasets:
@@ -148,7 +248,7 @@ def goal_lines(config, rows: list[dict]) -> list[str]:
         if not refined:
           continue
         best = max(refined, key=lambda r: r["gain_over_bpd"])
-        ok = best["gain_over_bpd"] >= GOAL_GAIN
+        ok = best["gain_over_bpd"] >= goal_gain
         total += 1
         met += ok
         z = best["gain_over_bpd"] / (best.get("gain_se") or math.inf)
@@ -156,13 +256,12 @@ def goal_lines(config, rows: list[dict]) -> list[str]:
                  " (below plain bpd beyond noise)" if z < -NOISE_SE else
                  " (within noise of plain bpd)")
         out.append(f"- {dataset}, h = {h}, T = {float(t):g}: best refinement {_label(best)} "
-                   f"{_gain(best)}{noise}: ≥ +{100 * GOAL_GAIN:g}% "
+                   f"{_gain(best)}{noise}: ≥ +{100 * goal_gain:g}% "
                    f"{'met' if ok else 'not met'}.")
-  lines += [f"**Refinement ≥ +{100 * GOAL_GAIN:g}% τ over plain bpd** (bpd_ngram(_beam) or "
-            "bpd_neural, "
-            f"same dataset, h and T): met in {met} of {total} settings. ± is the standard error "
-            f"of the ratio; 'beyond noise' when the gain is more than {NOISE_SE:g} of them "
-            "from 0.", "", *out, ""]
+  lines += [f"**Refinement ≥ +{100 * goal_gain:g}% τ over plain bpd** (bpd_ngram(_beam) or "
+            f"bpd_neural, same dataset, h and T): met in {met} of {total} settings. ± is the "
+            f"standard error of the ratio; 'beyond noise' when the gain is more than "
+            f"{NOISE_SE:g} of them from 0.", "", *out, ""]
   return lines
 
 
@@ -212,27 +311,21 @@ def paper_lines(config, rows: list[dict]) -> list[str]:
   steps = " / ".join(str(n) for n in sorted({r["heads_steps"] for r in rows
                                              if r.get("heads_steps") is not None})
                      ) or str(config.train_steps)
+  device = next((r["device"] for r in rows if r.get("device")), "?")
   lines = ["| paper | quantity | the paper | ours (greedy) |", "|---|---|---|---|"]
   lines += [f"| {p} | {q} | {v} | {o} |" for (p, q, v), o in zip(PAPERS, ours)]
   return lines + [
       "", "The papers' columns are the numbers they report, on their own (far larger) models "
       "and training budgets; not reproduced here. Our heads train for only "
-      f"{steps} steps on 2 CPU cores, so absolute τ is far below; compare the direction and "
+      f"{steps} steps on {device}, so absolute τ is far below; compare the direction and "
       "size of the refinement gains, not the levels. Stern et al.'s mean accepted block size "
       "counts the verifier's own token, like τ.", ""]
 
 
-def heads_key(dataset: str, h: int) -> str:
-  """The key of a (dataset, h) head set in config.heads_checkpoints."""
-  return f"{dataset}_h{int(h)}"
-
-
-def carried(config) -> tuple[str, ...]:
-  """The settings "<dataset>_h<h>" whose rows the experiment reads from `carry_from`."""
-  return tuple(config.get("carry", ()) or ())
-
-
-def render_markdown(config, rows: list[dict], command_line: str) -> str:
+def render_markdown(config, rows: list[dict], command_line: str,
+                    reread: list[str] = ()) -> str:
+  """results.md; `reread`: the runs whose rows came from the workdir's earlier results.json
+  (render_only, their run directories gone)."""
   decoded = [r for r in rows if r["method"] != "bpd_oracle"]
   steps = {heads_key(r["dataset"], r["heads"]): r.get("heads_steps") for r in rows}
   carry = carried(config)
@@ -261,6 +354,8 @@ def render_markdown(config, rows: list[dict], command_line: str) -> str:
         *(["", f"Carried, not rerun: the rows of {', '.join(carry)} are read from "
            f"`{config.carry_from}` (an earlier run of this experiment; its heads, and so the "
            "methods added since, are not in them)."] if carry else []),
+        *(["", f"Reported from the earlier results.json (render_only; their run directories are "
+           f"not in runs/): {', '.join(reread)}."] if reread else []),
         "", "## Results", ""]
   for dataset in config.datasets:
     for t in config.temperatures:
@@ -286,7 +381,7 @@ def model_name(section) -> str:
 
 # -- plots -----------------------------------------------------------------------------------
 
-# One colour per method (bpd_ngram per kept paths), one per (dataset, h) in the analysis plots.
+# One colour per method (bpd_ngram per kept paths); other labels take the palette's.
 _COLOURS = {"bpd": "#444444", "bpd_tree": "#1f77b4", "bpd_ngram p=4": "#2ca02c",
             "bpd_ngram p=16": "#98df8a", "bpd_ngram_beam W=16": "#9467bd",
             "bpd_neural": "#ff7f0e", "bpd_oracle": "#d62728"}
@@ -294,115 +389,61 @@ _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#
             "#7f7f7f", "#bcbd22", "#17becf")
 
 
-def _figure(width: float, height: float):
-  """An Agg figure (no display, no pyplot state) with room for a legend outside the axes."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-  from matplotlib.figure import Figure  # noqa: PLC0415
-  fig = Figure(figsize=(width, height), layout="constrained")
-  FigureCanvasAgg(fig)
-  return fig
-
-
-def _legend(fig, labels: list[str], colours: list[str]) -> None:
-  from matplotlib.patches import Patch  # noqa: PLC0415
-  if labels:  # render_only before any run finished: no legend
-    fig.legend([Patch(color=c) for c in colours], labels, fontsize=7,
-               loc="outside right upper")
-
-
 def _short(dataset: str) -> str:
   return dataset.replace("spec_jax_", "")
 
 
-def plot_tau_by_method(config, rows, path: str) -> None:
-  """One panel per (dataset, h): τ ± SE of every method, grouped by temperature."""
-  bpd_rows = [r for r in rows if r["method"] != "autoregressive"]
-  panels = _settings(config, bpd_rows) or [None]
-  labels = sorted({_label(r) for r in bpd_rows}, key=lambda s: (list(_COLOURS) + [s]).index(s))
-  colours = [_COLOURS.get(s, _PALETTE[i % len(_PALETTE)]) for i, s in enumerate(labels)]
-  temps = [float(t) for t in config.temperatures]
-  fig = _figure(max(3.6 * len(panels), 6.0) + 1.8, 4.2)
-  width = 0.8 / max(len(labels), 1)
-  for i, panel in enumerate(panels):
-    ax = fig.add_subplot(1, len(panels), i + 1)
-    ax.set_ylabel("τ, block efficiency (tokens per verifier call)")
-    ax.grid(axis="y", alpha=0.3)
-    if panel is None:
-      ax.set_title("no finished runs")
-      continue
-    for j, (label, colour) in enumerate(zip(labels, colours)):
-      xs, ys, es = [], [], []
-      for k, t in enumerate(temps):
-        r = next((r for r in _by(bpd_rows, dataset=panel[0], heads=panel[1], temperature=t)
-                  if _label(r) == label), None)
-        if r is not None:
-          xs.append(k + (j - (len(labels) - 1) / 2) * width)
-          ys.append(r["block_efficiency"])
-          es.append(r.get("tau_se") or 0.0)
-      ax.bar(xs, ys, width, yerr=es, capsize=2.5, color=colour)
-    ax.axhline(1.0, color="black", linewidth=0.6)  # autoregressive decoding
-    ax.set_xticks(range(len(temps)), [f"T = {t:g}" for t in temps])
-    ax.set_title(f"{_short(panel[0])}, h = {panel[1]}", fontsize=9)
-  _legend(fig, labels, colours)
-  fig.suptitle(f"τ per method ± standard error over prompts (black line: autoregressive)\n"
-               f"verifier {model_name(config.verifier)}, drafter: h BPD heads "
-               f"({config.train_steps} training steps), rescorer {model_name(config.rescorer)}",
-               fontsize=8)
-  fig.savefig(path, dpi=110)
+def _style(labels: list[str]):
+  """label -> its colour (a method's own, else the palette's by first appearance)."""
+  colours = {s: _COLOURS.get(s, _PALETTE[i % len(_PALETTE)]) for i, s in enumerate(labels)}
+  return lambda label: dict(color=colours[label.split(": ")[0]],
+                            linestyle="--" if label.endswith("(measured)") else "-")
 
 
-def plot_oracle_vs_k(config, rows, path: str) -> None:
-  """The lattice oracle's τ vs k per (dataset, h), dashed at plain bpd's measured greedy τ."""
-  fig = _figure(8.4, 4.2)
-  ax = fig.add_subplot()
-  for i, r in enumerate(_oracles(config, rows)):
-    colour = _PALETTE[i % len(_PALETTE)]
+def plots(config, rows: list[dict]) -> dict:
+  """{file name: fn(path)} of the three plots, drawn by experiment.errorbar_plot."""
+  about = (f"verifier {model_name(config.verifier)}, drafter: h BPD heads "
+           f"({config.train_steps} training steps), rescorer {model_name(config.rescorer)}")
+  # τ ± SE of every method per (dataset, h) panel, bars grouped by temperature.
+  decoded = sorted((r for r in rows if r["method"] != "autoregressive"),
+                   key=lambda r: (list(_COLOURS) + [_label(r)]).index(_label(r)))
+  tau = {}
+  for r in decoded:
+    xs, ys, es = tau.setdefault((f"{_short(r['dataset'])}, h = {r['heads']}", _label(r)),
+                                ([], [], []))
+    xs.append(r["temperature"])
+    ys.append(r["block_efficiency"])
+    es.append(r.get("tau_se"))
+  # The lattice oracle's τ against k, beside plain bpd's measured greedy τ (dashed).
+  oracle = {}
+  for r in _oracles(config, rows):
+    name = f"{_short(r['dataset'])}, h = {r['heads']}"
     ks = sorted(int(k) for k in r["oracle_tau"])
-    ax.plot(ks, [r["oracle_tau"][str(k)] for k in ks], marker="o", color=colour,
-            label=f"{_short(r['dataset'])}, h = {r['heads']}: oracle")
-    plain = next(iter(_by(rows, method="bpd", dataset=r["dataset"], heads=r["heads"],
-                          temperature=0.0)), None)
-    if plain is not None:
-      ax.axhline(plain["block_efficiency"], color=colour, linestyle="--", linewidth=1,
-                 label=f"{_short(r['dataset'])}, h = {r['heads']}: bpd (measured)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks, [str(k) for k in ks])
-  ax.set_xlabel("k (candidates per head in the lattice)")
-  ax.set_ylabel("oracle τ (tokens per verifier call)")
-  ax.grid(alpha=0.3)
-  if ax.get_legend_handles_labels()[0]:  # nothing analysed yet under render_only: no legend
-    fig.legend(fontsize=7, loc="outside right upper")
-  ax.set_title(f"Lattice oracle τ vs k (solid) and plain bpd's measured greedy τ (dashed). "
-               f"Verifier {model_name(config.verifier)}", fontsize=8)
-  fig.savefig(path, dpi=110)
-
-
-def plot_entropy_repetition(config, rows, path: str) -> None:
-  """Per-head entropy (bars per head, one colour per (dataset, h)) and the repetition rate."""
-  oracles = _oracles(config, rows)
-  fig = _figure(9.6, 3.8)
-  left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-  width = 0.8 / max(len(oracles), 1)
-  labels, colours = [], []
-  for i, r in enumerate(oracles):
-    colour = _PALETTE[i % len(_PALETTE)]
-    heads = range(1, len(r["head_entropy"]) + 1)
-    left.bar([k + (i - (len(oracles) - 1) / 2) * width for k in heads], r["head_entropy"],
-             width, color=colour)
-    right.bar([i], [r["repetition_rate"]], 0.7, color=colour)
-    labels.append(f"{_short(r['dataset'])}, h = {r['heads']}")
-    colours.append(colour)
-  most = max((len(r["head_entropy"]) for r in oracles), default=1)
-  left.set_xticks(range(1, most + 1), [f"head {k}" for k in range(1, most + 1)])
-  left.set_ylabel("mean entropy of the head's law (nats)")
-  left.set_title("Per-head entropy", fontsize=9)
-  right.set_xticks(range(len(labels)), labels, fontsize=7, rotation=20)
-  right.set_ylim(0, 1)
-  right.set_ylabel("consecutive heads' argmax drafts equal")
-  right.set_title("Repetition rate in block drafts", fontsize=9)
-  for ax in (left, right):
-    ax.grid(axis="y", alpha=0.3)
-  _legend(fig, labels, colours)
-  fig.suptitle(f"BPD heads on {model_name(config.verifier)}, on the evaluate prompts' greedy "
-               "continuations", fontsize=8)
-  fig.savefig(path, dpi=110)
+    oracle[f"{name}: oracle"] = (ks, [r["oracle_tau"][str(k)] for k in ks], [None] * len(ks))
+    for b in _by(rows, method="bpd", dataset=r["dataset"], heads=r["heads"], temperature=0.0):
+      oracle[f"{name}: bpd (measured)"] = (ks, [b["block_efficiency"]] * len(ks),
+                                           [b.get("tau_se")] * len(ks))
+  # Each head's mean entropy per setting; the repetition rate in the legend.
+  entropy = {f"{_short(r['dataset'])}, h = {r['heads']}: repetition "
+             f"{r['repetition_rate']:.2f}": (list(range(1, len(r["head_entropy"]) + 1)),
+                                             r["head_entropy"], [None] * len(r["head_entropy"]))
+             for r in _oracles(config, rows)}
+  labels = list(dict.fromkeys([label for _, label in tau] + [s.split(": ")[0] for s in oracle]
+                              + [s.split(": ")[0] for s in entropy]))
+  return {
+      "tau_by_method.png": lambda path: experiment.errorbar_plot(
+          path, tau, xlabel="temperature", bars=True, style=_style(labels),
+          ylabel="τ, block efficiency (tokens per verifier call)", hline=1.0,
+          hline_label="autoregressive", title=f"τ per method ± standard error over prompts; "
+          f"{about}"),
+      "oracle_vs_k.png": lambda path: experiment.errorbar_plot(
+          path, oracle, xlabel="k (candidates per head in the lattice)",
+          ylabel="oracle τ (tokens per verifier call)", style=_style(labels),
+          title=f"Lattice oracle τ vs k (solid), plain bpd's measured greedy τ ± SE "
+          f"(dashed)\nverifier {model_name(config.verifier)}"),
+      "entropy_repetition.png": lambda path: experiment.errorbar_plot(
+          path, entropy, xlabel="head", ylabel="mean entropy of the head's law (nats)",
+          bars=True, style=_style(labels), title="Per-head entropy on the evaluate prompts' "
+          "greedy continuations\n(legend: how often consecutive heads' argmax drafts repeat a "
+          "token)"),
+  }

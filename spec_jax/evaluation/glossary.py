@@ -1,4 +1,4 @@
-"""The metrics glossary (DESIGN.md §3): one definition per results.json key, printed with reports.
+"""The metrics glossary (docs/design.md §3): one definition per results.json key, printed with reports.
 
 Every report prints the glossary entries of the columns it shows, because a bare "acceptance
 length" is ambiguous (vLLM#13990, EAGLE#153). Table headers carry the paper symbol beside the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-# One-line definitions, DESIGN.md §3 wording. The order is the order the glossary is printed in.
+# One-line definitions, docs/design.md §3 wording. The order is the order the glossary is printed in.
 GLOSSARY: dict[str, str] = {
     "method": "decoding method: autoregressive (one verifier call per token), sd (chain "
               "speculative decoding with a draft model), rsd_c, specinfer, ...",

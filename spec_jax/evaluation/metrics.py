@@ -1,6 +1,6 @@
 """τ, α, per-position acceptance and the theoretical speedup, from the speculative loop's output.
 
-Definitions are the glossary's (DESIGN.md §3, spec_jax.evaluation.glossary); this is the one
+Definitions are the glossary's (docs/design.md §3, spec_jax.evaluation.glossary); this is the one
 place that computes them, for the evaluate and distill programs and the experiments.
 
 Input: outputs of the speculative loop, one per prompt batch. Each has `num_new` int[B] (tokens
@@ -105,7 +105,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
 
 
 def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int) -> float:
-  """Speedup over autoregressive decoding that τ predicts: τ / (r(M) + d·c)   (DESIGN.md §3).
+  """Speedup over autoregressive decoding that τ predicts: τ / (r(M) + d·c)   (docs/design.md §3).
 
   One round costs one verifier call over M tokens (r(M) = its time / a one-token call's, measured)
   plus d drafter calls (c each, in one-token verifier calls) and emits τ tokens; autoregressive

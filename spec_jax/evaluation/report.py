@@ -1,7 +1,7 @@
 """Result files of an evaluation run: results.json rows, and results.md with tables and plots.
 
 Rows are flat dicts, one per setting (method, γ, temperature, batch size, ...), metric keys named
-as in the glossary (DESIGN.md §3). `write_results` stores them, `load_rows` reads them back, and
+as in the glossary (docs/design.md §3). `write_results` stores them, `load_rows` reads them back, and
 `write_report` renders results.md from the pieces: tables (spec_jax.evaluation.tables), PNG plots
 (plots) and the glossary entries of every metric shown (glossary).
 """

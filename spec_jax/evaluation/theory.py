@@ -1,6 +1,6 @@
 """Closed-form predictions for chain speculative decoding (Leviathan et al. 2023, §3).
 
-Glossary (DESIGN §3): α acceptance rate (Σ_x min(p, q), assumed i.i.d. across positions),
+Glossary (docs/design.md §3): α acceptance rate (Σ_x min(p, q), assumed i.i.d. across positions),
 γ draft tokens per round, c cost of one drafter call relative to one verifier call,
 τ block efficiency = tokens emitted per verifier call (bonus/correction token included).
 Inputs may be Python scalars or numpy arrays (broadcast); outputs are float64 numpy values.

@@ -1,5 +1,5 @@
 """The decoder every family shares: embedding, a scan over the family's blocks, final norm, output
-head and one cache write (DESIGN.md §2). The block comes from the config (`cfg.block()`:
+head and one cache write (docs/design.md §2). The block comes from the config (`cfg.block()`:
 `llama.Block`, `gemma.Block`), so one forward contract serves every family and everything built on
 it (chain SD, trees, every drafter) works with any of them unchanged.
 
@@ -117,7 +117,7 @@ def expand_logits(cfg, logits: jax.Array) -> jax.Array:
 
 
 def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool = False):
-  """The DESIGN.md §2 forward as a pure function, for a config of any family:
+  """The docs/design.md §2 forward as a pure function, for a config of any family:
   apply(params, tokens[B,T], positions[B,T], cache, mask[B,T,S] | None, slots[B,T] | None)
     -> (logits float32[B,T,V], hidden {layer: [B,T,D]}, cache).
   An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})

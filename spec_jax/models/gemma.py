@@ -1,5 +1,5 @@
 """Gemma 2 and Gemma 3 text decoders: the config and the block; the forward is the shared
-`decoder.Decoder` (DESIGN.md §2), so everything that runs a Llama runs a Gemma.
+`decoder.Decoder` (docs/design.md §2), so everything that runs a Llama runs a Gemma.
 
 What differs from Llama (transformers' Gemma2/Gemma3 modelling, checked by tests/test_families.py):
   * RMSNorm gains stored as gain − 1 (y · (1 + scale)), computed in float32;

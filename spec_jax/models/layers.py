@@ -1,5 +1,5 @@
 """Pieces every decoder family shares: the explicit KV cache, masks, RoPE variants, RMSNorm and
-attention (DESIGN.md §2). Written once; `llama.py` and `gemma.py` build their blocks from them and
+attention (docs/design.md §2). Written once; `llama.py` and `gemma.py` build their blocks from them and
 `decoder.py` stacks the blocks.
 
 Shape legend (capital-letter einsums; the package legend in `spec_jax/__init__.py`):

@@ -1,5 +1,5 @@
 """Llama-family models (Llama 2/3.x, Mistral, Qwen2/2.5/3, SmolLM2, TinyLlama) and every drafter:
-the config and the decoder block. The forward itself (`decoder.Decoder`, DESIGN.md §2) and the
+the config and the decoder block. The forward itself (`decoder.Decoder`, docs/design.md §2) and the
 pieces it shares with the other families (KV cache, masks, RoPE, norms, attention: `layers.py`)
 are re-exported here under the names the package has always used.
 
@@ -151,7 +151,7 @@ _VARIANTS = {
     # HuggingFaceTB/SmolLM2-135M(-Instruct).
     "smollm2-135m": dict(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
                          head_dim=64, d_ff=1536, rope_theta=100_000.0, norm_eps=1e-5),
-    # Drafters (DESIGN.md §4 cost notes: the 49k output layer dominates their step time).
+    # Drafters (docs/design.md §4 cost notes: the 49k output layer dominates their step time).
     "drafter-xs": dict(vocab_size=49152, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
                        head_dim=32, d_ff=384, rope_theta=100_000.0),
     "drafter-s": dict(vocab_size=49152, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,

@@ -18,8 +18,8 @@
    output, so float differences between the systems are told apart from algorithm errors), and
    diagnostics; `summary.json` holds the speedups; `results.md` the table.
 
-Timing (`measure`): one process; every method is warmed up untimed first (compilation for
-spec_jax), then the methods take turns one batch at a time, so that on a machine shared with
+Timing (`hf_bench.measure`): one process; every method is warmed up untimed first (compilation
+for spec_jax), then the methods take turns one batch at a time, so that on a machine shared with
 other jobs a slow spell is spread over all of them. Calls never overlap: torch runs on all cores
 (torch_threads) while XLA idles, and the reverse. Prefill is included; a row's time is the sum
 over its batches.
@@ -27,12 +27,8 @@ over its batches.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import importlib.metadata
 import json
 import os
-from typing import Callable
 
 import jax
 
@@ -45,7 +41,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm
 from spec_jax.decoding.drafters import trees
-from spec_jax.evaluation import metrics, report, timing
+from spec_jax.evaluation import hf_bench, report
 from spec_jax.models import hf_import
 from spec_jax.programs import export_hf
 
@@ -95,40 +91,7 @@ def _batches(ids: list[list[int]], batch_size: int) -> list[list[list[int]]]:
   return [ids[i:i + batch_size] for i in range(0, len(ids), batch_size)]
 
 
-@dataclasses.dataclass
-class Method:
-  """One measured row: `fn(batch) -> (new token lists, extra)` over `batches`, after an untimed
-  `warmup(batch)` (spec_jax compiles there; transformers gets a short call)."""
-  system: str
-  method: str
-  batch_size: int
-  gamma: int | None
-  schedule: str | None
-  fn: Callable
-  warmup: Callable
-  batches: list
-  rows: list = dataclasses.field(default_factory=list)
-  seconds: float = 0.0
-  extras: list = dataclasses.field(default_factory=list)
-
-
-def measure(methods: list[Method]) -> None:
-  """Warm every method up, then time one batch at a time, round-robin over the methods
-  (`timing.interleave`): on a machine shared with other jobs a slow spell then hits every method
-  alike instead of whichever ran during it. A method with fewer batches (larger batch size) runs
-  at evenly spread turns. Fills each method's rows, extras and seconds (summed over batches)."""
-  results = timing.interleave(
-      [[functools.partial(m.fn, batch) for batch in m.batches] for m in methods],
-      warmups=[functools.partial(m.warmup, m.batches[0]) for m in methods],
-      on_turn=lambda turn, turns: print(f"[benchmark_hf] turn {turn + 1}/{turns}", flush=True))
-  for m, runs in zip(methods, results):
-    for (new, extra), seconds in runs:
-      m.seconds += seconds
-      m.rows += new
-      m.extras.append(extra)
-
-
-def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Method]:
+def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[hf_bench.Method]:
   """transformers greedy (batch 1 and the largest) and assisted generation (batch 1); extra: the
   verifier's forward calls."""
   device, dtype = b.get("torch_device", "cpu"), getattr(torch, b.get("torch_dtype", "float32"))
@@ -149,8 +112,8 @@ def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Meth
       return out[:, x.shape[1]:].tolist(), calls[0] - start
     return fn
 
-  methods = [Method("transformers", "greedy", size, None, None, gen(), gen(8),
-                    _batches(ids, size)) for size in sorted({1, max(b.batch_sizes)})]
+  methods = [hf_bench.Method(hf_bench.PEER, "greedy", size, None, None, gen(), gen(8),
+                             _batches(ids, size)) for size in sorted({1, max(b.batch_sizes)})]
   # transformers' defaults (GenerationConfig._get_default_generation_params), and γ as ours. Each
   # schedule gets its own assistant: the schedule lives in the assistant's generation_config.
   schedules = {"default": dict(num_assistant_tokens=20, num_assistant_tokens_schedule="constant",
@@ -164,9 +127,12 @@ def _transformers_methods(torch, transformers, dirs, ids, b, gamma) -> list[Meth
     drafter = load(dirs["drafter"])
     drafter.generation_config.eos_token_id = None
     drafter.generation_config.update(**schedules[name])
-    methods.append(Method("transformers", "assisted", 1, schedules[name]["num_assistant_tokens"],
-                          name, gen(assistant_model=drafter), gen(8, assistant_model=drafter),
-                          _batches(ids, 1)))
+    methods.append(hf_bench.Method(
+        hf_bench.PEER, "assisted", 1, schedules[name]["num_assistant_tokens"], name,
+        gen(assistant_model=drafter), gen(8, assistant_model=drafter), _batches(ids, 1),
+        drafts=True, label=f"assisted ({name})",
+        # A confidence threshold stops drafting early: γ is then only an upper bound.
+        gamma_bound=schedules[name]["assistant_confidence_threshold"] > 0))
   return methods
 
 
@@ -180,7 +146,7 @@ def _argmax_loop(torch, model_dir, transformers, prompt, n) -> list[int]:
   return seq[0, len(prompt):].tolist()
 
 
-def _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma) -> list[Method]:
+def _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma) -> list[hf_bench.Method]:
   """spec_jax autoregressive and speculative decoding, params read from the HF directories;
   extra: verifier calls (AR), or (the loop's output, verifier calls) (SD)."""
   v_cfg, v_params = loading.load_model(
@@ -207,9 +173,11 @@ def _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma) -> list[Method]:
 
   methods = []
   for size in b.batch_sizes:  # warm-up = compilation, so it runs the full shapes
-    methods += [Method("spec_jax", "autoregressive", size, None, None, ar, ar, _batches(ids, size)),
-                Method("spec_jax", "speculative", size, gamma, "constant", sd, sd,
-                       _batches(ids, size))]
+    batches = _batches(ids, size)
+    methods += [
+        hf_bench.Method(hf_bench.OURS, "autoregressive", size, None, None, ar, ar, batches),
+        hf_bench.Method(hf_bench.OURS, "speculative", size, gamma, "constant", sd, sd, batches,
+                        drafts=True, speculative=True)]
   return methods
 
 
@@ -247,82 +215,22 @@ def run(config, workdir: str) -> dict:
              + _spec_jax_methods(config, tokenizer, dirs, ids, b, gamma))
   print(f"[benchmark_hf] timing {len(methods)} methods, {len(ids)} prompts, round-robin",
         flush=True)
-  measure(methods)
+  hf_bench.measure(methods)
   argmax = _argmax_loop(torch, dirs["verifier"], transformers, ids[0], b.new_tokens)
   return _report(config, workdir, methods, ids, argmax, exports)
 
 
-def _report(config, workdir, methods: list[Method], ids, argmax, exports) -> dict:
+def _report(config, workdir, methods: list[hf_bench.Method], ids, argmax, exports) -> dict:
   b = config.benchmark
-  reference = next(m.rows for m in methods if (m.system, m.method, m.batch_size) == (
-      "transformers", "greedy", 1))
-  own = {m.system: m.rows for m in methods
-         if m.method in ("greedy", "autoregressive") and m.batch_size == 1}
-  versions = {p: importlib.metadata.version(p) for p in ("torch", "transformers", "jax")}
-  device = timing.device_description()
-  out = []
-  for m in methods:
-    n = sum(len(r) for r in m.rows)
-    if n != len(ids) * b.new_tokens:
-      raise RuntimeError(f"{m.system} {m.method} emitted {n} tokens, expected "
-                         f"{len(ids) * b.new_tokens}: EOS stopping was not disabled.")
-    if m.method == "speculative":  # τ and α as every program computes them (DESIGN.md §3)
-      sd_metrics = metrics.summarize([o for o, _ in m.extras])
-      tau, alpha = sd_metrics["block_efficiency"], round(sd_metrics["acceptance_rate"], 4)
-      calls = sum(c for _, c in m.extras)
-    else:  # transformers' first assisted call both prefills and verifies: every call verifies
-      calls = sum(m.extras)
-      tau, alpha = n / max(calls, 1), None
-    tps = n / m.seconds
-    out.append(dict(
-        system=m.system, method=m.method, batch_size=m.batch_size, gamma=m.gamma,
-        schedule=m.schedule, tokens_per_s=round(tps, 2), ms_per_token=round(1000 / tps, 2),
-        identical_to_greedy=m.rows == reference, identical_to_own_greedy=m.rows == own[m.system],
-        prompts_differing_from_greedy=sum(x != y for x, y in zip(m.rows, reference)),
-        block_efficiency=round(tau, 3) if m.method in ("assisted", "speculative") else 1.0,
-        acceptance_rate=alpha, verifier_calls=calls, new_tokens=n, num_prompts=len(ids),
-        prompt_tokens=b.prompt_tokens, seconds=round(m.seconds, 3), device=device,
-        versions=versions))
-  tps = {(r["system"], r["method"], r["batch_size"], r["schedule"]): r["tokens_per_s"]
-         for r in out}
-  sd = tps.get(("spec_jax", "speculative", 1, "constant"))
-  assisted = {s: v for (_, m, _, s), v in tps.items() if m == "assisted"}
-  summary = dict(
-      speedup_sd_vs_assisted={s: round(sd / v, 3) for s, v in assisted.items()} if sd else {},
-      speedup_ar_vs_greedy=round(tps[("spec_jax", "autoregressive", 1, None)]
-                                 / tps[("transformers", "greedy", 1, None)], 3),
-      transformers_greedy_equals_argmax_loop=argmax == reference[0],
-      all_identical_to_greedy=all(r["identical_to_greedy"] for r in out),
-      goal="spec_jax speculative >= 1.5x transformers assisted at batch 1, identical output",
-      exports={k: {f: v[f] for f in ("source", "out_dir", "bytes", "seconds")}
-               for k, v in exports.items()},
-      note=config.get("note", ""))
-  # Per assisted schedule: "constant" is γ as ours (the issue's comparison), "default" is
-  # transformers' own out-of-the-box schedule.
-  summary["goal_met"] = {k: bool(v >= 1.5 and summary["all_identical_to_greedy"])
-                         for k, v in summary["speedup_sd_vs_assisted"].items()}
-  report.write_results(workdir, out)
+  rows = hf_bench.make_rows(methods, num_prompts=len(ids), new_tokens=b.new_tokens,
+                            prompt_tokens=b.prompt_tokens)
+  summary = hf_bench.summarize(methods, rows, argmax=argmax, exports=exports,
+                               note=config.get("note", ""))
+  report.write_results(workdir, rows)
   with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
+  table = hf_bench.markdown(methods, rows, summary)
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(markdown(out, summary))
-  print(markdown(out, summary))
-  return dict(rows=out, summary=summary)
-
-
-def markdown(rows: list[dict], summary: dict) -> str:
-  lines = ["| system | method | batch | γ | tokens/s | ms/token | τ | identical to greedy |",
-           "|---|---|---:|---|---:|---:|---:|---|"]
-  for r in rows:
-    method = r["method"] + (f" ({r['schedule']})" if r["method"] == "assisted" else "")
-    gamma = "≤20" if r["schedule"] == "default" else (r["gamma"] or "–")
-    lines.append(f"| {r['system']} | {method} | {r['batch_size']} | {gamma} | "
-                 f"{r['tokens_per_s']:.1f} | {r['ms_per_token']:.1f} | "
-                 f"{r['block_efficiency']:.2f} | {'yes' if r['identical_to_greedy'] else 'no'} |")
-  speedups = ", ".join(f"{v:.2f}× vs assisted ({k})"
-                       for k, v in summary["speedup_sd_vs_assisted"].items())
-  lines += ["", f"spec_jax speculative decoding at batch 1: {speedups}; spec_jax autoregressive "
-            f"{summary['speedup_ar_vs_greedy']:.2f}× transformers greedy. τ: tokens per "
-            "verifier call (block efficiency). transformers greedy equals a plain argmax loop: "
-            f"{summary['transformers_greedy_equals_argmax_loop']}."]
-  return "\n".join(lines) + "\n"
+    f.write(table)
+  print(table)
+  return dict(rows=rows, summary=summary)

@@ -1,61 +1,48 @@
 """Program `bpd_experiment`: blockwise parallel decoding (Stern et al. 2018) and the draft
 refinements of Kim et al. 2024 ("Exploring and Improving Drafts in Blockwise Parallel
-Decoding") at small scale.
+Decoding") at small scale, on the experiment harness (`spec_jax.evaluation.experiment`).
 
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd
 
-For every dataset in `datasets` and head count h in `heads`:
-  1. the heads: `heads_checkpoints[f"{dataset}_h{h}"]`, else train_bpd trains h heads on the
-     dataset into <workdir>/runs/heads_<dataset>_h<h> (config: the `train` section);
-  2. one `evaluate` run per temperature into <workdir>/runs/eval_<dataset>_h<h>_T<t>: plain BPD
-     chains of h (rows `bpd`), the static lattice tree `tree` (rows `bpd_tree`), the n-gram
-     rescored lattice paths bpd_ngram:P and beam trees bpd_ngram_beam:W (`ngram_paths`,
-     `ngram_beams`; greedy only) and the LM-rescored chains bpd_neural,
-     beside the verifier's autoregressive baseline measured in the same process;
-  3. the head analysis (spec_jax.evaluation.bpd_analysis) on the same prompts, cached in
-     <workdir>/runs/analysis_<dataset>_h<h>/analysis.json: its lattice oracle τ at the decoded
-     lattice's k (`top_k`, or `top_k_per_heads["h<h>"]`; a fixed `oracle_k` if nonzero)
-     becomes a `bpd_oracle` row (no decoding: an upper bound for any rescoring of the lattice).
-Every finished piece is read back instead of redone (an evaluate run only while its config is
-unchanged), so a killed experiment resumes, and `render_only` reports what has finished without
-running anything. `carry` (keys "<dataset>_h<h>") takes those settings' rows from the
-results.json at `carry_from` instead of running them (an earlier run whose heads or run
-directories are gone); results.md says which rows were carried and from where. Writes
-results.json (rows named as in the glossary, plus heads, p, the gain over plain BPD and the
-per-head analysis), results.md (tables, the papers' numbers, the issue's goals checked on the
-measured rows) and tau_by_method.png, oracle_vs_k.png, entropy_repetition.png.
+For every dataset in `datasets` and head count h in `heads`, the runs (<workdir>/runs/<name>):
+  heads_<dataset>_h<h>      train_bpd trains h heads on the dataset (the `train` section), unless
+                            `heads_checkpoints[f"{dataset}_h{h}"]` gives them;
+  eval_<dataset>_h<h>_T<t>  evaluate per temperature: plain BPD chains of h (rows `bpd`), the
+                            lattice tree `tree` (`bpd_tree`), the n-gram rescored lattice paths
+                            and beams (`ngram_paths`, `ngram_beams`; greedy only) and the
+                            LM-rescored chains bpd_neural, beside the autoregressive baseline;
+  analysis_<dataset>_h<h>   the head analysis (evaluation/bpd_analysis.py) on the same prompts;
+                            its lattice oracle τ at oracle_k becomes a `bpd_oracle` row.
+A finished run is read back while its digest matches, so a killed experiment resumes. `carry`
+(keys "<dataset>_h<h>") takes those settings' rows from the results.json at `carry_from`.
+`render_only` runs nothing; a run missing from runs/ reports the rows the workdir's results.json
+holds for it. Rows, results.md and plots: `spec_jax.evaluation.bpd_report`.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
-import math
 import os
 import re
 
-from absl import logging
-import jax
 import ml_collections
 
 from spec_jax import loading
 from spec_jax.data import corpora
-from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding.drafters import bpd as bpd_drafter
 from spec_jax.decoding.drafters import lattice
-from spec_jax.evaluation import bpd_analysis, bpd_report, report
+from spec_jax.evaluation import bpd_analysis, bpd_report, experiment, report
 from spec_jax.programs import evaluate, train_bpd
 
-# -- configuration ---------------------------------------------------------------------------
-
-
-_heads_key = bpd_report.heads_key
+heads_key, lattice_k, oracle_k = bpd_report.heads_key, bpd_report.lattice_k, bpd_report.oracle_k
 
 
 def heads_dir(config, workdir: str, dataset: str, h: int) -> tuple[str, bool]:
   """(the heads' train_bpd workdir, whether heads_checkpoints gave it)."""
-  key = _heads_key(dataset, h)
+  key = heads_key(dataset, h)
   if key in config.heads_checkpoints:
     return str(config.heads_checkpoints[key]), True
   return os.path.join(workdir, "runs", f"heads_{key}"), False
@@ -83,16 +70,6 @@ def train_config(config, dataset: str, h: int):
   return cfg
 
 
-def lattice_k(config, h: int) -> int:
-  """The lattice's k for h heads: `top_k_per_heads[f"h{h}"]` if given, else `top_k`."""
-  return int(config.top_k_per_heads.get(f"h{int(h)}", config.top_k))
-
-
-def oracle_k(config, h: int) -> int:
-  """The k of the bpd_oracle row for h heads: `oracle_k`, or the decoded lattice's k if 0."""
-  return int(config.oracle_k) or lattice_k(config, h)
-
-
 def eval_methods(config, h: int, temperature: float) -> tuple[str, ...]:
   """evaluate's eval.methods for one run: bpd_ngram(_beam) verifies a deterministic set of paths
   (no exact law), so it runs at T = 0 only (evaluate refuses it otherwise)."""
@@ -109,8 +86,6 @@ def eval_config(config, dataset: str, h: int, temperature: float, heads: str):
   cfg.program = "evaluate"  # what the run dir's config.json records
   cfg.seed, cfg.tokenizer = config.seed, config.tokenizer
   cfg.verifier = copy.deepcopy(config.verifier)
-  # The heads' step in the title: a run's config.json then changes when the heads train on, so
-  # the experiment decodes again instead of reading back rows of older heads.
   cfg.title = (f"{config.title}: {dataset}, h = {h} (step {_newest_step(heads)}), "
                f"T = {float(temperature):g}")
   cfg.data.name = dataset
@@ -124,6 +99,13 @@ def eval_config(config, dataset: str, h: int, temperature: float, heads: str):
                       rescorer_weight=float(config.rescorer_weight))
   cfg.eval.bpd.rescorer = copy.deepcopy(config.rescorer)
   return cfg
+
+
+def eval_inputs(cfg) -> dict:
+  """What an evaluate run's result depends on beyond its digest (which covers its methods and
+  sweeps): the heads' checkpoint is a path, so the heads' newest step is named here, and
+  further-trained heads decode again."""
+  return dict(heads_step=_newest_step(cfg.drafter.checkpoint))
 
 
 # Values an error message suggests for an empty list field.
@@ -181,29 +163,38 @@ def check_config(config, workdir: str) -> None:
       raise ValueError(f"heads_checkpoints has the key {key!r}; keys are '<dataset>_h<heads>' "
                        "(e.g. 'spec_jax_shakespeare_h3') with a dataset of "
                        f"{list(corpora.NAMES)}.")
+  settings = [heads_key(d, h) for d in config.datasets for h in config.heads]
   for key in bpd_report.carried(config):
-    if key not in [_heads_key(d, h) for d in config.datasets for h in config.heads]:
+    if key not in settings:
       raise ValueError(f"carry has {key!r}, which is not one of this config's settings "
                        "'<dataset>_h<heads>' (datasets × heads).")
-  carried_rows(config)
+  experiment.carried_rows(config, bpd_report.setting)
   for dataset in config.datasets:
     for h in config.heads:
-      if _heads_key(dataset, h) in bpd_report.carried(config):
+      if heads_key(dataset, h) in bpd_report.carried(config):
         continue
       path, given = heads_dir(config, workdir, dataset, h)
       if given and not config.render_only:
-        _check_heads(path, h, f"heads_checkpoints[{_heads_key(dataset, h)!r}]")
+        _check_heads(path, h, f"heads_checkpoints[{heads_key(dataset, h)!r}]")
       if not given:
         train_bpd.check_config(train_config(config, dataset, h))
       for t in config.temperatures:
-        cfg = eval_config(config, dataset, h, t, path)
         try:
-          evaluate.check_config(cfg, _eval_dir(workdir, dataset, h, t),
-                                evaluate.method_runs(cfg.eval))
+          _check_eval(eval_config(config, dataset, h, t, path), workdir)
         except ValueError as e:
           raise ValueError(f"The evaluate run for {dataset}, h = {h}, T = {float(t):g} "
                            f"(built from this config's tree, top_k, weights, num_prompts, "
                            f"new_tokens and `eval` section): {e}") from None
+
+
+def _check_eval(cfg, workdir: str) -> None:
+  """evaluate's checks of one run's config. Heads not trained yet have no checkpoint to check
+  the methods against: then the methods' grammar, and every other field on a plain chain."""
+  if _newest_step(cfg.drafter.checkpoint) is None:
+    evaluate.method_runs(cfg.eval)
+    cfg = copy.deepcopy(cfg)
+    cfg.drafter.checkpoint, cfg.eval.methods = "", ("sd",)
+  evaluate.check_config(cfg, os.path.join(workdir, "runs"))
 
 
 def _check_heads(path: str, h: int, field: str) -> None:
@@ -221,211 +212,81 @@ def _check_heads(path: str, h: int, field: str) -> None:
 # -- the runs --------------------------------------------------------------------------------
 
 
-def _eval_dir(workdir: str, dataset: str, h: int, temperature: float) -> str:
-  return os.path.join(workdir, "runs", f"eval_{dataset}_h{h}_T{float(temperature):g}")
-
-
-def train_heads(config, workdir: str, dataset: str, h: int) -> str | None:
-  """The heads' directory, trained first if needed (None: untrained under render_only)."""
-  path, given = heads_dir(config, workdir, dataset, h)
-  if given or (_newest_step(path) or 0) >= int(config.train_steps):
-    return path
-  if config.render_only:
-    return None
-  cfg = train_config(config, dataset, h)
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-    f.write(cfg.to_json_best_effort(indent=2))  # the record launch.py would have written
-  logging.info("Training %d BPD heads on %s for %d steps in %s.", h, dataset,
-               config.train_steps, path)
-  train_bpd.run(cfg, path)
-  return path
-
-
-def _read_text(path: str) -> str | None:
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return f.read()
-
-
-def evaluate_heads(config, workdir: str, dataset: str, h: int, temperature: float,
-                   heads: str | None) -> list[dict]:
-  """evaluate's rows for one (dataset, h, T): read back when its results.json exists and its
-  config is the one this experiment would run (under render_only: whenever it exists)."""
-  run_dir = _eval_dir(workdir, dataset, h, temperature)
-  done = os.path.join(run_dir, "results.json")
-  cfg = eval_config(config, dataset, h, temperature, heads or "")
-  same = _read_text(os.path.join(run_dir, "config.json")) == cfg.to_json_best_effort(indent=2)
-  if os.path.exists(done) and (same or config.render_only):
-    return report.load_rows(done)
-  if config.render_only or heads is None:
-    return []
-  logging.info("Evaluating %s, h = %d, T = %g: %s into %s.", dataset, h, temperature,
-               ", ".join(cfg.eval.methods), run_dir)
-  return evaluate.run(cfg, run_dir)
-
-
-def _prompt_ids(cfg, tokenizer) -> list[list[int]]:
-  """The token ids of the prompts evaluate decodes with `cfg` (its own rules, in its order)."""
-  ev = cfg.eval
-  n = int(cfg.get("num_data_prompts", 0))
-  texts = prompts_lib.take(
-      prompts_lib.read_prompts(cfg, tokenizer,
-                               num_data_prompts=max(int(ev.num_prompts), n) if n else None),
-      int(ev.num_prompts), "num_prompts")
-  return tokenizer.encode_batch(texts)
-
-
-def analyse_heads(config, workdir: str, dataset: str, h: int, heads: str | None,
-                  verifier: dict) -> dict | None:
-  """bpd_analysis.analyse on the evaluate runs' prompts, cached in the run dir with the
-  settings it was computed for (a change of any recomputes it). `verifier` caches the loaded
-  verifier across calls."""
-  path = os.path.join(workdir, "runs", f"analysis_{dataset}_h{h}", "analysis.json")
-  key = dict(heads=heads, heads_step=_newest_step(heads), num_prompts=int(config.num_prompts),
-             new_tokens=int(config.new_tokens), ks=[int(k) for k in config.analysis_ks],
-             data_prompt_tokens=int(config.eval.data_prompt_tokens), seed=int(config.seed),
-             verifier=bpd_report.model_name(config.verifier), tokenizer=str(config.tokenizer))
-  saved = _read_text(path)
-  saved = json.loads(saved) if saved else None
-  if saved is not None and (config.render_only or saved["key"] == key):
-    return saved["analysis"]
-  if config.render_only or heads is None:
-    return None
-  logging.info("Head analysis of %s (%s, h = %d, k in %s).", heads, dataset, h,
-               tuple(config.analysis_ks))
-  cfg = eval_config(config, dataset, h, 0.0, heads)
-  tokenizer = tokenizer_lib.get_tokenizer(cfg.tokenizer)
-  if not verifier:
-    verifier.update(zip(("cfg", "params"), loading.load_model(
-        cfg.verifier, tokenizer, seed=cfg.seed, field="verifier.checkpoint")))
-  b_cfg = loading.drafter_bpd(cfg.drafter)
-  _, head_params = loading.load_model(cfg.drafter, tokenizer, seed=cfg.seed + 1,
-                                      field=f"heads of {dataset}, h = {h}")
-  # What evaluate does with the heads: checks they were trained on this verifier.
-  head_params = bpd_drafter.BPDDrafter(b_cfg, verifier["cfg"]).params(
-      head_params, verifier["params"])["heads"]
-  stats = bpd_analysis.analyse(b_cfg, head_params, verifier["cfg"], verifier["params"],
-                               _prompt_ids(cfg, tokenizer), int(config.new_tokens),
-                               ks=tuple(config.analysis_ks))
-  stats = json.loads(json.dumps(stats))  # k keys as strings, as a reread gives them
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(dict(key=key, analysis=stats), f, indent=2)
-  return stats
-
-
 def _heads_record(heads: str | None) -> dict:
   """Where the heads come from: their directory, newest step and training corpus."""
-  saved = _read_text(os.path.join(heads, "config.json")) if heads else None
-  data = json.loads(saved).get("data", {}).get("name") if saved else None
+  saved = os.path.join(heads, "config.json") if heads else ""
+  data = None
+  if os.path.exists(saved):
+    with open(saved, encoding="utf-8") as f:
+      data = json.load(f).get("data", {}).get("name")
   return dict(heads_checkpoint=heads, heads_steps=_newest_step(heads), heads_data=data)
 
 
-def oracle_row(config, dataset: str, h: int, stats: dict) -> dict:
-  """The bpd_oracle row: the lattice oracle's τ at oracle_k(config, h), with the analysis."""
-  k = str(oracle_k(config, h))
-  return dict(method="bpd_oracle", dataset=dataset, temperature=0.0, heads=h, gamma=h,
-              oracle_k=int(k), block_efficiency=stats["oracle_tau"][k], tau_se=None,
-              speedup=None, tokens_per_s=None, theoretical_speedup=None,
-              verifier_tokens_per_call=None, identical_to_greedy=None,
-              oracle_tau=stats["oracle_tau"], head_entropy=stats["head_entropy"],
-              repetition_rate=stats["repetition_rate"], topk_accuracy=stats["topk_accuracy"],
-              num_prompts=stats["prompts"], new_tokens=stats["tokens"] * stats["prompts"])
+def analysis_config(config, dataset: str, h: int, heads: str | None):
+  """What one (dataset, h)'s head analysis depends on: the config its run's digest covers."""
+  return ml_collections.ConfigDict(dict(
+      dataset=dataset, num_heads=int(h), heads=heads or "", heads_step=_newest_step(heads),
+      num_prompts=int(config.num_prompts), new_tokens=int(config.new_tokens),
+      ks=[int(k) for k in config.analysis_ks], seed=int(config.seed),
+      data_prompt_tokens=int(config.eval.data_prompt_tokens),
+      verifier=bpd_report.model_name(config.verifier), tokenizer=str(config.tokenizer)))
 
 
-def _paths_kept(row: dict) -> int | None:
-  """bpd_ngram's kept paths p, or bpd_ngram_beam's width W, from the row's tree description."""
-  match = re.search(r"(?:p|W)=(\d+)", row.get("tree") or "")
-  return int(match.group(1)) if match else None
+def analyse_heads(analysis, run_dir: str, *, cfg, verifier: dict) -> list[dict]:
+  """[bpd_analysis.analyse of the heads `cfg.drafter` names on the prompts evaluate decodes
+  with `cfg`]. `verifier` caches the loaded verifier across settings."""
+  del run_dir
+  tokenizer = tokenizer_lib.get_tokenizer(cfg.tokenizer)
+  texts, _ = evaluate.prompt_batches(cfg, tokenizer, evaluate.method_runs(cfg.eval))
+  if not verifier:
+    verifier.update(zip(("cfg", "params"), loading.load_model(
+        cfg.verifier, tokenizer, seed=cfg.seed, field="verifier.checkpoint")))
+  field = f"heads of {analysis.dataset}, h = {analysis.num_heads}"
+  source = loading.load_source(loading.drafter_source(cfg.drafter, field=field), cfg.drafter,
+                               tokenizer, verifier["cfg"], verifier["params"], seed=cfg.seed)
+  # What evaluate does with the heads: checks they were trained on this verifier.
+  heads = bpd_drafter.heads_params(source)["heads"]
+  return [bpd_analysis.analyse(source.b_cfg, heads, verifier["cfg"], verifier["params"],
+                               tokenizer.encode_batch(texts), int(analysis.new_tokens),
+                               ks=tuple(analysis.ks))]
 
 
-def add_gains(rows: list[dict]) -> None:
-  """gain_over_bpd (and its standard error, prompts treated as independent between the two
-  runs, which is conservative: both decode the same prompts) on every non-bpd BPD row."""
-  plain = {(r["dataset"], r["heads"], r["temperature"]): r for r in rows if r["method"] == "bpd"}
-  for r in rows:
-    b = plain.get((r["dataset"], r["heads"], r["temperature"]))
-    if r["method"] in ("autoregressive", "bpd") or b is None or not b["block_efficiency"]:
-      continue
-    ratio = r["block_efficiency"] / b["block_efficiency"]
-    rel = math.hypot((r.get("tau_se") or 0.0) / r["block_efficiency"],
-                     (b.get("tau_se") or 0.0) / b["block_efficiency"])
-    r.update(gain_over_bpd=round(ratio - 1, 4), gain_se=round(ratio * rel, 4))
-
-
-def carried_rows(config) -> dict[str, list[dict]]:
-  """The rows of every `carry` setting, read from `carry_from` (bad input: ValueError naming the
-  field)."""
-  keys = bpd_report.carried(config)
-  if not keys:
-    return {}
-  path = str(config.get("carry_from", "") or "")
-  if not os.path.isfile(path):
-    raise ValueError(f"carry={keys} takes rows from carry_from={path!r}, which is not a file. "
-                     "Fix: --config.carry_from=<an earlier run's results.json>.")
-  try:
-    with open(path, encoding="utf-8") as f:
-      rows = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"carry_from={path!r} is not a readable results.json ({e}).") from None
-  out = {}
-  for key in keys:
-    out[key] = [r for r in rows if _heads_key(r["dataset"], r["heads"]) == key]
-    if not out[key]:
-      raise ValueError(f"carry has {key!r}, but carry_from={path!r} holds no rows for it. Fix: "
-                       "drop it from carry, or point carry_from at a run that has it.")
-  return out
-
-
-def collect_rows(config, workdir: str) -> list[dict]:
-  """Every run's rows (training, decoding and analysing what has not finished yet), and the
-  carried settings' rows (`carried_rows`)."""
-  rows, verifier = [], {}
-  carried = carried_rows(config)
+def runs(config, workdir: str):
+  """The heads, evaluate and analysis runs of every setting not carried, in config order."""
+  verifier = {}
   for dataset in config.datasets:
     for h in config.heads:
-      if _heads_key(dataset, h) in carried:
-        rows += [dict(r, carried=True) for r in carried[_heads_key(dataset, h)]]
+      key = heads_key(dataset, h)
+      if key in bpd_report.carried(config):
         continue
-      heads = train_heads(config, workdir, dataset, h)
-      record = _heads_record(heads)
+      path, given = heads_dir(config, workdir, dataset, h)
+      if not given:
+        yield experiment.Run(f"heads_{key}", train_config(config, dataset, h), directory=path)
+      heads = path if given or _newest_step(path) is not None else None
+      tags = dict(dataset=dataset, heads=h, **_heads_record(heads))
       for t in config.temperatures:
-        for r in evaluate_heads(config, workdir, dataset, h, t, heads):
-          r.update(dataset=dataset, heads=h, **record)
-          if r["method"] in ("bpd_ngram", "bpd_ngram_beam"):
-            r["p"] = _paths_kept(r)
-          rows.append(r)
-      stats = analyse_heads(config, workdir, dataset, h, heads, verifier)
-      if stats is not None:
-        rows.append(dict(oracle_row(config, dataset, h, stats), **record))
-  add_gains(rows)
-  return rows
+        cfg = eval_config(config, dataset, h, t, heads or "")
+        yield experiment.Run(bpd_report.eval_run(dataset, h, t), cfg, tags=tags,
+                             inputs=eval_inputs(cfg))
+      yield experiment.Run(bpd_report.analysis_run(dataset, h),
+                           analysis_config(config, dataset, h, heads),
+                           tags=tags, fn=functools.partial(
+                               analyse_heads, verifier=verifier,
+                               cfg=eval_config(config, dataset, h, 0.0, heads or "")))
+
+
+def _report(config, collected, command: str, *, workdir: str) -> experiment.Report:
+  path = os.path.join(workdir, "results.json")
+  previous = report.load_rows(path) if collected.missing and os.path.exists(path) else []
+  rows, reread = bpd_report.collect_rows(config, collected, previous)
+  return experiment.Report(markdown=bpd_report.render_markdown(config, rows, command, reread),
+                           plots=bpd_report.plots(config, rows), rows=rows)
 
 
 def run(config, workdir: str) -> list[dict]:
-  check_config(config, workdir)
-  os.makedirs(workdir, exist_ok=True)
-  # Compiled decoding loops persist across runs and restarts (much of the time is compiling),
-  # unless the caller already chose a cache (tests share one through the environment).
-  if not jax.config.jax_compilation_cache_dir:
-    jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "runs", "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  rows = collect_rows(config, workdir)
-  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
-  md = bpd_report.render_markdown(config, rows, report.launch_command(config, workdir))
-  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(md)
-  bpd_report.plot_tau_by_method(config, rows, os.path.join(workdir, "tau_by_method.png"))
-  bpd_report.plot_oracle_vs_k(config, rows, os.path.join(workdir, "oracle_vs_k.png"))
-  bpd_report.plot_entropy_repetition(config, rows, os.path.join(workdir, "entropy_repetition.png"))
-  # The console gets the goals; results.md has every table.
-  print("\n".join(bpd_report.goal_lines(config, rows)), flush=True)
+  rows = experiment.run_experiment(config, workdir, runs=runs, check=check_config,
+                                   report=functools.partial(_report, workdir=workdir))
   methods = sorted({r["method"] for r in rows})
-  summary = (f"bpd_experiment: {len(rows)} rows ({', '.join(methods) or 'none finished'}); "
-             f"wrote {', '.join(bpd_report.OUTPUTS)} in {os.path.abspath(workdir)}")
-  logging.info(summary)
-  print(summary, flush=True)
+  print(f"bpd_experiment: {len(rows)} rows ({', '.join(methods) or 'none finished'}); wrote "
+        f"{', '.join(bpd_report.OUTPUTS)} in {os.path.abspath(workdir)}", flush=True)
   return rows

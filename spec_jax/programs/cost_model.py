@@ -3,7 +3,7 @@
 Speculative decoding pays for a verifier call on M = γ + 1 tokens (or a tree's M nodes) what
 autoregressive decoding pays for one token only if r(M) = cost(M) / cost(1) = 1, which a memory-
 bound accelerator comes close to and a CPU does not. The theory column of every results file
-(τ / (r(M) + d·c), DESIGN.md §3) uses r(M) measured in the same run; this program measures the
+(τ / (r(M) + d·c), docs/design.md §3) uses r(M) measured in the same run; this program measures the
 whole curve once, at each batch size, with the drafter's c and the memory roofline beside it.
 
 Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median of `repeats`
@@ -33,11 +33,10 @@ from spec_jax import loading
 from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features as features_lib
-from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics, report, timing
 from spec_jax.models import llama
 
@@ -103,14 +102,18 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
   calls = {"ar": decode("ar", lambda p: generate_lib.generate(
       v_params, p, rng, cfg=v_cfg, sampling=sampling_lib.Sampling(0.0),
       max_new_tokens=k.new_tokens))}
+  source = methods.Source(kind="lm", v_cfg=v_cfg, v_params=v_params, d_cfg=d_cfg,
+                          d_params=d_params)
+  built = {gamma: methods.build(methods.parse(f"sd@{gamma}", None), source)
+           for gamma in k.gammas}
   for gamma in k.gammas:
-    drafter = features_lib.for_model(d_cfg, trees.chain(gamma))
+    drafter, params = built[gamma].drafter, built[gamma].params
     verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
     for temperature in k.temperatures:
       calls["sd", gamma, temperature] = decode(("sd", gamma, temperature), (
-          lambda p, drafter=drafter, verifier=verifier, temperature=temperature:
+          lambda p, drafter=drafter, params=params, verifier=verifier, temperature=temperature:
           loop.speculative_generate(
-              v_params, d_params, p, rng, verifier=verifier, drafter=drafter,
+              v_params, params, p, rng, verifier=verifier, drafter=drafter,
               sampling=sampling_lib.Sampling(float(temperature)),
               max_new_tokens=k.new_tokens)))
   for name, cfg, params, tokens in (("v", v_cfg, v_params, (1, *[g + 1 for g in k.gammas])),
@@ -125,14 +128,15 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
   rows = []
   for gamma in k.gammas:
     r = ms["v", gamma + 1] / ms["v", 1]
+    d_calls = built[gamma].cost.calls
     for temperature in k.temperatures:
       tau = metrics.summarize(outputs["sd", gamma, temperature])["block_efficiency"]
-      theory = metrics.theoretical_speedup(tau, r_m=r, c=c, drafter_calls=gamma)
+      theory = metrics.theoretical_speedup(tau, r_m=r, c=c, drafter_calls=d_calls)
       sd_ms = ms["sd", gamma, temperature] / len(prompts)
       rows.append(dict(
           model="speculative", gamma=gamma, temperature=float(temperature), batch_size=1,
           num_prompts=len(prompts), new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3),
-          c=round(c, 4), d=gamma, ms=round(sd_ms, 2), ar_ms=round(ar_ms, 2),
+          c=round(c, 4), d=d_calls, ms=round(sd_ms, 2), ar_ms=round(ar_ms, 2),
           speedup=round(ar_ms / sd_ms, 4), theoretical_speedup=round(theory, 4),
           speedup_vs_theory=round(ar_ms / sd_ms / theory, 3), repeats=k.repeats,
           device=device, checkpoint=config.drafter.checkpoint))

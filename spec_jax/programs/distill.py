@@ -28,54 +28,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_jax import loading, parallel
-from spec_jax.training import distill_data
-from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import features, lm
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics as eval_metrics
 from spec_jax.models import draft_init, llama
-from spec_jax.training import checkpoints, distill, metrics as metrics_lib, optim, train
-from spec_jax.training import features as features_train
-
-
-def check_vocab(verifier_cfg: llama.LlamaConfig, drafter_cfg: llama.LlamaConfig,
-                config=None) -> None:
-  """ValueError naming verifier.checkpoint and drafter.checkpoint when the vocabularies differ:
-  the divergence compares the two laws token id by token id (DESIGN.md §6)."""
-  if verifier_cfg.vocab_size == drafter_cfg.vocab_size:
-    return
-  names = ("", "")
-  if config is not None:
-    names = tuple(f" ({k}.checkpoint={config[k].checkpoint!r}, {k}.size={config[k].size!r})"
-                  for k in ("verifier", "drafter"))
-  raise ValueError(
-      f"Drafter vocab_size={drafter_cfg.vocab_size}{names[1]} differs from the verifier's "
-      f"vocab_size={verifier_cfg.vocab_size}{names[0]}. Distillation compares the two laws "
-      "token by token: set drafter.checkpoint to a model trained with the verifier's tokenizer "
-      "(config.tokenizer), or drafter.checkpoint='' to start from scratch with it.")
-
-
-def check_schedule(train_cfg, spec: distill_data.Spec) -> None:
-  """On-policy data are regenerated every data.refresh_every steps from the live params; a run
-  resumed at a checkpoint that is not a refresh step could not regenerate what it lost."""
-  if spec.onpolicy_rows and train_cfg.checkpoint_every % spec.refresh_every:
-    raise ValueError(
-        f"train.checkpoint_every={train_cfg.checkpoint_every} must be a multiple of "
-        f"data.refresh_every={spec.refresh_every} with on-policy data (data.source="
-        f"{spec.source!r}), so that a resumed run regenerates exactly the data it lost.")
+from spec_jax.training import checkpoints, distill, distill_data, metrics as metrics_lib, optim
+from spec_jax.training import train
+# What run() trains: the Student type and its default student_fn.
+from spec_jax.training.distill import Student, plain_student
 
 
 def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
   """(model config, params or None): trained in float32 whatever the compute dtype (AdamW
   updates of bfloat16 weights lose their low bits), as in train_lm. A reduced vocabulary
   (`drafter.size=...:vocab=N`) keeps the N most frequent tokens of data.train_split (of the
-  blend: `blend_counts`)."""
-  counts = lambda: blend_counts(config, tokenizer)  # noqa: E731
+  blend: `distill_data.blend_counts`)."""
+  counts = lambda: distill_data.blend_counts(config, tokenizer)  # noqa: E731
   cfg, params = loading.resolve_model(config.drafter, tokenizer, field="drafter.checkpoint",
                                       token_counts=counts)
   cfg = dataclasses.replace(cfg, dtype=config.drafter.dtype, param_dtype="float32")
@@ -84,57 +56,6 @@ def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
     # state in the mesh's shardings refuses committed arrays on another device set.
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   return cfg, params
-
-
-@dataclasses.dataclass(frozen=True)
-class Student:
-  """What a distillation run trains and how it drafts: distill's plain drafter (`plain_student`)
-  or an SD²-steered one (`programs/train_steering.py`).
-
-  cfg             the drafter's model config (checked on resume, saved in the meta)
-  init_fn         rng -> params (from scratch)
-  params          the starting params on the host (a loaded model), or None: init_fn
-  apply           the teacher-forced forward the distill steps differentiate
-  context_fn      None, or what `apply` reads from the teacher's pass (distill.distill_step)
-  teacher_layers  the verifier's residual depths context_fn needs
-  drafter         TreeSpec -> a `protocols.Drafter` for the held-out τ
-  wrap_tx         optimizer -> optimizer (e.g. freezing part of the params)
-  meta            extra checkpoint metadata
-  meta_section    the config section `meta` records (e.g. "steering"): resuming a checkpoint
-                  whose meta says otherwise is refused with an error naming it; "": no check
-  """
-  cfg: llama.LlamaConfig
-  init_fn: Callable
-  params: Any
-  apply: Callable
-  drafter: Callable
-  context_fn: Callable | None = None
-  teacher_layers: tuple[int, ...] = ()
-  wrap_tx: Callable = lambda tx: tx
-  meta: dict = dataclasses.field(default_factory=dict)
-  meta_section: str = ""
-
-
-def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
-  """A Llama-family drafter trained whole (DistillSpec). A steered checkpoint (train_steering)
-  contributes its drafter; its steering module is left out. A feature drafter (EAGLE,
-  `draft_init.feature_drafter`) reads the teacher's final residual and also learns to predict
-  it (`training/features.py`, weight distill.feature_weight)."""
-  if d_params is not None and "steering" in d_params:
-    d_params = d_params["drafter"]
-  if d_cfg.feature_width:
-    draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
-    apply, context_fn = features_train.make_student(
-        d_cfg, float(config.distill.get("feature_weight", 1.0)),
-        int(config.distill.get("feature_passes", 1)))
-    return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
-                   params=d_params, apply=apply, context_fn=context_fn,
-                   teacher_layers=(features.FEATURE_LAYER,),
-                   drafter=functools.partial(features.FeatureDrafter, d_cfg))
-  # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
-  return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
-                 apply=llama.make_apply(d_cfg, reduced_logits=True),
-                 drafter=functools.partial(lm.LMDrafter, d_cfg))
 
 
 def _tau_eval(v_params, v_cfg, student: Student, prompts: np.ndarray, eval_cfg, seed: int
@@ -164,22 +85,6 @@ def _tau_eval(v_params, v_cfg, student: Student, prompts: np.ndarray, eval_cfg, 
     return {k: v for k, v in out.items() if v is not None}
 
   return fn
-
-
-def blend_counts(config, tokenizer) -> np.ndarray:
-  """float64[V]: token frequencies of the training data: data.train_split of data.name, or of
-  the blend, each dataset's frequencies weighted by its share of a batch's rows."""
-  dc = config.data
-  names = [dc.name] + [name for name, _ in dc.get("blend", ())]
-  main, rows = distill_data.blend_rows(config.train.batch_size, dc.get("blend", ()))
-  total = np.zeros((tokenizer.vocab_size,), np.float64)
-  for name, share in zip(names, (main, *rows)):
-    if share:
-      c = draft_init.count_tokens(pipeline.token_stream(
-          name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
-          tokenizer.vocab_size)
-      total += share * c / max(c.sum(), 1)
-  return total
 
 
 def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
@@ -250,7 +155,7 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
 
   def eval_fn(state):
     totals: dict[str, float] = {}
-    for batch in eval_batches:  # blocks per batch (DESIGN.md §5 CPU trap)
+    for batch in eval_batches:  # blocks per batch (docs/design.md §5 CPU trap)
       out = jax.device_get(jitted(state.params, v_params, parallel.shard_batch(batch, batch_sh)))
       for k, v in out.items():
         totals[k] = totals.get(k, 0.0) + float(v)
@@ -276,13 +181,13 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   # Config errors first: nothing heavy is loaded for a typo.
   objective = distill.Objective.from_config(config.distill)
   spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
-  check_schedule(tc, spec)
+  distill_data.check_schedule(tc, spec)
   distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
   tokenizer = get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
   d_cfg, d_params = _drafter(config, tokenizer)
-  check_vocab(v_cfg, d_cfg, config)
+  distill.check_vocab(v_cfg, d_cfg, config)
   student = student_fn(config, v_cfg, d_cfg, d_params)
   v_apply = draft_init.restrict(d_cfg, v_cfg, student.teacher_layers)
   tx, schedule = optim.make_optimizer(tc)

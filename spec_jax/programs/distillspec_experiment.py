@@ -3,82 +3,70 @@ divergence × data source, then lenience.
 
   python launch.py --config experiments/distillspec/config.py --workdir experiments/distillspec
 
-1. Trains the baseline (cross-entropy on fixed data) and the distilled drafters
-   (`divergences` × `sources`) with the `distill` program, each in `<runs_dir>/train/<name>` (a
-   finished run is read back, an interrupted one resumes; the verifier's responses are generated
-   once and shared in `<runs_dir>/verifier_cache`).
-2. Evaluates every drafter (and the starting checkpoint) on held-out prompts in one process:
-   chain SD at γ = eval.gamma, at every temperature of eval.temperatures, one batched pass per
-   drafter; autoregressive decoding of the verifier and of the drafter are timed once per
-   temperature (speedup, cost ratio c). Rows are cached in `<runs_dir>/eval/`, so an interrupted
-   evaluation resumes too.
-3. Lenient decoding at lenience.temperature over ε for the best distilled drafter and the
-   baseline, with the quality cost (verifier log-likelihood, token TV distance;
-   spec_jax.evaluation.quality), and batch-1 wall-clock speedups of the start, baseline and best
-   drafters (eval.speedup_prompts > 0).
-`runs_dir` '' means `<workdir>/runs`; with `render_only` nothing is trained or evaluated and the
-report shows what has finished. Writes results.json, results.md (tables, findings computed from
-the numbers) and tau_grid.png, lenience_tradeoff.png into the workdir. τ, α and their standard
-error come from spec_jax.evaluation.metrics, timings from spec_jax.evaluation.timing.
+Harness runs (evaluation/experiment.py: a finished run is read back, an interrupted experiment
+resumes, `render_only` reports what has finished and runs nothing), each in `<runs_dir>`
+('' = <workdir>/runs), in order:
+1. `train_<name>`: the baseline (cross-entropy on fixed data) and the distilled drafters
+   (`divergences` × `sources`), each trained by the `distill` program in `train/<name>` (a run
+   killed mid-training resumes from its checkpoint; the verifier's responses are generated once
+   and shared in `verifier_cache`), every drafter's evaluation right after its training.
+2. `sd_<drafter>_T<t>` in `eval/`: chain SD (method `sd` at γ = eval.gamma, built through the
+   method registry) of the starting checkpoint and every trained drafter at every temperature of
+   eval.temperatures, measured by `evaluation.bench` against the verifier's autoregressive
+   decoding in the same process: τ, α, speedup, c, r(M) and the theoretical speedup
+   τ / (r(M) + γc).
+3. `lenient_<drafter>_<f>_eps<ε>`: lenient decoding at lenience.temperature over ε for the best
+   distilled drafter there (f_lin and f_exp) and the baseline (f_lin), with its quality cost.
+4. `speedup_<drafter>_T<t>_B<b>`: the start, baseline and best distilled drafters at batch
+   eval.speedup_batch_size on eval.speedup_prompts prompts, the autoregressive baseline timed
+   again right before each (eval.speedup_prompts > 0).
+Under render_only a run not found in runs_dir takes the rows the workdir's results.json holds for
+it (committed results render without their runs). Writes results.json (every row, tagged
+`part`: train, grid, lenience, speedup), results.md, tau_grid.png and, with lenience rows,
+lenience_tradeoff.png and lenience_quality.png (evaluation/distillspec_report.py).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import glob
-import json
 import os
 import struct
 
-from absl import logging
-import jax
-import numpy as np
+import ml_collections
 
 from spec_jax import loading
 from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import features as features_lib
-from spec_jax.decoding.drafters import trees
-from spec_jax.evaluation import metrics, quality, report, timing
+from spec_jax.evaluation import bench, distillspec_report, experiment, report, timing
 from spec_jax.programs import distill as distill_program
-from spec_jax.training import checkpoints
 
-DIV_LABELS = {"fkl": "FKL", "rkl": "RKL", "jsd": "JSD[0.5]", "tvd": "TVD", "xent": "CE"}
-SRC_LABELS = {"fixed": "fixed data", "verifier": "verifier-generated",
-              "onpolicy": "on-policy (drafter)", "mix": "50/50 on-policy + verifier"}
+# The verifier-response cache's place does not change a drafter.
+TRAIN_IGNORE = ("data.cache_dir",)
 
 
-def training_runs(cfg) -> list[tuple[str, str, str]]:
+def training_runs(config) -> list[tuple[str, str, str]]:
   """(name, divergence, source): the baseline first, then the grid divergence-major (so a run
   cut short still compares every data source for the first divergences)."""
   return [("baseline", "xent", "fixed")] + [
-      (f"{d}_{s}", d, s) for d in cfg.divergences for s in cfg.sources]
+      (f"{d}_{s}", d, s) for d in config.divergences for s in config.sources]
 
 
-def train_one(cfg, runs_dir: str, name: str, div: str, src: str) -> dict | None:
-  """Train (or read back) one drafter with the distill program; None if render_only and it
-  has not finished."""
-  run_dir = os.path.join(runs_dir, "train", name)
-  done = os.path.exists(os.path.join(run_dir, "checkpoints", str(cfg.base.train.num_steps)))
-  if cfg.render_only and not done:
-    return None
-  if done:  # read back (distill.run would load the verifier just to say so)
-    result = distill_program.read_result(run_dir)
-  else:
-    c = copy.deepcopy(cfg.base)
-    c.distill.update(divergence=div, beta=float(cfg.beta))
-    # One verifier-response cache for the whole sweep: generated by the first run needing it.
-    c.data.update(source=src, cache_dir=os.path.join(runs_dir, "verifier_cache"))
-    result = distill_program.run(c, run_dir)
-  out = dict(divergence=div, source=src, path=run_dir, train_loss=result["train_loss"],
-             train_alpha=result["train_alpha"], heldout=result["eval"],
-             seconds=_train_seconds(run_dir))
-  logging.info("%s: %s", name, out)
-  return out
+def runs_dir(config, workdir: str) -> str:
+  return os.path.abspath(config.runs_dir or os.path.join(workdir, "runs"))
+
+
+def train_config(config, root: str, divergence: str, source: str):
+  """The distill program's config of one drafter: config.base with its divergence and data."""
+  cfg = copy.deepcopy(config.base)
+  cfg.distill.update(divergence=divergence, beta=float(config.beta))
+  # One verifier-response cache for the whole sweep: generated by the first run needing it.
+  cfg.data.update(source=source, cache_dir=os.path.join(root, "verifier_cache"))
+  return cfg
 
 
 def _train_seconds(run_dir: str) -> float | None:
@@ -99,439 +87,199 @@ def _train_seconds(run_dir: str) -> float | None:
   return round(max(times) - min(times), 1) if len(times) > 1 else None
 
 
-def _chain_sd(v_cfg, d_cfg, *, gamma: int, rule: str, lenience: str, epsilon: float,
-              sampling: sampling_lib.Sampling, new_tokens: int):
-  """(v_params, d_params, prompts, rng) → the loop's output of chain SD at γ with `rule`
-  ("auto", or "lenient" with its f and ε): the one place this program calls the speculative
-  loop."""
-  drafter = features_lib.for_model(d_cfg, trees.chain(gamma))
-  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
-  decode = loop.DecodeConfig(rule=rule, lenience=lenience, epsilon=epsilon)
-  return lambda v_params, d_params, prompts, rng, **kw: loop.speculative_generate(
-      v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, decode=decode,
-      sampling=sampling, max_new_tokens=new_tokens, **kw)
+def train(cfg, run_dir: str) -> dict:
+  """Train one drafter in run_dir (its checkpoints, metrics and the harness's config.json), or
+  read a finished training back; its summary row."""
+  saved = os.path.join(run_dir, experiment.CONFIG)
+  if os.path.exists(saved) and (experiment.digest(saved, ignore=TRAIN_IGNORE)
+                                != experiment.digest(cfg, ignore=TRAIN_IGNORE)):
+    # The harness reruns a changed config, but distill would just read the old checkpoint back.
+    raise ValueError(f"{run_dir} holds a drafter trained with another config. Fix: point "
+                     "--config.runs_dir at a new folder, or delete that run's folder.")
+  done = os.path.exists(os.path.join(run_dir, "checkpoints", str(cfg.train.num_steps)))
+  # A checkpoint trained before the harness kept a config.json: read back, not loaded again.
+  result = distill_program.read_result(run_dir) if done else distill_program.run(cfg, run_dir)
+  return dict(divergence=cfg.distill.divergence, source=cfg.data.source, path=run_dir,
+              train_loss=result["train_loss"], train_alpha=result["train_alpha"],
+              heldout=result["eval"], seconds=_train_seconds(run_dir))
 
 
-class Evaluator:
-  """The verifier, the prompts and the autoregressive baselines, loaded and timed once."""
+class Measure:
+  """Every decoding run's fn: the verifier, the prompts and, per (temperature, batch size,
+  prompts), the autoregressive baseline, c and r(M), loaded and measured by the first run that
+  needs them (an experiment read back loads nothing)."""
 
-  def __init__(self, cfg, runs_dir: str):
-    base, ev = cfg.base, cfg.eval
-    self.cfg, self.ev = cfg, ev
-    self.cache = os.path.join(runs_dir, "eval")
-    self.tokenizer = tokenizer_lib.get_tokenizer(base.tokenizer)
-    self.v_cfg, self.v_params = loading.load_model(base.verifier, self.tokenizer,
-                                                   seed=base.seed, field="verifier.checkpoint")
-    texts = pipeline.load_prompts(base.data.name, ev.prompt_split, self.tokenizer,
-                                  num=ev.num_prompts, prompt_tokens=ev.prompt_tokens,
-                                  seed=base.seed, data_dir=base.data.data_dir or None)
-    self.texts = texts
-    self.batches = self._encode(texts, ev.batch_size)
-    self.device = timing.device_description()
-    self.ar = {}
+  def __init__(self):
+    self.loaded = None
+    self.baselines, self.r = {}, {}
 
-  def _encode(self, texts, batch_size):
-    return [generate_lib.encode_prompts(self.tokenizer, texts[i:i + batch_size],
-                                        self.ev.prompt_tokens, field="eval.prompt_tokens")
-            for i in range(0, len(texts), batch_size)]
+  def _load(self, cfg):
+    tokenizer = tokenizer_lib.get_tokenizer(cfg.tokenizer)
+    v_cfg, v_params = loading.load_model(cfg.verifier, tokenizer, seed=cfg.seed,
+                                         field="base.verifier.checkpoint")
+    texts = pipeline.load_prompts(cfg.data.name, cfg.data.split, tokenizer, num=cfg.num_prompts,
+                                  prompt_tokens=cfg.prompt_tokens, seed=cfg.seed,
+                                  data_dir=cfg.data.data_dir or None)
+    self.loaded = (tokenizer, v_cfg, v_params, texts, timing.device_description())
 
-  def _prompts(self, batch_size: int | None):
-    """The prompt batches for one batch size (None: eval.batch_size, all prompts; otherwise
-    the first eval.speedup_prompts prompts)."""
-    if batch_size is None:
-      return self.batches
-    return self._encode(self.texts[:self.ev.speedup_prompts], batch_size)
-
-  def autoregressive(self, temperature: float, d_cfg, d_params, batch_size=None) -> dict:
-    """Verifier and drafter autoregressive passes at `temperature`: tokens/s and c."""
-    batches = self._prompts(batch_size)
-    if (temperature, batch_size) not in self.ar:
-      s = sampling_lib.Sampling(temperature)
-      rng = jax.random.key(self.cfg.base.seed)
-
-      def ar(params, cfg):
-        return lambda prompts, i, **kw: generate_lib.generate(
-            params, prompts, jax.random.fold_in(rng, i), cfg=cfg, sampling=s,
-            max_new_tokens=self.ev.new_tokens, **kw)
-      v_out, v_s = timing.timed_pass(ar(self.v_params, self.v_cfg), batches, compile_only=True)
-      d_out, d_s = timing.timed_pass(ar(d_params, d_cfg), batches, compile_only=True)
-      q = quality.summarize(quality.quality_sums(self.v_params, None, o, verifier_cfg=self.v_cfg,
-                                                 drafter_cfg=None, sampling=s) for o in v_out)
-      self.ar[(temperature, batch_size)] = dict(
-          tokens_per_s=metrics.emitted_tokens(v_out) / v_s,
-          c=timing.seconds_per_step(d_out, d_s) / timing.seconds_per_step(v_out, v_s),
-          verifier_loglik=q["verifier_loglik"])
-    return self.ar[(temperature, batch_size)]
-
-  def speculative(self, name: str, path: str, temperature: float, *, rule: str = "auto",
-                  lenience: str = "lin", epsilon: float = 1.0, batch_size: int | None = None
-                  ) -> dict:
-    """One row: τ, α, tokens/s and speedups of chain SD with drafter `path` (cached on disk).
-    batch_size None: all prompts in batches of eval.batch_size; else eval.speedup_prompts
-    prompts in batches of batch_size."""
-    key = f"{name}_T{temperature:g}_{rule}_{lenience}_{epsilon:g}"
-    if batch_size is not None:
-      key += f"_B{batch_size}"
-    cached = os.path.join(self.cache, key + ".json")
-    if os.path.exists(cached):
-      with open(cached, encoding="utf-8") as f:
-        return json.load(f)
-    if self.cfg.render_only:
-      return {}
-    d_cfg, d_params, _ = checkpoints.load_model(path)
-    if batch_size is not None:
-      # Speedup rows: time autoregressive decoding again right before this drafter's pass, so a
-      # change in the machine's load between drafters does not land in the ratio.
-      self.ar.pop((temperature, batch_size), None)
-    ar = self.autoregressive(temperature, d_cfg, d_params, batch_size)
-    batches = self._prompts(batch_size)
-    s = sampling_lib.Sampling(temperature)
-    gamma = int(self.ev.gamma)
-    decode = _chain_sd(self.v_cfg, d_cfg, gamma=gamma, rule=rule, lenience=lenience,
-                       epsilon=epsilon, sampling=s, new_tokens=self.ev.new_tokens)
-    rng = jax.random.key(self.cfg.base.seed)
-    outs, seconds = timing.timed_pass(
-        lambda prompts, i, **kw: decode(self.v_params, d_params, prompts,
-                                        jax.random.fold_in(rng, i), **kw),
-        batches, compile_only=True)
-    # τ, α and τ's standard error over prompts (each prompt's own tokens / verifier calls: for
-    # comparing drafters on this small prompt set).
-    summary = metrics.summarize(outs)
-    tokens, calls = summary["new_tokens"], summary["verifier_calls"]
-    tau = summary["block_efficiency"] or 0.0
-    alpha = summary["acceptance_rate"] or 0.0
-    lossy = rule == "lenient"
-    q = quality.summarize(quality.quality_sums(
-        self.v_params, d_params, o, verifier_cfg=self.v_cfg, drafter_cfg=d_cfg, sampling=s,
-        **(dict(lenience=lenience, epsilon=epsilon) if lossy else {})) for o in outs)
-    # α-based theory (chain SD, i.i.d. acceptance, a verifier call costing one AR step) holds
-    # for lossless chains; a lenient rule accepts more than α predicts, so its theory uses the
-    # measured τ.
-    if lossy or alpha >= 1:
-      theoretical = metrics.theoretical_speedup(tau, r_m=1.0, c=ar["c"], drafter_calls=gamma)
-    else:
-      theoretical = metrics.chain_speedup(alpha, gamma, c=ar["c"])
-    row = dict(drafter=name, temperature=temperature, gamma=gamma, rule=rule,
-               lenience=lenience if lossy else None, epsilon=epsilon if lossy else None,
-               block_efficiency=round(tau, 4), tau_se=round(summary["tau_se"], 4),
-               acceptance_rate=round(alpha, 4),
-               new_tokens=tokens, verifier_calls=calls,
-               tokens_per_s=round(tokens / seconds, 2),
-               speedup=round(tokens / seconds / ar["tokens_per_s"], 4),
-               theoretical_speedup=round(theoretical, 4), cost_ratio_c=round(ar["c"], 4),
-               verifier_loglik=round(q["verifier_loglik"], 4),
-               ar_verifier_loglik=round(ar["verifier_loglik"], 4),
-               token_tv=round(q["token_tv"], 5), device=self.device,
-               num_prompts=summary["num_prompts"],
-               batch_size=int(batches[0].tokens.shape[0]))
-    os.makedirs(self.cache, exist_ok=True)
-    with open(cached, "w", encoding="utf-8") as f:
-      json.dump(row, f)
-    logging.info("%s", row)
-    return row
+  def __call__(self, cfg, run_dir: str, *, fresh: bool = False) -> list[dict]:
+    """One row of chain SD with cfg's drafter; `fresh`: time the baseline again first (a
+    wall-clock row: a change in the machine's load between drafters stays out of the ratio)."""
+    if self.loaded is None:
+      self._load(cfg)
+    tokenizer, v_cfg, v_params, texts, device = self.loaded
+    texts = texts[:cfg.prompts]
+    batches = []  # every batch of one size: the last padded with its last prompt, not counted
+    for i in range(0, len(texts), cfg.batch_size):
+      chunk = texts[i:i + cfg.batch_size]
+      batches.append((generate_lib.encode_prompts(
+          tokenizer, chunk + chunk[-1:] * (cfg.batch_size - len(chunk)), cfg.prompt_tokens,
+          field="eval.prompt_tokens"), len(chunk)))
+    work = bench.Workload(batches, sampling_lib.Sampling(cfg.temperature), cfg.new_tokens,
+                          seed=cfg.seed)
+    source = loading.drafter_source(cfg.drafter, field="base.drafter.checkpoint")
+    loading.load_source(source, cfg.drafter, tokenizer, v_cfg, v_params, seed=cfg.seed)
+    built = methods.build(methods.parse(f"sd@{cfg.gamma}", None, field="eval.gamma"), source)
+    key = (cfg.temperature, cfg.batch_size, cfg.prompts)
+    if fresh or key not in self.baselines:
+      base = bench.autoregressive(v_cfg, v_params, work, desc=f"autoregressive T={key[0]:g}")
+      self.baselines[key] = base, bench.drafter_cost(built.cost, v_cfg, v_params, work, base)
+    base, c = self.baselines[key]
+    if key[1:] not in self.r:  # r(M) of a γ + 1-token call: shared by every temperature
+      self.r[key[1:]] = bench.verifier_cost_ratio(v_cfg, v_params, work,
+                                                  built.drafter.shape.num_nodes)
+    decode = loop.DecodeConfig(rule=cfg.rule, lenience=cfg.lenience, epsilon=cfg.epsilon)
+    row, _ = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c,
+                               r_m=self.r[key[1:]], device=device,
+                               desc=os.path.basename(run_dir))
+    return [dict(row.as_dict(), ar_verifier_loglik=round(base.verifier_loglik, 4))]
 
 
-def _fmt(x, digits=3):
-  return "–" if x is None else f"{x:.{digits}f}"
+def eval_config(config, checkpoint: str, trained: str, temperature: float, *,
+                rule: str = "auto", lenience: str = "lin", epsilon: float = 1.0,
+                speedup: bool = False) -> ml_collections.ConfigDict:
+  """What one decoding row depends on. `trained`: the drafter's training digest ('' for the
+  start checkpoint); speedup: the wall-clock table's batch size and prompts."""
+  base, ev = config.base, config.eval
+  drafter = base.drafter.to_dict()
+  drafter["checkpoint"] = checkpoint
+  return ml_collections.ConfigDict(dict(
+      tokenizer=base.tokenizer, verifier=base.verifier.to_dict(), seed=int(base.seed),
+      data=dict(name=base.data.name, split=ev.prompt_split, data_dir=base.data.data_dir),
+      drafter=drafter, trained=trained, gamma=int(ev.gamma), temperature=float(temperature),
+      num_prompts=int(ev.num_prompts), prompt_tokens=int(ev.prompt_tokens),
+      new_tokens=int(ev.new_tokens),
+      batch_size=int(ev.speedup_batch_size if speedup else ev.batch_size),
+      prompts=int(ev.speedup_prompts if speedup else ev.num_prompts),
+      rule=rule, lenience=lenience, epsilon=float(epsilon)))
 
 
-def write_plots(results_dir, cfg, grid, lenience_rows) -> list[str]:
-  """tau_grid.png (τ per divergence and source, one panel per temperature) and, with lenience
-  rows, lenience_tradeoff.png (τ and quality against ε). Returns the file names written."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  names = []
-  temps = [float(t) for t in cfg.eval.temperatures]
-  fig = Figure(figsize=(5.2 * len(temps), 4.2))
-  FigureCanvasAgg(fig)
-  for k, t in enumerate(temps):
-    ax = fig.add_subplot(1, len(temps), k + 1)
-    x = np.arange(len(cfg.sources))
-    width = 0.8 / len(cfg.divergences)
-    for j, d in enumerate(cfg.divergences):
-      ys = [grid.get((f"{d}_{s}", t), {}).get("block_efficiency", np.nan) for s in cfg.sources]
-      ax.bar(x + (j - (len(cfg.divergences) - 1) / 2) * width, ys, width, label=DIV_LABELS[d])
-    for name, style in (("baseline", "--"), ("start", ":")):
-      tau = grid.get((name, t), {}).get("block_efficiency")
-      if tau:
-        ax.axhline(tau, color="k", linestyle=style,
-                   label="CE baseline (same steps)" if name == "baseline" else "start drafter")
-    ax.set_xticks(x, [SRC_LABELS[s].replace(" (", "\n(").replace(" + ", "\n+ ")
-                      for s in cfg.sources], fontsize=7)
-    ax.set_ylabel("τ (tokens per verifier call), γ = 4")
-    ax.set_title("greedy" if t == 0 else f"temperature {t:g}")
-    lo = np.nanmin([r.get("block_efficiency", np.nan) for r in grid.values()] or [1.0])
-    ax.set_ylim(max(1.0, lo - 0.1), None)
-  handles, labels = ax.get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-  fig.tight_layout(rect=(0, 0.07, 1, 1))
-  fig.savefig(os.path.join(results_dir, "tau_grid.png"), dpi=110)
-  names.append("tau_grid.png")
-  if lenience_rows:
-    fig = Figure(figsize=(15.6, 4.2))
-    FigureCanvasAgg(fig)
-    ax1, ax2, ax3 = (fig.add_subplot(1, 3, k) for k in (1, 2, 3))
-    series = {}
-    for r in lenience_rows:
-      series.setdefault((r["drafter"], r["lenience"] or "lin"), []).append(r)
-    for (drafter, fn), rows in sorted(series.items()):
-      rows = sorted(rows, key=lambda r: -(r["epsilon"] or 1.0))
-      eps = [r["epsilon"] or 1.0 for r in rows]
-      label = f"{drafter}, f_{fn}"
-      ax1.plot(eps, [r["block_efficiency"] for r in rows], marker="o", label=label)
-      ax2.plot([r["token_tv"] for r in rows], [r["block_efficiency"] for r in rows], marker="o",
-               label=label)
-      ax3.plot(eps, [r["verifier_loglik"] for r in rows], marker="o", label=label)
-      for r in rows:
-        ax2.annotate(f"ε={r['epsilon'] or 1:g}", (r["token_tv"], r["block_efficiency"]),
-                     fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax1.set_xscale("log")
-    ax1.set_xlabel("ε (1 = lossless)")
-    ax1.set_ylabel("τ, γ = 4, T = 1")
-    ax1.set_title("lenience: τ vs ε")
-    ax2.set_xlabel("quality cost: mean token TV distance ½‖π - p‖₁")
-    ax2.set_ylabel("τ")
-    ax2.set_title("trade-off: τ vs quality cost")
-    ax3.axhline(lenience_rows[0]["ar_verifier_loglik"], color="k", linestyle=":",
-                label="autoregressive sampling from the verifier")
-    ax3.set_xscale("log")
-    ax3.set_xlabel("ε (1 = lossless)")
-    ax3.set_ylabel("verifier log-likelihood per generated token")
-    ax3.set_title("quality of the generated text")
-    ax1.legend(fontsize=7)
-    ax3.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(results_dir, "lenience_tradeoff.png"), dpi=110)
-    names.append("lenience_tradeoff.png")
-  return names
+def check(config, workdir: str) -> None:
+  """The sweep's fields, before anything runs or loads (one error naming the field)."""
+  del workdir
+  for field, known in (("divergences", distillspec_report.DIV_LABELS),
+                       ("sources", distillspec_report.SRC_LABELS)):
+    bad = [v for v in config[field] if v not in known or v == "xent"]
+    if bad or not config[field]:
+      raise ValueError(f"{field}={tuple(config[field])}: give one or more of "
+                       f"{[k for k in known if k != 'xent']}.")
+  ev = config.eval
+  for name in ("gamma", "num_prompts", "prompt_tokens", "new_tokens", "batch_size",
+               "speedup_batch_size"):
+    if int(ev[name]) < 1:
+      raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  if not ev.temperatures or any(float(t) < 0 for t in ev.temperatures):
+    raise ValueError(f"eval.temperatures={tuple(ev.temperatures)}: give temperatures >= 0.")
+  if not 0 <= int(ev.speedup_prompts) <= int(ev.num_prompts):
+    raise ValueError(f"eval.speedup_prompts={ev.speedup_prompts} must be in [0, eval.num_prompts"
+                     f"={ev.num_prompts}] (0: no wall-clock table).")
+  le = config.lenience
+  if (le.lin_epsilons or le.exp_epsilons) and float(le.temperature) not in [
+      float(t) for t in ev.temperatures]:
+    raise ValueError(f"lenience.temperature={le.temperature} is not in eval.temperatures: the "
+                     "best drafter for the sweep is picked there. Fix: one of eval.temperatures.")
+  for fn in ("lin", "exp"):
+    for eps in le[f"{fn}_epsilons"]:
+      try:
+        loop.DecodeConfig(rule="lenient", lenience=fn, epsilon=float(eps))
+      except ValueError as e:
+        raise ValueError(f"lenience.{fn}_epsilons has {eps}: {e}") from None
 
 
+class Sweep:
+  """The runs in order (`runs`, for the harness) and the report over every run's rows, those of
+  runs render_only did not find taken from the workdir's results.json."""
+
+  def __init__(self, config, workdir: str):
+    self.order, self.previous = [], {}
+    path = os.path.join(workdir, "results.json")
+    if config.render_only and os.path.exists(path):
+      for row in report.load_rows(path):
+        self.previous.setdefault(row.get("run"), []).append(row)
+
+  def runs(self, config, workdir: str):
+    root, measure = runs_dir(config, workdir), Measure()
+    grid = {}  # (drafter, T) -> its row: who is best where
+
+    def run(name, cfg, tags, fn, ignore=(), directory=None):
+      self.order.append(name)
+      got = yield experiment.Run(name, cfg, tags=tags, fn=fn, ignore=ignore,
+                                 directory=directory or os.path.join(root, "eval", name))
+      for r in got or self.previous.get(name, []):
+        if r.get("part") == "grid":
+          grid[r["drafter"], float(r["temperature"])] = r
+
+    def evaluate(name):
+      for t in config.eval.temperatures:
+        yield from run(f"sd_{name}_T{float(t):g}",
+                       eval_config(config, paths[name], digests[name], t),
+                       dict(part="grid", drafter=name), measure, ignore_path(name))
+
+    paths, digests = {}, {}
+
+    def ignore_path(name):  # a trained drafter is named by its training digest, not its folder
+      return ("drafter.checkpoint",) if digests[name] else ()
+    if config.base.drafter.checkpoint:  # the starting point (a from-scratch smoke has none)
+      paths["start"], digests["start"] = config.base.drafter.checkpoint, ""
+      yield from evaluate("start")
+    for name, div, src in training_runs(config):
+      cfg = train_config(config, root, div, src)
+      paths[name] = os.path.join(root, "train", name)
+      digests[name] = experiment.digest(cfg, ignore=TRAIN_IGNORE)
+      yield from run(f"train_{name}", cfg, dict(part="train", drafter=name), train,
+                     TRAIN_IGNORE, paths[name])
+      yield from evaluate(name)
+    lt, le = float(config.lenience.temperature), config.lenience
+    best = distillspec_report.best_distilled(grid, lt)
+    for name, fn, epsilons in ((best, "lin", le.lin_epsilons), ("baseline", "lin", le.lin_epsilons),
+                               (best, "exp", le.exp_epsilons)):
+      for eps in epsilons if best else ():
+        yield from run(f"lenient_{name}_{fn}_eps{float(eps):g}",
+                       eval_config(config, paths[name], digests[name], lt, rule="lenient",
+                                   lenience=fn, epsilon=eps),
+                       dict(part="lenience", drafter=name), measure, ignore_path(name))
+    for t in config.eval.temperatures if config.eval.speedup_prompts else ():
+      best = distillspec_report.best_distilled(grid, float(t), among=paths)
+      for name in [n for n in ("start", "baseline", best) if n in paths]:
+        yield from run(f"speedup_{name}_T{float(t):g}_B{config.eval.speedup_batch_size}",
+                       eval_config(config, paths[name], digests[name], t, speedup=True),
+                       dict(part="speedup", drafter=name),
+                       functools.partial(measure, fresh=True), ignore_path(name))
+
+  def report(self, config, collected, command_line: str) -> experiment.Report:
+    rows, reread = [], []
+    for name in self.order:
+      got = collected.by_run.get(name, [])
+      if name in collected.missing and self.previous.get(name):
+        got = self.previous[name]
+        reread.append(name)
+      rows += got
+    missing = [n for n in collected.missing if n not in reread]
+    return distillspec_report.report(config, rows, command_line, missing, reread)
 
 
-def render_markdown(cfg, trained, grid, lenience_rows, speedup_rows, plots,
-                    command_line: str) -> str:
-  """results.md: τ per (divergence, source), every drafter's row, the lenience and batch-1
-  tables, findings computed from the numbers, the plots and the training runs."""
-  temps = [float(t) for t in cfg.eval.temperatures]
-  lines = [f"# {cfg.title}", "",
-           f"Produced by `{command_line}` (config: "
-           "experiments/distillspec/config.py). Verifier SmolLM2-135M-Instruct (GGUF); every "
-           f"drafter starts from the quickstart drafter ({cfg.base.drafter.size}, 300 "
-           f"cross-entropy steps on Shakespeare) and trains {cfg.base.train.num_steps} steps of "
-           f"batch {cfg.base.train.batch_size} × ({cfg.base.data.prompt_tokens} prompt + "
-           f"{cfg.base.data.response_tokens} response) tokens at lr {cfg.base.train.lr:g}; the "
-           "baseline trains the same steps with cross-entropy on the fixed data. Evaluation: "
-           f"{cfg.eval.num_prompts} held-out prompts of the {cfg.base.data.name} "
-           f"{cfg.eval.prompt_split} split ({cfg.eval.prompt_tokens} tokens), "
-           f"{cfg.eval.new_tokens} new tokens, chain SD at γ = {cfg.eval.gamma}, batch "
-           f"{cfg.eval.batch_size}.", ""]
-  device = next((r["device"] for r in grid.values() if r.get("device")), "?")
-  lines += [f"Device: {device}." + (f" {cfg.note}" if cfg.note else "") + " τ (tokens per "
-            "verifier call) and α do not depend on timing; the theoretical speedup is "
-            "(1-α^{γ+1})/((1-α)(γc+1)) with α and c = drafter step time / verifier call time "
-            "measured.", ""]
-  # Table 1: τ per (divergence, source) and temperature.
-  for t in temps:
-    base = grid.get(("baseline", t), {})
-    lines += [f"## τ at γ = {cfg.eval.gamma}, " + ("greedy" if t == 0 else f"T = {t:g}"), "",
-              "| divergence | " + " | ".join(SRC_LABELS[s] for s in cfg.sources) + " |",
-              "|---|" + "---:|" * len(cfg.sources)]
-    for d in cfg.divergences:
-      cells = []
-      for s in cfg.sources:
-        r = grid.get((f"{d}_{s}", t))
-        if not r:
-          cells.append("–")
-          continue
-        gain = (r["block_efficiency"] / base["block_efficiency"] - 1) if base else None
-        cells.append(f"{r['block_efficiency']:.3f}" + (f" ({gain:+.1%})" if gain is not None
-                                                         else ""))
-      lines.append(f"| {DIV_LABELS[d]} | " + " | ".join(cells) + " |")
-    for name, label in (("baseline", "CE baseline (same steps, fixed data)"),
-                        ("start", "start drafter (no extra steps)")):
-      r = grid.get((name, t))
-      if r:
-        lines.append(f"| {label} | {r['block_efficiency']:.3f} |" + " |" * (len(cfg.sources) - 1))
-    lines += ["", "(in brackets: change of τ relative to the CE baseline)", ""]
-  # Table 2: every row.
-  # The batch-8 passes were timed at different times on a shared machine, so their wall-clock
-  # ratios drift with its load; compare drafters by τ, α and the speedup theory at one c (the
-  # median measured drafter/verifier step-time ratio of each temperature).
-  lines += ["## All drafters", "",
-            "| drafter | T | τ ± SE over prompts | τ / τ(CE baseline) | α | theoretical speedup "
-            "(α, γ, common c) | held-out α (T=1, fixed data) | held-out TVD |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-  c_common = {t: float(np.median([r["cost_ratio_c"] for k, r in grid.items() if k[1] == t]))
-              for t in {k[1] for k in grid}}
-  for (name, t), r in sorted(grid.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-    base = grid.get(("baseline", t))
-    held = trained.get(name, {}).get("heldout", {})
-    rel = f"{r['block_efficiency'] / base['block_efficiency']:.3f}" if base else "–"
-    theory_speedup = metrics.chain_speedup(min(r["acceptance_rate"], 0.999),
-                                           int(cfg.eval.gamma), c=c_common[t])
-    lines.append(f"| {name} | {t:g} | {r['block_efficiency']:.3f} ± {r.get('tau_se', 0):.3f} "
-                 f"| {rel} | {r['acceptance_rate']:.3f} | {theory_speedup:.3f} | "
-                 f"{_fmt(held.get('alpha'))} | {_fmt(held.get('tvd'))} |")
-  lines += ["", "common c: " + ", ".join(f"T = {t:g}: {c:.3f}" for t, c in sorted(
-      c_common.items())) + ". Measured batch-8 tokens/s of every pass are in results.json.", ""]
-  if lenience_rows:
-    lines += ["## Lenient decoding (T = 1): τ against ε and its quality cost", "",
-              "| drafter | lenience | ε | τ | speedup (measured) | theoretical | verifier "
-              "log-lik / token | token TV ½‖π-p‖₁ |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in lenience_rows:
-      lines.append(f"| {r['drafter']} | f_{r['lenience'] or 'lin'} | {r['epsilon'] or 1:g} | "
-                   f"{r['block_efficiency']:.3f} | {r['speedup']:.3f} | "
-                   f"{r['theoretical_speedup']:.3f} | {r['verifier_loglik']:.3f} | "
-                   f"{r['token_tv']:.4f} |")
-    ar_ll = lenience_rows[0].get("ar_verifier_loglik")
-    lines += ["", f"Autoregressive sampling from the verifier (T = 1) on the same prompts: "
-              f"log-lik / token {ar_ll:.3f}.", ""]
-  if speedup_rows:
-    lines += [f"## Wall-clock speedup at batch {cfg.eval.speedup_batch_size} "
-              f"({cfg.eval.speedup_prompts} prompts)", "",
-              "| drafter | T | τ | speedup over autoregressive (measured) | theoretical "
-              "(α, γ, c measured) | c | speedup vs CE baseline (measured / theory) |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
-    base = {r["temperature"]: r for r in speedup_rows if r["drafter"] == "baseline"}
-    for r in speedup_rows:
-      b = base.get(r["temperature"])
-      rel = (f"{r['speedup'] / b['speedup']:.3f} / "
-             f"{r['theoretical_speedup'] / b['theoretical_speedup']:.3f}") if b else "–"
-      lines.append(f"| {r['drafter']} | {r['temperature']:g} | {r['block_efficiency']:.3f} | "
-                   f"{r['speedup']:.3f} | {r['theoretical_speedup']:.3f} | "
-                   f"{r['cost_ratio_c']:.3f} | {rel} |")
-    lines.append("")
-  lines += ["## How to read these numbers", "",
-            f"- τ comes from {cfg.eval.num_prompts} prompts × {cfg.eval.new_tokens} tokens; "
-            "its standard error over prompts is given, and differences of a few percent are "
-            "within it. Greedy τ has heavy tails: a prompt whose continuation falls into a "
-            "repetition loop is drafted almost perfectly by any drafter.",
-            "- α (the mean of Σ min(p, q) over every drafted position) averages over thousands "
-            "of positions and moves with the divergence more visibly than τ.",
-            f"- At batch {cfg.eval.batch_size} a CPU verifier call costs more with each of the "
-            "γ + 1 tokens it scores, which the theory's constant-cost assumption ignores"
-            + (f"; the batch-{cfg.eval.speedup_batch_size} table is the fairer wall-clock "
-               "comparison." if speedup_rows else "."), ""]
-  lines += ["## Findings (computed from the numbers above)", ""] + _findings(cfg, grid)
-  for name in plots:
-    lines += ["", f"![{name}]({name})"]
-  lines += ["", "## Training runs", "",
-            "| run | divergence | data | final train loss | train α | seconds (first to last "
-            "logged step) |",
-            "|---|---|---|---:|---:|---:|"]
-  for name, r in trained.items():
-    lines.append(f"| {name} | {DIV_LABELS[r['divergence']]} | {SRC_LABELS[r['source']]} | "
-                 f"{_fmt(r['train_loss'])} | {_fmt(r['train_alpha'])} | "
-                 f"{_fmt(r['seconds'], 0)} |")
-  return "\n".join(lines) + "\n"
-
-
-def _z(row, base) -> float:
-  """(τ - τ_base) in combined standard errors (SE over prompts, independent prompts' runs)."""
-  se = np.hypot(row.get("tau_se", 0.0), base.get("tau_se", 0.0))
-  return (row["block_efficiency"] - base["block_efficiency"]) / max(se, 1e-9)
-
-
-def _findings(cfg, grid) -> list[str]:
-  out = []
-  for t in [float(x) for x in cfg.eval.temperatures]:
-    base = grid.get(("baseline", t))
-    rows = {k[0]: v for k, v in grid.items() if k[1] == t and k[0] not in ("baseline", "start")}
-    if not base or not rows:
-      continue
-    best = max(rows, key=lambda n: rows[n]["block_efficiency"])
-    gain = rows[best]["block_efficiency"] / base["block_efficiency"] - 1
-    mode = "greedy" if t == 0 else f"T = {t:g}"
-    out.append(f"- {mode}: best distilled drafter `{best}` τ = "
-               f"{rows[best]['block_efficiency']:.3f} vs CE baseline "
-               f"{base['block_efficiency']:.3f} ({gain:+.1%}, {_z(rows[best], base):.1f} "
-               f"combined standard errors); the ≥ 15% goal is "
-               f"{'met' if gain >= 0.15 else 'not met'}. By α (Σ min(p, q) over the SD run's "
-               f"positions, less noisy than τ): {rows[best]['acceptance_rate']:.3f} vs "
-               f"{base['acceptance_rate']:.3f} "
-               f"({rows[best]['acceptance_rate'] / base['acceptance_rate'] - 1:+.1%}).")
-    better = [n for n in rows if _z(rows[n], base) > 2]
-    out.append(f"  - distilled drafters with τ more than 2 standard errors above the baseline: "
-               f"{', '.join(f'`{n}`' for n in sorted(better)) or 'none'} (of {len(rows)}).")
-    for d in cfg.divergences:
-      ver, onp = rows.get(f"{d}_verifier"), rows.get(f"{d}_onpolicy")
-      if ver and onp:
-        diff = onp["block_efficiency"] - ver["block_efficiency"]
-        out.append(f"  - {DIV_LABELS[d]}: on-policy {onp['block_efficiency']:.3f} vs "
-                   f"verifier-generated {ver['block_efficiency']:.3f} ({diff:+.3f}).")
-    per_src = {s: max((d for d in cfg.divergences if f"{d}_{s}" in rows),
-                      key=lambda d: rows[f"{d}_{s}"]["block_efficiency"], default=None)
-               for s in cfg.sources}
-    out.append("  - best divergence per data source: " + ", ".join(
-        f"{SRC_LABELS[s]} → {DIV_LABELS[d]}" for s, d in per_src.items() if d))
-  return out
-
-
-
-
-def run(config, workdir: str) -> dict:
-  """Train, evaluate and report (see the module docstring). Returns what results.json holds."""
-  runs_dir = os.path.abspath(config.runs_dir or os.path.join(workdir, "runs"))
-  os.makedirs(workdir, exist_ok=True)
-  # Train and evaluate drafter by drafter, so that partial results are complete rows.
-  ev = Evaluator(config, runs_dir)
-  grid, trained = {}, {}
-
-  def evaluate(name, path):
-    for t in config.eval.temperatures:
-      row = ev.speculative(name, path, float(t))
-      if row:
-        grid[(name, float(t))] = row
-
-  if config.base.drafter.checkpoint:  # the starting point (a from-scratch smoke run has none)
-    evaluate("start", config.base.drafter.checkpoint)
-  for name, div, src in training_runs(config):
-    result = train_one(config, runs_dir, name, div, src)
-    if result is not None:
-      trained[name] = result
-      evaluate(name, result["path"])
-  lenience_rows = []
-  lt = float(config.lenience.temperature)
-  distilled = {k[0]: v for k, v in grid.items() if k[1] == lt and k[0] not in ("baseline",
-                                                                                "start")}
-  if distilled:
-    best = max(distilled, key=lambda n: distilled[n]["block_efficiency"])
-    sweeps = [(best, "lin", config.lenience.lin_epsilons),
-              ("baseline", "lin", config.lenience.lin_epsilons),
-              (best, "exp", config.lenience.exp_epsilons)]
-    for name, fn, epsilons in sweeps:
-      if name not in trained:
-        continue
-      for eps in epsilons:
-        row = ev.speculative(name, trained[name]["path"], lt, rule="lenient", lenience=fn,
-                             epsilon=float(eps))
-        if row:
-          lenience_rows.append(row)
-  # Wall-clock speedups at batch 1: the starting drafter, the CE baseline and the best distilled
-  # drafter of each temperature.
-  speedup_rows = []
-  paths = {"start": config.base.drafter.checkpoint,
-           **{n: r["path"] for n, r in trained.items()}}
-  temps = [float(x) for x in config.eval.temperatures] if config.eval.speedup_prompts else []
-  for t in temps:
-    distilled = {k[0]: v for k, v in grid.items() if k[1] == t and k[0] in trained
-                 and k[0] != "baseline"}
-    names = ["start", "baseline"] + ([max(distilled, key=lambda n: distilled[n][
-        "block_efficiency"])] if distilled else [])
-    for name in names:
-      if paths.get(name):
-        row = ev.speculative(name, paths[name], t,
-                             batch_size=int(config.eval.speedup_batch_size))
-        if row:
-          speedup_rows.append(row)
-  plots = write_plots(workdir, config, grid, lenience_rows)
-  results = dict(trained=trained, grid=[dict(r, drafter=k[0]) for k, r in grid.items()],
-                 lenience=lenience_rows, speedup=speedup_rows)
-  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
-  md = render_markdown(config, trained, grid, lenience_rows, speedup_rows, plots,
-                       report.launch_command(config, workdir))
-  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(md)
-  print(md)
-  return results
+def run(config, workdir: str) -> list[dict]:
+  """Train, evaluate and report (see the module docstring). Returns the rows of results.json."""
+  sweep = Sweep(config, workdir)
+  return experiment.run_experiment(config, workdir, runs=sweep.runs, report=sweep.report,
+                                   check=check)

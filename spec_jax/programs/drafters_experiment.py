@@ -1,22 +1,30 @@
 """Program `drafters_experiment`: the cost–acceptance frontier of drafters (issue "drafters that
 pay"): drafters trained from scratch, verifier-initialised drafters (a subset of the verifier's
-blocks, distilled) and reduced draft vocabularies, each measured by the evaluate program.
+blocks, distilled), feature drafters and reduced draft vocabularies, each measured by evaluate,
+on the experiment harness (`spec_jax.evaluation.experiment`).
 
   python launch.py --config experiments/drafters/config.py --workdir experiments/drafters
 
-1. Builds every entry of `drafters` into <workdir>/runs/train/<name>: kind 'scratch' with
-   train_lm, 'vinit' and 'vocab' with distill (models/draft_init.py size options); a finished
-   run is read back, an interrupted one resumes; its wall time goes to build.json.
-2. Evaluates each drafter with the evaluate program on every domain's prompts (γ in `gammas` in
-   domain, `out_gammas` out of domain; greedy and T = 1; batch 1) into
-   <workdir>/runs/eval/<name>_<domain>, the autoregressive baseline measured in the same process.
-3. Writes results.json, results.md (tables, the frontier, the default it picks, the goals) and
-   frontier.png / speedup_vs_gamma.png. `render_only` reports what has finished.
+The runs, entries in `order` (bases before their variants), each read back while its digest
+matches so a killed experiment resumes:
+  general_data       the general-domain dataset (program general_data), once, for entries with
+                     data='general';
+  train_<name>       the drafter built in <workdir>/runs/train/<name>: kind 'scratch' with
+                     train_lm, 'vinit', 'features' and 'vocab' with distill (models/draft_init.py
+                     size options); its rows: build_s (wall time), params_m, steps;
+  eval_<name>_<dom>  evaluate on each domain's prompts (γ in `gammas` in domain, `out_gammas` out
+                     of it) in <workdir>/runs/eval/<name>_<dom>, beside the autoregressive
+                     baseline measured in the same process.
+Then every built drafter's c and r(γ + 1) are timed round robin (`measure_costs`, cached in
+runs/costs.json). `carry` takes entries' rows from the results.json at `carry_from`, `skip` leaves
+entries out. `render_only` runs and times nothing; a run missing from runs/ reports the rows the
+workdir's results.json holds for it. Rows, results.md, plots: evaluation/drafters_report.py.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import time
@@ -24,26 +32,27 @@ import time
 from configs import common
 from spec_jax import loading
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.evaluation import report, timing
 from spec_jax.decoding.drafters import features
+from spec_jax.evaluation import drafters_report, experiment, report, timing
 from spec_jax.models import llama
 from spec_jax.programs import distill as distill_program
-from spec_jax.programs import evaluate, general_data, train_lm
+from spec_jax.programs import evaluate, train_lm
 
 KINDS = ("scratch", "vinit", "features", "vocab")
-ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature", "domain",
-            "batch_size", "rule", "block_efficiency", "tau_se", "acceptance_rate", "speedup",
-            "theoretical_speedup", "verifier_cost_ratio_r", "tokens_per_s", "ar_tokens_per_s",
-            "identical_to_greedy", "dataset", "device", "build_s")
 
 
-def check_config(config) -> None:
+def _carry_skip(config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  return tuple(config.get("carry", ()) or ()), tuple(config.get("skip", ()) or ())
+
+
+def check_config(config, workdir: str | None = None) -> None:
   """Every drafter entry names a known kind and what it needs, before anything runs; `order`
-  lists every entry once, each base before its variants."""
+  lists every entry once, each base before its variants; carried rows exist."""
+  del workdir
   if sorted(config.order) != sorted(config.drafters):
     raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
                      f"({sorted(config.drafters)}) once.")
-  carry, skip = tuple(config.get("carry", ()) or ()), tuple(config.get("skip", ()) or ())
+  carry, skip = _carry_skip(config)
   unknown = [n for n in (*carry, *skip) if n not in config.drafters]
   if unknown:
     raise ValueError(f"carry / skip list {unknown}, which are not entries of drafters "
@@ -75,27 +84,7 @@ def check_config(config) -> None:
     if spec.get("data") not in (None, "", "general"):
       raise ValueError(f"drafters.{name}.data={spec['data']!r}: '' (the distill section's "
                        "corpus) or 'general' (the general_data program's dataset).")
-
-
-def carried_rows(config) -> dict[str, list[dict]]:
-  """{entry: its rows} for the entries in `carry`, read from the results.json `carry_from`
-  (an earlier run whose trained drafters are gone): they are neither built nor measured again.
-  ValueError naming the field when the file or an entry's rows are missing."""
-  carry = tuple(config.get("carry", ()) or ())
-  if not carry:
-    return {}
-  path = config.get("carry_from", "")
-  if not path or not os.path.exists(path):
-    raise ValueError(f"carry={carry} needs carry_from=<an earlier results.json>; got "
-                     f"{path!r}, which does not exist.")
-  with open(path, encoding="utf-8") as f:
-    old = json.load(f)
-  out = {n: [r for r in old if r["drafter"] == n] for n in carry}
-  empty = [n for n, rows in out.items() if not rows]
-  if empty:
-    raise ValueError(f"carry_from={path!r} has no rows for {empty}: drop them from carry (they "
-                     "are then built and measured).")
-  return out
+  experiment.carried_rows(config, lambda r: r["drafter"])
 
 
 def _train_dir(workdir: str, name: str) -> str:
@@ -125,14 +114,9 @@ def _root_kind(config, name: str) -> str:
   return _root_kind(config, spec["base"]) if spec["kind"] == "vocab" else spec["kind"]
 
 
-def _general_dataset(config, workdir: str) -> str:
-  """The general-domain dataset's TFDS name, built once by the general_data program."""
-  cfg = copy.deepcopy(config.general)
-  cfg.program = "general_data"
-  return general_data.run(cfg, os.path.join(workdir, "runs", "general_data"))["dataset"]
-
-
-def _build_config(config, workdir: str, name: str):
+def build_config(config, workdir: str, name: str, general: str):
+  """(the train_lm / distill config that builds entry `name`, its program's run function);
+  `general`: the general-domain dataset's TFDS name."""
   spec = config.drafters[name]
   kind, steps = spec["kind"], _steps(config, name)
   if kind == "scratch":
@@ -143,7 +127,7 @@ def _build_config(config, workdir: str, name: str):
   cfg = copy.deepcopy(config.distill)
   cfg.program = "distill"
   if _data_of(config, name) == "general":
-    cfg.data.name = _general_dataset(config, workdir)
+    cfg.data.name = general
   if _root_kind(config, name) == "features":
     # Every position of a row trains a feature drafter (its input is the verifier's features
     # there), so rows are mostly response: the same tokens per step at little extra cost.
@@ -161,73 +145,42 @@ def _build_config(config, workdir: str, name: str):
   return cfg, distill_program.run
 
 
-def build(config, workdir: str, name: str) -> dict | None:
-  """{"dir", "build_s", "params_m"} of one drafter (None: not built, render_only)."""
-  run_dir = _train_dir(workdir, name)
-  steps = _steps(config, name)
-  done = os.path.isdir(os.path.join(run_dir, "checkpoints", str(steps)))
-  info_path = os.path.join(run_dir, "build.json")
-  if not done:
-    if config.render_only:
-      return None
-    cfg, run_fn = _build_config(config, workdir, name)
-    t0 = time.perf_counter()
-    result = run_fn(cfg, run_dir)
-    with open(info_path, "w", encoding="utf-8") as f:
-      json.dump({"build_s": round(time.perf_counter() - t0, 1),
-                 "params_m": round(result["num_params"] / 1e6, 2), "steps": steps}, f)
-  info = {}
-  if os.path.exists(info_path):
-    with open(info_path, encoding="utf-8") as f:
-      info = json.load(f)
-  return {"dir": run_dir, **info}
+def _build(train_fn, cfg, run_dir: str) -> dict:
+  """One drafter's build: train_fn(cfg, run_dir), timed."""
+  t0 = time.perf_counter()
+  result = train_fn(cfg, run_dir)
+  return {"build_s": round(time.perf_counter() - t0, 1),
+          "params_m": round(result["num_params"] / 1e6, 2), "steps": int(cfg.train.num_steps)}
 
 
-def evaluate_one(config, workdir: str, name: str, info: dict | None) -> list[dict]:
-  """The SD rows of one drafter on every domain (evaluate runs read back when finished)."""
-  rows = []
-  for domain, dataset in config.domains.items():
-    run_dir = os.path.join(workdir, "runs", "eval", f"{name}_{domain}")
-    done = os.path.join(run_dir, "results.json")
-    if os.path.exists(done):
-      got = report.load_rows(done)
-    elif config.render_only or info is None:
-      continue
-    else:
-      cfg = copy.deepcopy(config.eval)
-      cfg.program = "evaluate"
-      cfg.data.name = dataset
-      cfg.drafter = common.model(checkpoint=info["dir"])
-      cfg.eval.gammas = tuple(config.gammas if domain == "in" else config.out_gammas)
-      cfg.title = f"{config.title}: {name}, {domain} domain"
-      got = evaluate.run(cfg, run_dir)
-    ar = {(r["temperature"], r["batch_size"]): r["tokens_per_s"] for r in got
-          if r["method"] == "autoregressive"}
-    for r in got:
-      if r["method"] != "sd":
-        continue
-      rows.append({
-          **{k: r.get(k) for k in ROW_KEYS}, "drafter": name,
-          "kind": config.drafters[name]["kind"], "domain": domain,
-          "rule": "greedy" if r["temperature"] == 0 else "speculative",
-          "ar_tokens_per_s": ar.get((r["temperature"], r["batch_size"])),
-          "params_m": (info or {}).get("params_m"), "build_s": (info or {}).get("build_s")})
-  return rows
+def eval_config(config, workdir: str, name: str, domain: str):
+  """evaluate's config for entry `name` on `domain`'s prompts."""
+  cfg = copy.deepcopy(config.eval)
+  cfg.program = "evaluate"
+  cfg.data.name = config.domains[domain]
+  cfg.drafter = common.model(checkpoint=_train_dir(workdir, name))
+  cfg.eval.gammas = tuple(config.gammas if domain == "in" else config.out_gammas)
+  cfg.title = f"{config.title}: {name}, {domain} domain"
+  return cfg
+
+
+def eval_inputs(cfg, build: experiment.Run) -> dict:
+  """What an evaluate run's result depends on beyond its digest (which covers its methods and
+  sweeps): the drafter is a path, so its build's digest is named here and a rebuilt drafter
+  measures again."""
+  del cfg
+  return dict(drafter=experiment.run_digest(build))
 
 
 def measure_costs(config, workdir: str, names: list[str]) -> dict:
-  """{"verifier_ms": {T: ms}, "drafters": {name: {"ms", "c", "r": {γ: r(γ + 1)}}}}: every built
+  """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}}}}: every built
   drafter's one-token forward against the verifier's 1- and (γ + 1)-token forwards, batch 1,
   the calls taking turns (`timing.round_robin`, median of `cost_repeats`), each drafter in its
   own round with the verifier beside it. The evaluate runs' in-run c and r come from a handful
   of calls and scatter by ±40% here; this is the c and r the frontier uses. Cached in
-  runs/costs.json (a drafter measured once is not measured again); it runs under render_only
-  too (seconds per drafter)."""
+  runs/costs.json (a drafter measured once is not measured again)."""
   path = os.path.join(workdir, "runs", "costs.json")
-  costs = {"drafters": {}}
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      costs = json.load(f)
+  costs = _read_costs(workdir)
   todo = [n for n in names if n not in costs["drafters"]]
   if not todo:
     return costs
@@ -261,192 +214,50 @@ def measure_costs(config, workdir: str, names: list[str]) -> dict:
   return costs
 
 
-def with_costs(rows: list[dict], costs: dict) -> list[dict]:
-  """Rows with c and r(γ + 1) from `measure_costs` (cost_ratio_c, verifier_cost_ratio_r) and
-  the theory column recomputed from them; evaluate's in-run figures kept as *_run."""
-  out = []
-  for r in rows:
-    got = costs["drafters"].get(r["drafter"])
-    r = dict(r)
-    if got is not None:
-      r["cost_ratio_c_run"], r["verifier_cost_ratio_r_run"] = (r["cost_ratio_c"],
-                                                               r["verifier_cost_ratio_r"])
-      r["theoretical_speedup_run"] = r["theoretical_speedup"]
-      r["cost_ratio_c"] = got["c"]
-      r["verifier_cost_ratio_r"] = got["r"].get(str(r["gamma"]))
-      if r["verifier_cost_ratio_r"] is not None:
-        r["theoretical_speedup"] = round(
-            r["block_efficiency"] / (r["verifier_cost_ratio_r"] + r["gamma"] * got["c"]), 4)
-    out.append(r)
-  return out
+def _read_costs(workdir: str) -> dict:
+  path = os.path.join(workdir, "runs", "costs.json")
+  if not os.path.exists(path):
+    return {"drafters": {}}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
-def _fmt(x, spec=".2f"):
-  return "–" if x is None else format(x, spec)
-
-
-def _tau(r: dict | None) -> str:
-  return "–" if r is None else f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f}"
-
-
-def pick_default(rows: list[dict]) -> dict | None:
-  """The in-domain batch-1 row with the best measured speedup (every row is lossless)."""
-  cands = [r for r in rows if r["domain"] == "in" and r["speedup"] is not None]
-  return max(cands, key=lambda r: r["speedup"], default=None)
-
-
-def render_markdown(config, rows: list[dict], command_line: str) -> str:
-  names = list(config.order)
-  carried = tuple(config.get("carry", ()) or ())
-  md = [f"# {config.title}", "",
-        f"Command: `{command_line}`. Device: {rows[0]['device'] if rows else '?'}. "
-        f"{config.eval.eval.num_prompts} prompts × {config.eval.eval.new_tokens} new tokens per "
-        f"setting, batch 1, chain SD, lossless rules only (greedy and speculative sampling). "
-        f"Scratch drafters: {config.scratch_steps} train_lm steps; vinit: "
-        f"{config.distill_steps} distill steps (JSD[0.5], fixed Shakespeare data) from SmolLM2's "
-        f"blocks; reduced vocabularies: {config.vocab_steps} more distill steps from their base.",
-        "", "c = drafter cost per call / verifier cost per one-token call; r = verifier cost "
-        "for γ + 1 tokens / for 1 (both: forward calls at batch 1 taking turns, median of "
-        f"{config.cost_repeats}, runs/costs.json); theory = τ / (r + γ·c); speedup = SD "
-        "tokens/s / AR tokens/s, measured in the same evaluate process (one timed pass per "
-        "setting: expect ±10%). τ ± its standard error over "
-        "prompts. params counts the whole input embedding (28.3M for SmolLM2's), which a "
-        "decode step only indexes."
-        + (f" Feature drafters (EAGLE): distilled on rows of {config.features_prompt_tokens} "
-           f"prompt + {config.features_response_tokens} response tokens, with the feature loss."
-           if any(config.drafters[n]["kind"] == "features" for n in names) else "")
-        + (f" Rows of {', '.join(carried)} are carried from `{config.carry_from}` (built and "
-           "measured by an earlier run whose drafters are gone)." if carried else ""), ""]
-  by = {(r["drafter"], r["domain"], r["temperature"], r["gamma"]): r for r in rows}
-  fg = int(config.frontier_gamma)
-  md += [f"## The frontier at γ = {fg}", "",
-         "| drafter | params (M) | build (s) | c | τ greedy | τ T=1 | τ T=1 out "
-         "| speedup greedy | speedup T=1 | theory T=1 |", "|---" + "|---:" * 9 + "|"]
-  for n in names:
-    g, s, o = (by.get((n, "in", 0.0, fg)), by.get((n, "in", 1.0, fg)),
-               by.get((n, "out", 1.0, fg)))
-    any_row = g or s or o
-    if any_row is None:
-      md.append(f"| {n} | – | – | – | – | – | – | – | – | – |")
+def runs(config, workdir: str):
+  """Every entry not carried or skipped, in `order`: its build, then its evaluate runs; the
+  general-domain data before the first entry that needs it; the cost timing at the end."""
+  carry, skip = _carry_skip(config)
+  general, built = None, []
+  for name in config.order:
+    if name in (*carry, *skip):
       continue
-    md.append(f"| {n} | {_fmt(any_row['params_m'])} | {_fmt(any_row['build_s'], '.0f')} | "
-              f"{_fmt(any_row['cost_ratio_c'], '.3f')} | {_tau(g)} | {_tau(s)} | {_tau(o)} | "
-              f"{_fmt(g and g['speedup'])} | {_fmt(s and s['speedup'])} | "
-              f"{_fmt(s and s['theoretical_speedup'])} |")
-  md += ["", "## Every row", "",
-         "| drafter | domain | T | γ | c | r | τ | α | speedup | theory |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-  for r in sorted(rows, key=lambda r: (names.index(r["drafter"]), r["domain"], r["temperature"],
-                                       r["gamma"])):
-    md.append(f"| {r['drafter']} | {r['domain']} | {r['temperature']:g} | {r['gamma']} | "
-              f"{_fmt(r['cost_ratio_c'], '.3f')} | {_fmt(r['verifier_cost_ratio_r'])} | "
-              f"{r['block_efficiency']:.2f} ± {r['tau_se'] or 0:.2f} | "
-              f"{_fmt(r['acceptance_rate'])} | {_fmt(r['speedup'])} | "
-              f"{_fmt(r['theoretical_speedup'])} |")
-  md += ["", "## Goals and the default", ""]
-  best = pick_default(rows)
-  if best is not None:
-    md.append(f"- Best measured in-domain speedup: **{best['drafter']}** at γ = "
-              f"{best['gamma']}, T = {best['temperature']:g}: {best['speedup']:.2f}× (τ "
-              f"{best['block_efficiency']:.2f}, c {best['cost_ratio_c']:.3f}).")
-  for n in names:
-    s, o = by.get((n, "in", 1.0, fg)), by.get((n, "out", 1.0, fg))
-    if s is None:
-      continue
-    r, c = s["verifier_cost_ratio_r"], s["cost_ratio_c"]
-    need = None if r is None or c is None else r + fg * c
-    md.append(f"- {n}: τ(γ={fg}, T=1, in) {s['block_efficiency']:.2f} (goal ≥ 2.0: "
-              f"{'met' if s['block_efficiency'] >= 2.0 else 'not met'}); out of domain "
-              f"{_fmt(o and o['block_efficiency'])} (goal ≥ 1.5: "
-              f"{'met' if o and o['block_efficiency'] >= 1.5 else 'not met'}); SD beats AR "
-              f"needs τ > r + {fg}c = {_fmt(need)}.")
-  faster = [r for r in rows if r["speedup"] and r["speedup"] > 1.0]
-  md.append(f"- Lossless settings where SD is faster than AR at batch 1: {len(faster)} of "
-            f"{len(rows)}" + (": " + ", ".join(
-                f"{r['drafter']} {r['domain']} T={r['temperature']:g} γ={r['gamma']} "
-                f"({r['speedup']:.2f}×)" for r in sorted(faster, key=lambda r: -r["speedup"])[:8])
-                if faster else "") + ".")
-  md += ["", "![frontier](frontier.png)", "", "![speedup vs gamma](speedup_vs_gamma.png)", ""]
-  return "\n".join(md) + "\n"
+    if _data_of(config, name) == "general" and general is None:
+      cfg = copy.deepcopy(config.general)
+      cfg.program = "general_data"
+      got = yield experiment.Run("general_data", cfg)
+      general = got[0]["dataset"] if got else ""  # render_only, not built: the builds are not run
+    cfg, train_fn = build_config(config, workdir, name, general or "")
+    build = experiment.Run(drafters_report.train_run(name), cfg,
+                           directory=_train_dir(workdir, name),
+                           fn=functools.partial(_build, train_fn))
+    built += [name] if (yield build) else []
+    for domain in config.domains:
+      cfg = eval_config(config, workdir, name, domain)
+      yield experiment.Run(drafters_report.eval_run(name, domain), cfg,
+                           directory=os.path.join(workdir, "runs", "eval", f"{name}_{domain}"),
+                           inputs=eval_inputs(cfg, build))
+  if not config.render_only:
+    measure_costs(config, workdir, built)
 
 
-def write_plots(config, rows: list[dict], workdir: str) -> None:
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-  names = list(config.order)
-  colours = {"scratch": "#1f77b4", "vinit": "#d62728", "features": "#9467bd",
-             "vocab": "#2ca02c"}
-  markers = ["o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">"]
-  panels = [(d, t) for d, t in (("in", 0.0), ("in", 1.0), ("out", 1.0)) if d in config.domains]
-  fig = Figure(figsize=(4.6 * len(panels) + 0.6, 4.4), layout="constrained")
-  FigureCanvasAgg(fig)
-  for i, (domain, t) in enumerate(panels):
-    ax = fig.add_subplot(1, len(panels), i + 1)
-    for j, n in enumerate(names):
-      r = next((r for r in rows if (r["drafter"], r["domain"], r["temperature"], r["gamma"])
-                == (n, domain, t, int(config.frontier_gamma))), None)
-      if r is None or r["cost_ratio_c"] is None:
-        continue
-      ax.errorbar([r["cost_ratio_c"]], [r["block_efficiency"]], yerr=[r["tau_se"] or 0],
-                  fmt=markers[j % len(markers)], color=colours[r["kind"]], capsize=3, label=n)
-      ax.annotate(n, (r["cost_ratio_c"], r["block_efficiency"]), fontsize=7,
-                  xytext=(4, 3), textcoords="offset points")
-    ax.set_xlabel("c (drafter call / verifier call)")
-    ax.set_ylabel(f"τ at γ = {int(config.frontier_gamma)} (± s.e.)")
-    ax.set_title(f"{domain} domain ({config.domains[domain].replace('spec_jax_', '')}), T = {t:g}")
-    ax.grid(alpha=0.3)
-  handles, labels = fig.axes[0].get_legend_handles_labels()
-  fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-  fig.suptitle("Cost against acceptance (colour: scratch / verifier-initialised / feature "
-               "drafter / reduced vocabulary)", fontsize=9)
-  fig.savefig(os.path.join(workdir, "frontier.png"), dpi=110)
-
-  fig = Figure(figsize=(11, 4.2), layout="constrained")
-  FigureCanvasAgg(fig)
-  for i, t in enumerate((0.0, 1.0)):
-    ax = fig.add_subplot(1, 2, i + 1)
-    for j, n in enumerate(names):
-      pts = sorted((r["gamma"], r["speedup"]) for r in rows
-                   if (r["drafter"], r["domain"], r["temperature"]) == (n, "in", t)
-                   and r["speedup"] is not None)
-      if pts:
-        kind = config.drafters[n]["kind"]
-        ax.plot(*zip(*pts), marker=markers[j % len(markers)], color=colours[kind], label=n,
-                alpha=0.85)
-    ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_xticks([int(g) for g in config.gammas])
-    ax.set_xlabel("γ")
-    ax.set_ylabel("speedup over AR (batch 1)")
-    ax.set_title(f"in domain, T = {t:g}")
-    ax.grid(alpha=0.3)
-  handles, labels = fig.axes[0].get_legend_handles_labels()
-  fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-  fig.savefig(os.path.join(workdir, "speedup_vs_gamma.png"), dpi=110)
+def _report(config, collected, command: str, *, workdir: str) -> experiment.Report:
+  path = os.path.join(workdir, "results.json")
+  previous = report.load_rows(path) if collected.missing and os.path.exists(path) else []
+  rows, reread = drafters_report.collect_rows(config, collected, previous, _read_costs(workdir))
+  return experiment.Report(
+      markdown=drafters_report.render_markdown(config, rows, command, reread),
+      plots=drafters_report.plots(config, rows), rows=rows)
 
 
 def run(config, workdir: str) -> list[dict]:
-  check_config(config)
-  carried = carried_rows(config)
-  os.makedirs(workdir, exist_ok=True)
-  rows, built = [], []
-  skip = tuple(config.get("skip", ()) or ())
-  for name in config.order:  # built and measured one by one, bases first
-    if name in carried:
-      rows += carried[name]
-      continue
-    if name in skip:  # neither built nor measured this run (results.md lists it empty)
-      continue
-    info = build(config, workdir, name)
-    rows += evaluate_one(config, workdir, name, info)
-    if info is not None:
-      built.append(name)
-  rows = with_costs(rows, measure_costs(config, workdir, built))
-  with open(os.path.join(workdir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
-  md = render_markdown(config, rows, report.launch_command(config, workdir))
-  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(md)
-  if rows:
-    write_plots(config, rows, workdir)
-  print(md)
-  return rows
+  return experiment.run_experiment(config, workdir, runs=runs, check=check_config,
+                                   report=functools.partial(_report, workdir=workdir))

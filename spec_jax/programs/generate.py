@@ -5,12 +5,11 @@ line, `\\n` escapes allowed), or `config.num_data_prompts` prompts from `config.
 (`spec_jax.data.prompts.read_prompts`, which evaluate and benchmark_hf share).
 Writes `workdir/generations.jsonl`.
 
-`config.method` other than "autoregressive" decodes with a drafter (`config.drafter`: a checkpoint,
-a steered one included, or a random model of `drafter.size`) and that method: "sd" (a chain of
-`gamma` drafts) or a draft tree `NAME[:SHAPE][@L]` (rsd_c, rsd_s, specinfer, spectr; see
-`programs/evaluate.py`), verified exactly, or prompt lookup (`lookup@γ` without a drafter model,
-`sd_lookup@γ` over the drafter; `config.lookup` overrides evaluate's eval.lookup defaults); each
-row then also carries the prompt's τ (tokens per verifier call) and verifier calls.
+`config.method` other than "autoregressive" decodes with a registered method
+(`spec_jax.decoding.methods`, `NAME[:SHAPE][@L]`, depth `config.gamma` unless @L) drafted from
+`config.drafter` (a checkpoint of any kind the method takes, or a random model of
+`drafter.size`), its options under their group (`config.lookup`, `config.bpd`, ...); each row then
+also carries the prompt's τ (tokens per verifier call) and verifier calls.
 """
 
 from __future__ import annotations
@@ -25,10 +24,9 @@ from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
+from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import trees
 
 
 def check_config(config, workdir: str) -> sampling_lib.Sampling:
@@ -45,17 +43,26 @@ def check_config(config, workdir: str) -> sampling_lib.Sampling:
     sampling = sampling_lib.Sampling.from_config(gen.sampling)
   except ValueError as e:  # name the field as the user sets it
     raise ValueError(str(e).replace("sampling.", "generation.sampling.")) from None
-  method = config.get("method", "autoregressive")
-  if method != "autoregressive":
-    from spec_jax.programs import evaluate  # noqa: PLC0415 (its method grammar)
-    _, depth, _ = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
-    if depth is None or int(depth) < 1:
-      raise ValueError(f"method={method!r}: give a draft length >= 1 (config.gamma or NAME@L).")
   return sampling
+
+
+def method_entry(config, sampling):
+  """The parsed `config.method` and the drafter source it is checked against (None, None for
+  autoregressive decoding): before any model loads."""
+  method = config.get("method", "autoregressive")
+  if method == "autoregressive":
+    return None, None
+  entry = methods.parse(method, int(config.gamma), config, default_width=int(config.tree_width),
+                        field="method", prefix="")
+  source = loading.drafter_source(config.drafter)
+  methods.check(entry, source, sampling, field="method",
+                temperature_field="generation.sampling.temperature")
+  return entry, source
 
 
 def run(config, workdir: str) -> list[dict]:
   sampling = check_config(config, workdir)
+  entry, source = method_entry(config, sampling)
   os.makedirs(workdir, exist_ok=True)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   gen = config.generation
@@ -66,7 +73,8 @@ def run(config, workdir: str) -> list[dict]:
     parallel.check_decode_mesh(mesh, gen.batch_size, {"model": cfg.n_kv_heads},
                                "generation.batch_size")
     params = parallel.place_params(params, mesh)
-  decode = _speculative(config, tokenizer, cfg, params, sampling, mesh)
+  decode = None if entry is None else _speculative(config, tokenizer, cfg, params, sampling,
+                                                   mesh, entry, source)
   if config.get("chat", False):
     if not hasattr(tokenizer, "chat_prompt"):
       raise ValueError(f"chat=True but tokenizer {tokenizer.name!r} has no chat template; set "
@@ -111,33 +119,22 @@ def run(config, workdir: str) -> list[dict]:
   return rows
 
 
-def _speculative(config, tokenizer, v_cfg, v_params, sampling, mesh):
-  """None for autoregressive decoding; else (prompts, rng, stop_ids) -> the speculative loop's
-  output with config.drafter and config.method."""
-  method = config.get("method", "autoregressive")
-  if method == "autoregressive":
-    return None
-  from spec_jax.programs import evaluate  # noqa: PLC0415 (its method grammar and drafters)
-  name, depth, tree = evaluate.parse_method(method, int(config.gamma), int(config.tree_width))
-  if depth is None or int(depth) < 1:
-    raise ValueError(f"method={method!r}: give a draft length >= 1 (config.gamma or NAME@L).")
-  d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
-                                       field="drafter.checkpoint")
-  # Prompt lookup (lookup, sd_lookup) with evaluate's eval.lookup defaults, or config.lookup.
-  lookup_opts = evaluate._lookup_options({"lookup": config.get("lookup")})
-  drafter = evaluate.make_drafter(d_cfg, loading.drafter_steering(config.drafter),
-                                  trees.chain(int(depth)) if tree is None else tree,
-                                  method=name if name in evaluate.LOOKUP_METHODS else "sd",
-                                  lookup_opts=lookup_opts)
-  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
-  loop.check_pair(verifier, drafter)
-  if mesh is not None:
-    d_params = parallel.place_params(d_params, mesh)
+def _speculative(config, tokenizer, v_cfg, v_params, sampling, mesh, entry, source):
+  """(prompts, rng, stop_ids) -> the speculative loop's output with config.drafter and the
+  method `entry` (built through the registry, as evaluate builds it)."""
+  loading.load_source(source, config.drafter, tokenizer, v_cfg, v_params, seed=config.seed,
+                      data_dir=config.data.get("data_dir") or None,
+                      load_drafter=entry.method.needs_model)
+  if mesh is not None and source.d_params is not None:
+    source.d_params = parallel.place_params(source.d_params, mesh)
+  built = methods.build(entry, source)
+  verifier = verifier_lib.lm_verifier(v_cfg, built.drafter.verifier_layers)
+  loop.check_pair(verifier, built.drafter)
   gen = config.generation
 
   def decode(prompts, rng, stop_ids):
     return loop.speculative_generate(
-        v_params, d_params, prompts, rng, verifier=verifier, drafter=drafter, sampling=sampling,
-        max_new_tokens=gen.max_new_tokens, stop_ids=stop_ids, mesh=mesh)
+        v_params, built.params, prompts, rng, verifier=verifier, drafter=built.drafter,
+        sampling=sampling, max_new_tokens=gen.max_new_tokens, stop_ids=stop_ids, mesh=mesh)
 
   return decode

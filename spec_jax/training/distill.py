@@ -12,13 +12,16 @@ TrainState, so they are never updated, never held twice and never saved with the
 Objectives (config.distill.divergence): the divergences of `divergences.DIVERGENCES` between the
 teacher's and the student's laws, or "xent", plain next-token cross-entropy on the batch's
 tokens: the non-distilled baseline, trained through the same loop on the same data.
+
+What is trained is a `Student`: its forward, what it reads from the teacher's pass and the
+drafter it becomes for held-out decoding (`plain_student`: a Llama-family drafter trained whole).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +29,10 @@ import optax
 
 from spec_jax import parallel
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.drafters import features, lm
+from spec_jax.models import draft_init, llama
 from spec_jax.training import divergences, losses, train
+from spec_jax.training import features as features_train
 
 XENT = "xent"
 OBJECTIVES = (*divergences.DIVERGENCES, XENT)
@@ -64,6 +70,74 @@ class Objective:
     s = self.sampling
     truncated = bool(s.top_k) or s.top_p < 1.0
     return tuple(n for n in divergences.DIVERGENCES if not (truncated and n in ("fkl", "rkl")))
+
+
+def check_vocab(verifier_cfg: llama.LlamaConfig, drafter_cfg: llama.LlamaConfig,
+                config=None) -> None:
+  """ValueError naming verifier.checkpoint and drafter.checkpoint when the vocabularies differ:
+  the divergence compares the two laws token id by token id (docs/design.md §6)."""
+  if verifier_cfg.vocab_size == drafter_cfg.vocab_size:
+    return
+  names = ("", "")
+  if config is not None:
+    names = tuple(f" ({k}.checkpoint={config[k].checkpoint!r}, {k}.size={config[k].size!r})"
+                  for k in ("verifier", "drafter"))
+  raise ValueError(
+      f"Drafter vocab_size={drafter_cfg.vocab_size}{names[1]} differs from the verifier's "
+      f"vocab_size={verifier_cfg.vocab_size}{names[0]}. Distillation compares the two laws "
+      "token by token: set drafter.checkpoint to a model trained with the verifier's tokenizer "
+      "(config.tokenizer), or drafter.checkpoint='' to start from scratch with it.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """What a distillation run trains and how it drafts: distill's plain drafter (`plain_student`)
+  or an SD²-steered one (`programs/train_steering.py`).
+
+  cfg             the drafter's model config (checked on resume, saved in the meta)
+  init_fn         rng -> params (from scratch)
+  params          the starting params on the host (a loaded model), or None: init_fn
+  apply           the teacher-forced forward the distill steps differentiate
+  context_fn      None, or what `apply` reads from the teacher's pass (`distill_step`)
+  teacher_layers  the verifier's residual depths context_fn needs
+  drafter         TreeSpec -> a `protocols.Drafter` for the held-out τ
+  wrap_tx         optimizer -> optimizer (e.g. freezing part of the params)
+  meta            extra checkpoint metadata
+  meta_section    the config section `meta` records (e.g. "steering"): resuming a checkpoint
+                  whose meta says otherwise is refused with an error naming it; "": no check
+  """
+  cfg: llama.LlamaConfig
+  init_fn: Callable
+  params: Any
+  apply: Callable
+  drafter: Callable
+  context_fn: Callable | None = None
+  teacher_layers: tuple[int, ...] = ()
+  wrap_tx: Callable = lambda tx: tx
+  meta: dict = dataclasses.field(default_factory=dict)
+  meta_section: str = ""
+
+
+def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
+  """A Llama-family drafter trained whole (DistillSpec). A steered checkpoint (train_steering)
+  contributes its drafter; its steering module is left out. A feature drafter (EAGLE,
+  `draft_init.feature_drafter`) reads the teacher's final residual and also learns to predict
+  it (`training/features.py`, weight distill.feature_weight)."""
+  if d_params is not None and "steering" in d_params:
+    d_params = d_params["drafter"]
+  if d_cfg.feature_width:
+    draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
+    apply, context_fn = features_train.make_student(
+        d_cfg, float(config.distill.get("feature_weight", 1.0)),
+        int(config.distill.get("feature_passes", 1)))
+    return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
+                   params=d_params, apply=apply, context_fn=context_fn,
+                   teacher_layers=(features.FEATURE_LAYER,),
+                   drafter=functools.partial(features.FeatureDrafter, d_cfg))
+  # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
+  return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
+                 apply=llama.make_apply(d_cfg, reduced_logits=True),
+                 drafter=functools.partial(lm.LMDrafter, d_cfg))
 
 
 def _positions(tokens_BxT: jax.Array) -> jax.Array:

@@ -45,7 +45,7 @@ import tqdm
 from spec_jax.data import pipeline
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.models import llama
+from spec_jax.models import draft_init, llama
 
 SOURCES = ("fixed", "verifier", "onpolicy", "mix")
 _SALTS = {"verifier": 1, "onpolicy": 2}
@@ -142,6 +142,16 @@ class Spec:
         and self.onpolicy_rows < self.batch_size)
 
 
+def check_schedule(train_cfg, spec: Spec) -> None:
+  """On-policy data are regenerated every data.refresh_every steps from the live params; a run
+  resumed at a checkpoint that is not a refresh step could not regenerate what it lost."""
+  if spec.onpolicy_rows and train_cfg.checkpoint_every % spec.refresh_every:
+    raise ValueError(
+        f"train.checkpoint_every={train_cfg.checkpoint_every} must be a multiple of "
+        f"data.refresh_every={spec.refresh_every} with on-policy data (data.source="
+        f"{spec.source!r}), so that a resumed run regenerates exactly the data it lost.")
+
+
 def blend_rows(batch_size: int, blend) -> tuple[int, tuple[int, ...]]:
   """(rows of `data.name`, rows of each blended dataset) in every batch of B rows: a blended
   dataset with fraction w gets round(w·B) rows, the main dataset the rest. ValueError naming
@@ -164,6 +174,22 @@ def blend_rows(batch_size: int, blend) -> tuple[int, tuple[int, ...]]:
     raise ValueError(f"data.blend's fractions take {sum(rows)} of the {batch_size} rows of a "
                      "batch. Fix: fractions that sum to at most 1 (the rest come from data.name).")
   return batch_size - sum(rows), tuple(rows)
+
+
+def blend_counts(config, tokenizer) -> np.ndarray:
+  """float64[V]: token frequencies of the training data: data.train_split of data.name, or of
+  the blend, each dataset's frequencies weighted by its share of a batch's rows."""
+  dc = config.data
+  names = [dc.name] + [name for name, _ in dc.get("blend", ())]
+  main, rows = blend_rows(config.train.batch_size, dc.get("blend", ()))
+  total = np.zeros((tokenizer.vocab_size,), np.float64)
+  for name, share in zip(names, (main, *rows)):
+    if share:
+      c = draft_init.count_tokens(pipeline.token_stream(
+          name, dc.train_split, tokenizer, data_dir=dc.data_dir or None, text_key=dc.text_key),
+          tokenizer.vocab_size)
+      total += share * c / max(c.sum(), 1)
+  return total
 
 
 class _Concat:

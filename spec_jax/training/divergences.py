@@ -156,7 +156,7 @@ def per_token(name: str, teacher_logits: jax.Array, student_logits: jax.Array, *
   """f32[...]: divergence `name` between the teacher's law p and the student's law q at every
   position of logits[..., V] (same leading shapes, same vocabulary)."""
   if teacher_logits.shape[-1] != student_logits.shape[-1]:
-    # DESIGN §6: a vocabulary mismatch must fail loudly, never broadcast.
+    # docs/design.md §6: a vocabulary mismatch must fail loudly, never broadcast.
     raise ValueError(f"Verifier (teacher) vocabulary {teacher_logits.shape[-1]} != drafter "
                      f"(student) vocabulary {student_logits.shape[-1]}: the laws must be over "
                      "the same token ids (train the drafter with the verifier's tokenizer).")

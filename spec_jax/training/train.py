@@ -167,7 +167,7 @@ def jit_eval_step(apply_fn: Callable, param_shardings, mesh):
 
 def evaluate(eval_fn: Callable, params, batches: Iterable[Mapping[str, np.ndarray]],
              sharding) -> dict[str, float]:
-  """Run eval_fn over host batches and summarize. Blocks on every batch (DESIGN.md §5 trap: an
+  """Run eval_fn over host batches and summarize. Blocks on every batch (docs/design.md §5 trap: an
   unwaited stream of cross-device collectives can hang on CPU)."""
   totals = {"nll_sum": 0.0, "correct_sum": 0.0, "weight_sum": 0.0}
   for batch in batches:
@@ -238,7 +238,7 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
                   disable=not show_progress or jax.process_index() != 0)
 
   # On CPU with several devices, two SPMD programs in flight can deadlock in their collectives'
-  # rendezvous (DESIGN.md §5; seen under load even with one step of lookahead), so each step is
+  # rendezvous (docs/design.md §5; seen under load even with one step of lookahead), so each step is
   # read before the next is dispatched there. Accelerators keep one step of lookahead.
   one_in_flight = jax.devices()[0].platform == "cpu" and jax.device_count() > 1
 

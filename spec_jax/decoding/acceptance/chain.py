@@ -3,7 +3,7 @@
 Shape letters (repo legend): B batch rows (independent), A = γ draft tokens, V vocabulary.
   p      f32[B, γ+1, V]  verifier law at each draft position plus the bonus position, after
                          temperature/top-k/top-p (`sampling.probs_from_logits`)
-  q      f32[B, γ, V]    the exact law each draft token was sampled from (DESIGN §2, §6: never a
+  q      f32[B, γ, V]    the exact law each draft token was sampled from (docs/design.md §2, §6: never a
                          one-hot stand-in, never another precision); q may carry one more row
                          (a chain proposal's leaf, all zeros), which is ignored
   draft  int32[B, γ]
@@ -67,7 +67,7 @@ def _check_shapes(p, q, draft) -> int:
     raise ValueError(f"Shapes disagree on B or γ: p{p.shape} (want [B, γ+1, V]), "
                      f"q{q_shape} (want [B, γ, V] or [B, γ+1, V]), draft{draft.shape}.")
   if q is not None and p.shape[2] != q.shape[2]:
-    # DESIGN §6: a drafter/verifier vocabulary mismatch must fail loudly or be mapped explicitly.
+    # docs/design.md §6: a drafter/verifier vocabulary mismatch must fail loudly or be mapped explicitly.
     raise ValueError(f"Verifier vocabulary {p.shape[2]} != drafter vocabulary {q.shape[2]}; map "
                      "draft ids and q into the verifier vocabulary first (proposal.q).")
   return gamma

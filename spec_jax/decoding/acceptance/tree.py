@@ -215,11 +215,11 @@ def _check_inputs(p, q, tokens, parent, depth, valid, rule, max_depth, max_candi
                      f"shape {p.shape}.")
   if q is None:
     if rule != "greedy":
-      raise ValueError(f"rule {rule!r} needs q, the exact draft law at every node (DESIGN §6); "
+      raise ValueError(f"rule {rule!r} needs q, the exact draft law at every node (docs/design.md §6); "
                        "only 'greedy' may run with q=None.")
   elif q.shape != p.shape:
     if q.ndim == 3 and q.shape[:2] == p.shape[:2]:
-      # DESIGN §6: a drafter/verifier vocabulary mismatch must fail loudly or be mapped.
+      # docs/design.md §6: a drafter/verifier vocabulary mismatch must fail loudly or be mapped.
       raise ValueError(f"Verifier vocabulary {p.shape[2]} != drafter vocabulary {q.shape[2]}; "
                        "map draft ids and q into the verifier vocabulary first.")
     raise ValueError(f"verify_tree: q{q.shape} must have p's shape {p.shape} ([B, M, V]).")
@@ -273,7 +273,7 @@ def verify_tree(p: jax.Array, q: jax.Array | None, tokens: jax.Array, parent: ja
 def _verify_tree(p, q, tokens, parent, depth, valid, rng, *, rule, max_depth, max_candidates,
                  kseq_rho_override=None) -> Verdict:
   """`verify_tree` with a test knob: kseq_rho_override fixes K-SEQ's ρ (ρ = 1 is the planted
-  bug DESIGN §6 names: it over-accepts and leaves a residual that would need negative mass)."""
+  bug docs/design.md §6 names: it over-accepts and leaves a residual that would need negative mass)."""
   _check_inputs(p, q, tokens, parent, depth, valid, rule, max_depth, max_candidates)
   max_depth, max_candidates = int(max_depth), int(max_candidates)
   b = p.shape[0]

@@ -24,14 +24,18 @@ function of its own params).
 from __future__ import annotations
 
 import dataclasses
+import os
 
+from absl import logging
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from spec_jax.decoding import methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import hidden, lattice, trees
 from spec_jax.decoding.protocols import Proposal
-from spec_jax.models import bpd_heads
+from spec_jax.models import bpd_heads, ngram
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +114,6 @@ class BPDDrafter(HeadsDrafter):
     bpd_heads.check_verifier(self.heads, self.v_cfg, v_params)
     out = {"heads": head_params, "out": bpd_heads.verifier_output(self.v_cfg, v_params)}
     if ngram_lm is not None:
-      from spec_jax.models import ngram  # noqa: PLC0415
       ngram.check(ngram_lm, self.heads.vocab_size, "eval.bpd.ngram")
       out["ngram"] = ngram_lm
     return out
@@ -180,3 +183,123 @@ class BPDDrafter(HeadsDrafter):
   def commit(self, params, x, proposal, verdict, lengths, v_hidden):
     del params, x, proposal, lengths
     return hidden.accepted_state(v_hidden[-1], verdict)
+
+
+# --- methods (`decoding.methods`): BPD heads under sd and the trees (drafters/standard.py), and
+# the lattice rescorings bpd_ngram[:P] and bpd_ngram_beam[:W] (Kim et al. 2024) -----------------
+
+
+@dataclasses.dataclass(frozen=True)
+class BPDOptions:
+  """The BPD refinements' knobs (config `eval.bpd`; bpd_neural reads the rescorer fields).
+
+  top_k: each head's candidates. paths: bpd_ngram keeps the P best of the k^h lattice paths,
+    bpd_ngram_beam a beam of that width per level (a SHAPE number overrides it).
+  ngram: the n-gram LM that rescores the lattice: a dataset whose train split is counted once
+    (order `ngram_order`, cached beside the token cache) or a .npz from `models.ngram.save`.
+  ngram_weight: w in (1 − w)·log q_head + w·log p_ngram (0 = the heads' ranking).
+  rescorer: bpd_neural's LM, a model section (`configs.common.model`); rescorer_weight its
+    share a of the score."""
+  top_k: int = 4
+  paths: int = 16
+  ngram: str = "spec_jax_shakespeare"
+  ngram_order: int = 4
+  ngram_weight: float = 0.5
+  rescorer: dict = dataclasses.field(default_factory=lambda: dict(
+      size="drafter-s", checkpoint="runs/quickstart/drafter", dtype="float32"))
+  rescorer_weight: float = 0.5
+
+  def __post_init__(self):
+    for name in ("top_k", "paths", "ngram_order"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"bpd.{name}={value!r} must be an integer >= 1.")
+    for name in ("ngram_weight", "rescorer_weight"):
+      if not 0.0 <= float(getattr(self, name)) <= 1.0:
+        raise ValueError(f"bpd.{name}={getattr(self, name)} must be in [0, 1] (0 = the heads' "
+                         "own scores).")
+
+
+def check_depth(b_cfg: bpd_heads.BPDConfig, shape: trees.TreeSpec) -> None:
+  """h heads draft chains and trees of depth at most h."""
+  if shape.depth > b_cfg.num_heads:
+    raise ValueError(
+        f"drafter.checkpoint holds {b_cfg.num_heads} BPD heads: they draft chains and trees "
+        f"of depth at most {b_cfg.num_heads}, not {shape.describe()} (depth {shape.depth}). "
+        f"Fix: eval.gammas / the methods' @L <= {b_cfg.num_heads}.")
+
+
+def heads_params(source, ngram_lm=None) -> dict:
+  """The heads' drafter params from a loaded `methods.Source` (d_params: the heads), built once
+  per source (with the n-gram LM under "ngram" when given)."""
+  base = source.cached("bpd_params", lambda: BPDDrafter(source.b_cfg, source.v_cfg).params(
+      source.d_params, source.v_params))
+  if ngram_lm is None:
+    return base
+  ngram.check(ngram_lm, source.b_cfg.vocab_size, "eval.bpd.ngram")
+  return {**base, "ngram": ngram_lm}
+
+
+def ngram_lm(opts: BPDOptions, source):
+  """The n-gram LM of `opts.ngram`: a .npz saved by `models.ngram.save`, or a dataset whose train
+  split is counted once with the source's tokenizer (order opts.ngram_order) and cached beside
+  the token cache. None when ngram_weight is 0 (the heads' ranking alone)."""
+  if float(opts.ngram_weight) == 0:
+    return None
+  src = str(opts.ngram or "")
+  if not src:
+    raise ValueError("eval.methods has bpd_ngram(_beam) with eval.bpd.ngram_weight > 0, but "
+                     "eval.bpd.ngram is empty. Fix: a dataset whose train split is counted "
+                     "(e.g. --config.eval.bpd.ngram=spec_jax_shakespeare) or a saved .npz.")
+  if src.endswith(".npz"):
+    return source.cached(("ngram", src), lambda: ngram.load(src))
+
+  def count():
+    from spec_jax.data import pipeline  # noqa: PLC0415  (TFDS only when an n-gram is counted)
+    order, tokenizer = int(opts.ngram_order), source.tokenizer
+    path = os.path.join(pipeline.data_dir(source.data_dir), "spec_jax_ngram_cache",
+                        f"{src}_{tokenizer.fingerprint}_order{order}.npz")
+    if os.path.exists(path):
+      return ngram.load(path)
+    logging.info("Counting a %d-gram LM on %s (train split) into %s.", order, src, path)
+    lm = ngram.build(np.asarray(pipeline.token_stream(src, "train", tokenizer,
+                                                      data_dir=source.data_dir)),
+                     order=order, vocab_size=source.v_cfg.vocab_size)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ngram.save(lm, path)
+    return lm
+  return source.cached(("ngram", src, int(opts.ngram_order)), count)
+
+
+def _ngram_method(beam: bool) -> methods.Method:
+  """bpd_ngram (beam False: the P best paths) or bpd_ngram_beam (a width-W beam tree)."""
+  name = "bpd_ngram_beam" if beam else "bpd_ngram"
+
+  def rescoring(shape, opts) -> LatticeRescoring:
+    return LatticeRescoring(int(opts.top_k), shape.width, float(opts.ngram_weight), beam=beam)
+
+  def shape(ints, depth, opts, width):
+    del width
+    return lattice.shape(ints[0] if ints else int(opts.paths), depth, beam=beam)
+
+  def check(source, shape, opts) -> None:
+    check_depth(source.b_cfg, shape)
+    rescoring(shape, opts).check(shape.depth, field="eval.bpd")
+
+  def build(source, shape, opts) -> methods.Built:
+    drafter = BPDDrafter(source.b_cfg, source.v_cfg, gamma=shape.depth,
+                         rescore=rescoring(shape, opts))
+    # One call of all the heads (c = 0: their cost is in the measured speedup).
+    return methods.Built(drafter, heads_params(source, ngram_lm(opts, source)),
+                         methods.Cost(calls=1), name, exact_law=False)
+
+  return methods.Method(
+      name, ("the tree of a width-W beam search over the heads' lattice" if beam else
+             "the P best lattice paths of BPD heads") + " under an n-gram rescoring (greedy only)",
+      build=build, shape=shape, grammar="W" if beam else "P", kinds=("bpd",), greedy_only=True,
+      options=BPDOptions, options_field="bpd", check=check,
+      example=f"{name}:{4 if beam else 16}@3")
+
+
+methods.register(_ngram_method(beam=False))
+methods.register(_ngram_method(beam=True))

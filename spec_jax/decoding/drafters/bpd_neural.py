@@ -25,7 +25,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
+from spec_jax.decoding import methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import bpd, hidden, lm, trees
 from spec_jax.decoding.protocols import chain_proposal
@@ -107,3 +109,32 @@ class NeuralRescoredBPD(bpd.HeadsDrafter):
     del params, proposal, lengths
     # The chain's accepted drafts already sit in the LM cache (`lm.py`).
     return hidden.accepted_state(v_hidden[-1], verdict), state[1]
+
+
+def _build(source: methods.Source, shape: trees.TreeSpec, opts: bpd.BPDOptions) -> methods.Built:
+  """bpd_neural over the checkpoint's heads, with the rescoring LM of eval.bpd.rescorer (loaded
+  once per source); its γ LM calls per round are the drafter cost (c: the LM's step)."""
+  if not opts.rescorer:
+    raise ValueError("eval.methods has bpd_neural but eval.bpd.rescorer is not set. Fix: a "
+                     "model section, e.g. --config.eval.bpd.rescorer.checkpoint="
+                     "runs/quickstart/drafter (a train_lm or distill workdir).")
+  section = ml_collections.ConfigDict(dict(opts.rescorer))
+  lm_cfg, lm_params = source.cached(("rescorer", section.to_json()), lambda: source.load_model(
+      section, "eval.bpd.rescorer.checkpoint", 2))
+  drafter = NeuralRescoredBPD(source.b_cfg, source.v_cfg, lm_cfg, gamma=shape.depth,
+                              top_k=int(opts.top_k), weight=float(opts.rescorer_weight))
+  params = {**bpd.heads_params(source), "lm": lm_params}
+  return methods.Built(drafter, params, methods.Cost(calls=shape.depth, model="rescorer",
+                                                     cfg=lm_cfg, params=lm_params), "bpd_neural")
+
+
+def _check(source, shape, opts) -> None:
+  del opts
+  bpd.check_depth(source.b_cfg, shape)
+
+
+methods.register(methods.Method(
+    "bpd_neural", "a chain from BPD heads, each head's top k rescored by a small LM (Kim et al. "
+    "2024, §5)", build=_build, shape=lambda ints, depth, opts, width: trees.chain(depth),
+    kinds=("bpd",), options=bpd.BPDOptions, options_field="bpd", check=_check,
+    example="bpd_neural@3"))

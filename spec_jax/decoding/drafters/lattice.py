@@ -213,7 +213,8 @@ def shape(paths: int, depth: int, beam: bool = False) -> trees.TreeSpec:
   """The static layout of a kept-paths prefix tree (or, `beam`, a beam tree of width `paths`):
   P nodes per level, depth A (the layout of P draft chains; only greedy verifies it, so the
   chains' sampling scheme never applies)."""
-  return (_BeamShape if beam else _PathsShape)("specinfer", depth=depth, width=paths)
+  return (_BeamShape if beam else _PathsShape)("chains", depth=depth, width=paths,
+                                                name="lattice")
 
 
 class _PathsShape(trees.TreeSpec):

@@ -32,8 +32,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from spec_jax.decoding import methods
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import features, lm, trees
+from spec_jax.decoding.drafters import features, lm, standard, trees
 from spec_jax.decoding.protocols import chain_proposal
 from spec_jax.models import llama
 
@@ -194,3 +195,52 @@ class LookupOverlay:
 
   def commit(self, params, state, proposal, verdict, lengths, v_hidden):
     return self.inner.commit(params, state, proposal, verdict, lengths, v_hidden)
+
+
+# --- methods (`decoding.methods`) -----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LookupOptions:
+  """Prompt lookup's knobs (config `eval.lookup`): the text's last n tokens, n = max_ngram down
+  to 1, are looked up earlier in the text; sd_lookup takes the lookup draft only for matches of
+  min_ngram+ tokens, the drafter's otherwise."""
+  max_ngram: int = 3
+  min_ngram: int = 2
+
+  def __post_init__(self):
+    for name in ("max_ngram", "min_ngram"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"lookup.{name}={value!r} must be an integer >= 1.")
+    check_ngrams(self.max_ngram, self.min_ngram, field="lookup")
+
+
+def _chain(ints, depth, opts, width):
+  del ints, opts, width
+  return trees.chain(depth)
+
+
+def _build_lookup(source: methods.Source, shape, opts: LookupOptions) -> methods.Built:
+  """No drafter model: c = 0 and no drafter calls (the n-gram search is in the measured
+  speedup)."""
+  drafter = PromptLookupDrafter(source.v_cfg.vocab_size, shape, int(opts.max_ngram))
+  return methods.Built(drafter, {}, methods.Cost(calls=0), "lookup")
+
+
+def _build_overlay(source: methods.Source, shape, opts: LookupOptions) -> methods.Built:
+  """The lookup over the LM or feature drafter; its cost model is the drafter's γ calls, an upper
+  bound (rounds where every row matched skip them)."""
+  drafter = LookupOverlay(features.for_model(source.d_cfg, shape), int(opts.max_ngram),
+                          int(opts.min_ngram))
+  return methods.Built(drafter, source.d_params, standard.model_cost(source, shape), "sd_lookup")
+
+
+methods.register(methods.Method(
+    "lookup", "prompt lookup: what followed the text's last n-gram, no drafter model",
+    build=_build_lookup, shape=_chain, needs_model=False, options=LookupOptions,
+    options_field="lookup", example="lookup@4"))
+methods.register(methods.Method(
+    "sd_lookup", "prompt lookup where an n-gram of min_ngram+ tokens recurs, the drafter elsewhere",
+    build=_build_overlay, shape=_chain, kinds=("lm",), options=LookupOptions,
+    options_field="lookup", example="sd_lookup@4"))

@@ -11,17 +11,19 @@ order is the order they were drawn in (decreasing perturbed log-probability for 
 stochastic beam search, chain index for i.i.d. chains), which is the order recursive rejection
 sampling examines them in (`acceptance/tree.py`).
 
-Shapes (`TreeSpec.method`):
+Layouts (`TreeSpec.layout`; the sibling-sampling scheme follows from the layout, the rule that
+verifies it exactly is the spec's `rule`, and which paper method drafts it is the method registry's
+business, `decoding.methods` / `drafters/standard.py`):
   chain      γ = depth draft tokens, one per level: chain speculative decoding (Leviathan et al.
              2023), verified on the chain rules' fast path.
-  rsd_c      RSD with constant branching b = (b_1..b_L): every node at depth d-1 gets b_d children,
-             a Gumbel-top-b_d sample without replacement of its draft law (Jeon et al. 2024, §3.2).
-  rsd_s      RSD with stochastic beam search (Kool et al. 2019): beam width W, depth L; children are
-             scored with truncated Gumbels and the top W of the whole level survive; parents that
-             keep no child end early. At most W·L nodes (Jeon et al. 2024, §3.3).
-  specinfer  K i.i.d. draft chains of length L from the root (SpecInfer's multi-draft baseline,
-             verified with replacement).
-  spectr     the same K i.i.d. chains, verified with SpecTr's K-SEQ.
+  branching  constant branching b = (b_1..b_L): every node at depth d-1 gets b_d children, a
+             Gumbel-top-b_d sample without replacement of its draft law (RSD-C, Jeon et al. 2024,
+             §3.2).
+  beam       stochastic beam search (Kool et al. 2019): beam width W, depth L; children are scored
+             with truncated Gumbels and the top W of the whole level survive; parents that keep no
+             child end early. At most W·L nodes (RSD-S, Jeon et al. 2024, §3.3).
+  chains     K i.i.d. draft chains of length L from the root (SpecInfer's multi-draft proposal,
+             verified with replacement, or SpecTr's with K-SEQ).
 At temperature 0 the samplers drop the noise: Gumbel-top-k becomes top-k, stochastic beam search
 becomes beam search, and i.i.d. chains become K copies of the drafter's greedy chain.
 """
@@ -38,15 +40,11 @@ import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
 
-TREE_METHODS = ("rsd_c", "rsd_s", "specinfer", "spectr")
-METHODS = ("chain", *TREE_METHODS)
-# The lossless rule each sampled shape needs (`acceptance.RULES`); greedy decoding uses "greedy"
-# for every shape.
-TREE_RULES = {"chain": "speculative", "rsd_c": "rrs_without", "rsd_s": "rrs_without",
-              "specinfer": "rrs_with", "spectr": "kseq"}
-# How siblings are drawn (`protocols.SCHEMES`), which decides the rules that stay exact.
-SCHEMES = {"chain": "chain", "rsd_c": "without_replacement", "rsd_s": "without_replacement",
-           "specinfer": "iid", "spectr": "iid"}
+# Every layout and how it draws siblings (`protocols.SCHEMES`), which decides the rules that stay
+# exact on it; the rule a spec asks for by default is the lossless one of its scheme.
+LAYOUTS = {"chain": "chain", "branching": "without_replacement", "beam": "without_replacement",
+           "chains": "iid"}
+SCHEME_RULES = {"chain": "speculative", "without_replacement": "rrs_without", "iid": "rrs_with"}
 
 NEG_INF = -jnp.inf
 
@@ -55,23 +53,28 @@ NEG_INF = -jnp.inf
 class TreeSpec:
   """Static shape of a draft tree (a chain is the tree with one node per level).
 
-  method: one of METHODS.
+  layout: one of LAYOUTS (module docstring).
   depth: L, draft tokens along a path (the tree's deepest level; a chain's γ).
-  branching: rsd_c only, b_1..b_L (a shorter tuple is padded with 1s up to `depth`).
-  width: rsd_s beam width W, or the number of chains K for specinfer/spectr.
+  branching: "branching" only, b_1..b_L (a shorter tuple is padded with 1s up to `depth`).
+  width: "beam" width W, or the number of chains K for "chains".
+  rule: the rule that verifies it exactly under decode.rule="auto" (default: the lossless rule of
+    its scheme, SCHEME_RULES); e.g. SpecTr's chains ask for "kseq".
+  name: what `describe` calls it (the drafting method's name, e.g. "rsd_c"; default the layout).
   """
-  method: str
+  layout: str
   depth: int
   branching: tuple[int, ...] = ()
   width: int = 1
+  rule: str = ""
+  name: str = ""
 
   def __post_init__(self):
-    if self.method not in METHODS:
-      raise ValueError(f"tree method {self.method!r} is unknown; choose one of {METHODS}.")
+    if self.layout not in LAYOUTS:
+      raise ValueError(f"tree layout {self.layout!r} is unknown; choose one of {list(LAYOUTS)}.")
     if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
       raise ValueError(f"decode.gamma (draft tokens per round; a tree's depth L) must be an "
                        f"integer >= 1, got {self.depth!r}.")
-    if self.method == "rsd_c":
+    if self.layout == "branching":
       b = tuple(self.branching)
       if not b:
         raise ValueError("decode.branching is empty: RSD-C needs a branching vector b_1..b_L of "
@@ -83,29 +86,29 @@ class TreeSpec:
         raise ValueError(f"decode.branching={b} has {len(b)} entries but the tree depth "
                          f"(decode.gamma) is {self.depth}; give at most one entry per depth.")
       object.__setattr__(self, "branching", b + (1,) * (self.depth - len(b)))
-    elif self.method == "chain":
+    elif self.layout == "chain":
       object.__setattr__(self, "width", 1)
     elif not isinstance(self.width, int) or self.width < 1:
-      field = "beam width W" if self.method == "rsd_s" else "number of drafts K"
+      field = "beam width W" if self.layout == "beam" else "number of drafts K"
       raise ValueError(f"decode.width ({field}) must be an integer >= 1, got {self.width!r}.")
-
-  @property
-  def rule(self) -> str:
-    """The lossless rule for this shape's sampling scheme."""
-    return TREE_RULES[self.method]
+    if not self.rule:
+      object.__setattr__(self, "rule", SCHEME_RULES[self.scheme])
+    if not self.name:
+      object.__setattr__(self, "name", self.layout)
 
   @property
   def scheme(self) -> str:
-    return SCHEMES[self.method]
+    """How siblings are drawn (`protocols.SCHEMES`)."""
+    return LAYOUTS[self.layout]
 
   @property
   def is_chain(self) -> bool:
-    return self.method == "chain"
+    return self.layout == "chain"
 
   @property
   def level_widths(self) -> tuple[int, ...]:
     """w_1..w_L: nodes per level (root excluded)."""
-    if self.method == "rsd_c":
+    if self.layout == "branching":
       return tuple(math.prod(self.branching[:d + 1]) for d in range(self.depth))
     return (self.width,) * self.depth
 
@@ -126,7 +129,7 @@ class TreeSpec:
   def max_candidates(self) -> int:
     """Most children examined at one step of verification (one node's children, or for i.i.d.
     chains the children of every still-matching chain)."""
-    if self.method == "rsd_c":
+    if self.layout == "branching":
       return max(self.branching)
     return self.width  # 1 for a chain
 
@@ -138,11 +141,11 @@ class TreeSpec:
     return tuple(out)
 
   def describe(self) -> str:
-    if self.method == "chain":
+    if self.is_chain:
       return f"chain γ={self.depth}"
-    if self.method == "rsd_c":
-      return f"{self.method} b={'x'.join(map(str, self.branching))}"
-    return f"{self.method} {'W' if self.method == 'rsd_s' else 'K'}={self.width} L={self.depth}"
+    if self.layout == "branching":
+      return f"{self.name} b={'x'.join(map(str, self.branching))}"
+    return f"{self.name} {'W' if self.layout == 'beam' else 'K'}={self.width} L={self.depth}"
 
 
 def chain(gamma: int) -> TreeSpec:
@@ -275,7 +278,7 @@ def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax
   b, w_prev, v = q.shape
   logq = _log_law(logits, q, sampling)
   noise = not sampling.greedy
-  if spec.method == "rsd_c":
+  if spec.layout == "branching":
     k = spec.branching[level - 1]
     if noise:
       tokens, values = gumbel_top_k(rng, logq, k)                     # [B, w_prev, k]
@@ -285,7 +288,7 @@ def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax
     flat = lambda x: x.reshape(b, w_prev * k)  # noqa: E731
     tokens, values, local = flat(tokens), flat(values), flat(local)
     step_logp = flat(jnp.take_along_axis(logq, tokens.reshape(b, w_prev, k), axis=-1))
-  elif spec.method == "rsd_s":
+  elif spec.layout == "beam":
     w = spec.width
     if w > w_prev * v:
       raise ValueError(f"decode.width={w} exceeds the {w_prev * v} candidates of a level.")

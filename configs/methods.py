@@ -1,0 +1,14 @@
+"""List the registered speculative methods: name, SHAPE grammar, the drafter checkpoints each
+takes, whether it is greedy only, its options with their defaults, and a one-line summary.
+
+  python launch.py --config configs/methods.py --workdir runs/methods
+
+Writes runs/methods/methods.md (the same table). Time: a few seconds (no model loads).
+"""
+
+from configs import common
+
+
+def get_config(arg=None):
+  del arg
+  return common.base("methods")

@@ -1,0 +1,275 @@
+"""One measurement of speculative decoding against its autoregressive baseline, on the same
+prompts in the same process, returning typed rows with one definition of every metric
+(docs/design.md §3): evaluate, distillspec_experiment and every experiment built on evaluate
+measure through here.
+
+  work = bench.Workload(batches, sampling, new_tokens=64)
+  base = bench.autoregressive(v_cfg, v_params, work)             # the speedup baseline
+  c = bench.drafter_cost(built.cost, v_cfg, v_params, work, base)  # c of the method's drafter
+  r = bench.verifier_cost_ratio(v_cfg, v_params, work, m)        # r(M) for M tokens per call
+  row = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c, r_m=r)
+
+Timings exclude compilation (each pass compiles on the first batch's shapes, decoding nothing,
+then runs every batch `repeats` times; per batch the median counts). Batches are padded to one
+size by repeating their last prompt; `Workload.batches` carries each batch's real rows and padded
+rows never count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop
+from spec_jax.decoding import methods
+from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.drafters import features
+from spec_jax.evaluation import metrics, quality, timing
+from spec_jax.models import llama
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What every pass of one setting decodes.
+
+  batches: [(Prompts, real rows)], every batch of one size. sampling: the decoding law.
+  new_tokens: per row. stop_ids: tokens that end a row (empty: decode new_tokens).
+  seed: batch i decodes with fold_in(key(seed), i). repeats: timed runs per batch (median).
+  max_cache_len: the speculative loop's cache bound (None: what the prompts need)."""
+  batches: Sequence[tuple[Any, int]]
+  sampling: sampling_lib.Sampling
+  new_tokens: int
+  stop_ids: tuple[int, ...] = ()
+  mesh: Any = None
+  seed: int = 0
+  repeats: int = 1
+  max_cache_len: int | None = None
+
+  @property
+  def prompts(self) -> list:
+    return [p for p, _ in self.batches]
+
+  @property
+  def reals(self) -> list[int]:
+    return [r for _, r in self.batches]
+
+  @property
+  def batch_size(self) -> int:
+    return int(self.batches[0][0].tokens.shape[0])
+
+  def key(self, i: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(self.seed), i)
+
+  def common(self) -> dict:
+    return dict(sampling=self.sampling, max_new_tokens=self.new_tokens, stop_ids=self.stop_ids,
+                mesh=self.mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+  """Autoregressive decoding of the verifier over a workload.
+
+  outputs: one per batch. seconds: the timed pass. tokens: every real row's emitted tokens.
+  tokens_per_s: Σ emitted / seconds. steps_s: seconds per forward call (c's denominator)."""
+  outputs: list
+  seconds: float
+  tokens: list[list[int]]
+  emitted: int
+  tokens_per_s: float
+  steps_s: float
+  cpu_per_wall: float | None
+  verifier_calls: int
+  verifier_loglik: float
+
+
+@dataclasses.dataclass
+class Row:
+  """One results row (glossary names, docs/design.md §3). The autoregressive baseline is the row
+  with method 'autoregressive', τ = 1 and speedup 1."""
+  method: str
+  gamma: int | None
+  temperature: float
+  top_k: int
+  top_p: float
+  batch_size: int
+  num_prompts: int
+  device: str
+  new_tokens: int
+  block_efficiency: float | None
+  mean_accepted_tokens: float | None
+  acceptance_rate: float | None
+  empirical_acceptance: float | None
+  per_position_acceptance: list | None
+  verifier_calls: int
+  drafter_calls: int
+  tokens_per_s: float
+  cpu_per_wall: float | None
+  speedup: float
+  cost_ratio_c: float
+  verifier_cost_ratio_r: float
+  theoretical_speedup: float | None
+  speedup_vs_theory: float | None
+  verifier_tokens_per_call: int
+  identical_to_greedy: bool | None
+  verifier_loglik: float
+  token_tv: float | None = None
+  tau_se: float | None = None
+  candidates_per_call: float | None = None
+  drafter_calls_per_round: int | None = None
+  rule: str | None = None
+  tree: str | None = None
+  lenience: str | None = None
+  epsilon: float | None = None
+  relaxed_top_k: int | None = None
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _round(value, digits: int = 4):
+  return None if value is None else round(float(value), digits)
+
+
+def _loglik(v_cfg, v_params, outputs, work: Workload, law=None, **lenient) -> dict:
+  """verifier_loglik and token_tv (`evaluation.quality`) over the real rows; `law` (cfg, params):
+  the drafter model whose law token_tv compares (None: the verifier's own, tv = 0)."""
+  d_cfg, d_params = law if law is not None else (None, None)
+  return quality.summarize(
+      {k: v[:real] for k, v in quality.quality_sums(
+          v_params, d_params, out, verifier_cfg=v_cfg, drafter_cfg=d_cfg,
+          sampling=work.sampling, **lenient).items()}
+      for out, real in zip(outputs, work.reals))
+
+
+def _ar_pass(cfg, params, work: Workload, desc: str | None, usage: dict | None = None):
+  fn = lambda prompts, i, **kw: generate_lib.generate(  # noqa: E731
+      params, prompts, work.key(i), cfg=cfg, **work.common(), **kw)
+  return timing.timed_pass(fn, work.prompts, desc=desc, compile_only=True, usage=usage,
+                           repeats=work.repeats)
+
+
+def autoregressive(v_cfg, v_params, work: Workload, *, desc: str | None = None) -> Baseline:
+  """The verifier's autoregressive pass: the baseline every speculative row divides by."""
+  usage = {}
+  outputs, seconds = _ar_pass(v_cfg, v_params, work, desc, usage)
+  emitted = metrics.emitted_tokens(outputs, work.reals)
+  return Baseline(outputs=outputs, seconds=seconds,
+                  tokens=metrics.token_lists(outputs, work.reals), emitted=emitted,
+                  tokens_per_s=emitted / seconds,
+                  steps_s=timing.seconds_per_step(outputs, seconds),
+                  cpu_per_wall=usage["cpu_per_wall"],
+                  verifier_calls=sum(int(o.steps) for o in outputs),
+                  verifier_loglik=_loglik(v_cfg, v_params, outputs, work)["verifier_loglik"])
+
+
+def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
+  s = work.sampling
+  return Row(method="autoregressive", gamma=None, temperature=float(s.temperature),
+             top_k=int(s.top_k), top_p=float(s.top_p), batch_size=work.batch_size,
+             num_prompts=sum(work.reals), device=device, new_tokens=base.emitted,
+             block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,
+             empirical_acceptance=None, per_position_acceptance=None,
+             verifier_calls=base.verifier_calls, drafter_calls=0,
+             tokens_per_s=round(base.tokens_per_s, 2), cpu_per_wall=base.cpu_per_wall,
+             speedup=1.0, cost_ratio_c=0.0, verifier_cost_ratio_r=1.0, theoretical_speedup=1.0,
+             speedup_vs_theory=None, verifier_tokens_per_call=1,
+             identical_to_greedy=True if s.greedy else None,
+             verifier_loglik=round(base.verifier_loglik, 4))
+
+
+def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload) -> float:
+  """c of a feature drafter, which cannot decode alone (it reads the verifier's features): its
+  one-token forward over the verifier's, timed taking turns (median of 5), at the loop's cache
+  size and halfway through the new tokens."""
+  prompts = work.prompts[0]
+  b, p = prompts.tokens.shape
+  size = p + work.new_tokens + 1
+  calls = {}
+  for name, cfg, params in (("v", v_cfg, v_params), ("d", d_cfg, d_params)):
+    calls[name] = timing.forward_calls(features.timing_apply(cfg), params,
+                                       lambda cfg=cfg: llama.init_cache(cfg, b, size),
+                                       batch_size=b, tokens=(1,),
+                                       position=p + work.new_tokens // 2)[1]
+  times = timing.round_robin(calls, 5)
+  return times["d"]["median_s"] / times["v"]["median_s"]
+
+
+def drafter_cost(cost: methods.Cost, v_cfg, v_params, work: Workload, base: Baseline, *,
+                 desc: str | None = None) -> float:
+  """c: the one-token step of the model `cost` names over the verifier's (0 without one). A
+  model that decodes alone is timed by its own autoregressive pass over the workload."""
+  if cost.model is None:
+    return 0.0
+  if cost.features:
+    return feature_cost_ratio(v_cfg, v_params, cost.cfg, cost.params, work)
+  outputs, seconds = _ar_pass(cost.cfg, cost.params, work, desc)
+  return timing.seconds_per_step(outputs, seconds) / base.steps_s
+
+
+def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int) -> float:
+  """r(M) of the verifier at this workload's batch size, with the loop's cache size (prompt + new
+  tokens + the last round's overhang of M) and the M tokens halfway through the new tokens."""
+  b, p = work.prompts[0].tokens.shape
+  size = p + work.new_tokens + m
+  return timing.verifier_cost_ratio(llama.make_apply(v_cfg), v_params,
+                                    lambda: llama.init_cache(v_cfg, b, size), batch_size=b, m=m,
+                                    position=p + work.new_tokens // 2)
+
+
+def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig,
+                work: Workload, base: Baseline, *, c: float, r_m: float, device: str,
+                desc: str | None = None) -> tuple[Row, list[list[int]]]:
+  """One speculative run of `built` against `base` (same workload): its row and every real row's
+  emitted tokens."""
+  drafter, shape = built.drafter, built.drafter.shape
+  rule_name, _ = decode.resolve(shape, work.sampling)
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
+  loop.check_pair(verifier, drafter)
+  fn = lambda prompts, i, **kw: loop.speculative_generate(  # noqa: E731
+      v_params, built.params, prompts, work.key(i), verifier=verifier, drafter=drafter,
+      decode=decode, max_cache_len=work.max_cache_len, **work.common(), **kw)
+  usage = {}
+  outputs, seconds = timing.timed_pass(fn, work.prompts, desc=desc, compile_only=True,
+                                       usage=usage, repeats=work.repeats)
+  tokens = metrics.token_lists(outputs, work.reals)
+  summary = metrics.summarize(outputs, work.reals)
+  tau, calls, d = summary["block_efficiency"], summary["verifier_calls"], built.cost.calls
+  theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d)
+  tps = summary["new_tokens"] / seconds
+  measured = tps / base.tokens_per_s
+  lenient = rule_name == "lenient"
+  # The quality cost of a lossy rule: the chain rule's one-step law against p, where the drafts
+  # follow a model's own law (trees' rules are lossless: only the log-likelihood is reported).
+  compare = built.law is not None and rule_name != "top_k_relaxed"
+  q = _loglik(v_cfg, v_params, outputs, work, built.law if compare else None,
+              **(dict(lenience=decode.lenience, epsilon=decode.epsilon) if lenient else {}))
+  s = work.sampling
+  row = Row(
+      method=built.row_method, gamma=shape.depth, temperature=float(s.temperature),
+      top_k=int(s.top_k), top_p=float(s.top_p), batch_size=work.batch_size,
+      num_prompts=summary["num_prompts"], device=device, new_tokens=summary["new_tokens"],
+      block_efficiency=_round(tau), tau_se=_round(summary["tau_se"]),
+      mean_accepted_tokens=_round(summary["mean_accepted_tokens"]),
+      # α needs the drafter's law; a proposal without one (q = None) has none.
+      acceptance_rate=(_round(summary["acceptance_rate"]) if built.exact_law else None),
+      empirical_acceptance=_round(summary["empirical_acceptance"]),
+      per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],
+      candidates_per_call=_round(summary["candidates_per_call"]),
+      verifier_calls=calls, drafter_calls=calls * d, drafter_calls_per_round=d,
+      tokens_per_s=round(tps, 2), cpu_per_wall=usage["cpu_per_wall"], speedup=round(measured, 4),
+      cost_ratio_c=round(c, 4), verifier_cost_ratio_r=round(r_m, 4),
+      theoretical_speedup=_round(theoretical),
+      speedup_vs_theory=_round(measured / theoretical if theoretical else None),
+      verifier_tokens_per_call=shape.num_nodes,
+      identical_to_greedy=(tokens == base.tokens) if s.greedy else None,
+      verifier_loglik=round(q["verifier_loglik"], 4),
+      token_tv=round(q["token_tv"], 5) if compare and shape.is_chain else None,
+      rule=rule_name, tree=None if shape.is_chain else shape.describe(),
+      lenience=decode.lenience if lenient else None,
+      epsilon=decode.epsilon if lenient else None,
+      relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None)
+  return row, tokens
