@@ -115,6 +115,19 @@ def sd_law_pvalue(v_cfg, v_params, drafter, d_params, prompt: list[int], *, n: i
   return chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
 
 
+def dispatch(config, workdir: str):
+  """What launch.py does with a config: lock it (programs may not add fields) and call
+  spec_jax.programs.<config.program>.run."""
+  import importlib  # noqa: PLC0415 (tests only)
+  config.lock()
+  return importlib.import_module(f"spec_jax.programs.{config.program}").run(config, workdir)
+
+
+def refuse(*args, **kwargs):
+  """A stand-in for work a resumed run must not redo: it fails the test if called."""
+  raise AssertionError("a finished piece was redone instead of read back")
+
+
 # ---------------------------------------------------------------------------------------------
 # Table-driven fakes (t5x-style): the loop and every rule, tested with no transformer at all.
 

@@ -3,7 +3,6 @@ end-to-end smoke whose rerun reads every run back, and the rest (configs, checks
 render_only from a results.json, the stale-checkpoint guard) without models."""
 
 import copy
-import importlib
 import json
 import os
 import shutil
@@ -11,17 +10,7 @@ import shutil
 import pytest
 
 from experiments.distillspec import config as distillspec_config
-
-
-def _dispatch(config, workdir: str):
-  """What launch.py does with a config: lock it (programs may not add fields) and call
-  spec_jax.programs.<config.program>.run."""
-  config.lock()
-  return importlib.import_module(f"spec_jax.programs.{config.program}").run(config, workdir)
-
-
-def _refuse(*args, **kwargs):
-  raise AssertionError("a finished piece was redone instead of read back")
+from spec_jax import testing
 
 
 def _refuse_everything(monkeypatch):
@@ -29,10 +18,10 @@ def _refuse_everything(monkeypatch):
   from spec_jax import loading
   from spec_jax.evaluation import bench
   from spec_jax.programs import distill
-  monkeypatch.setattr(distill, "run", _refuse)
-  monkeypatch.setattr(loading, "load_model", _refuse)
+  monkeypatch.setattr(distill, "run", testing.refuse)
+  monkeypatch.setattr(loading, "load_model", testing.refuse)
   for name in ("autoregressive", "speculative", "drafter_cost", "verifier_cost_ratio"):
-    monkeypatch.setattr(bench, name, _refuse)
+    monkeypatch.setattr(bench, name, testing.refuse)
 
 
 def _part(rows, part):
@@ -42,7 +31,7 @@ def _part(rows, part):
 @pytest.fixture(scope="module")
 def distillspec_workdir(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("distillspec"))
-  _dispatch(distillspec_config.get_config("smoke"), workdir)
+  testing.dispatch(distillspec_config.get_config("smoke"), workdir)
   return workdir
 
 
@@ -103,7 +92,7 @@ def test_distillspec_smoke_writes_results_and_resumes(distillspec_workdir, monke
 
   # Resume: no drafter is trained, no model loaded and no row decoded again; the same results.
   _refuse_everything(monkeypatch)
-  again = _dispatch(distillspec_config.get_config("smoke"), workdir)
+  again = testing.dispatch(distillspec_config.get_config("smoke"), workdir)
   assert again == results == json.load(open(os.path.join(workdir, "results.json")))
   assert open(os.path.join(workdir, "results.md")).read() == md
 
@@ -112,7 +101,7 @@ def test_distillspec_render_only_runs_nothing(tmp_path, monkeypatch):
   _refuse_everything(monkeypatch)
   config = distillspec_config.get_config("smoke")
   config.render_only = True
-  assert _dispatch(config, str(tmp_path)) == []
+  assert testing.dispatch(config, str(tmp_path)) == []
   md = open(tmp_path / "results.md").read()
   assert "Not finished yet" in md and "train_baseline" in md
   assert not os.path.exists(tmp_path / "tau_grid.png")  # no rows: nothing to draw
@@ -127,7 +116,7 @@ def test_distillspec_render_only_reads_a_results_json_without_its_runs(
   before = json.load(open(tmp_path / "results.json"))
   config = distillspec_config.get_config("smoke")
   config.render_only = True
-  assert _dispatch(config, str(tmp_path)) == before
+  assert testing.dispatch(config, str(tmp_path)) == before
   md = open(tmp_path / "results.md").read()
   assert f"{len({r['run'] for r in before})} runs are not in runs_dir" in md
   def tables(text):  # every table row and finding: the numbers
@@ -155,7 +144,7 @@ def test_distillspec_bad_input_names_the_field(override, field, tmp_path, monkey
     else:
       config[key] = value
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-    _dispatch(config, str(tmp_path))
+    testing.dispatch(config, str(tmp_path))
   assert not os.listdir(tmp_path)  # refused before anything ran or was written
 
 

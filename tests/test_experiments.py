@@ -1,7 +1,6 @@
 """The experiments (experiments/<paper>/config.py + a program) end to end on their smoke configs,
 dispatched as launch.py does; a second run reads every finished piece back instead of redoing it."""
 
-import importlib
 import json
 import os
 import subprocess
@@ -10,19 +9,9 @@ import sys
 import pytest
 
 from experiments.rsd import config as rsd_config
+from spec_jax import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _dispatch(config, workdir: str):
-  """What launch.py does with a config: lock it (programs may not add fields) and call
-  spec_jax.programs.<config.program>.run."""
-  config.lock()
-  return importlib.import_module(f"spec_jax.programs.{config.program}").run(config, workdir)
-
-
-def _refuse(*args, **kwargs):
-  raise AssertionError("a finished piece was redone instead of read back")
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:
@@ -89,9 +78,9 @@ def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
   # Resume: every evaluate run and the analysis are read back, the report comes out the same.
   from spec_jax.evaluation import multidraft
   from spec_jax.programs import evaluate
-  monkeypatch.setattr(evaluate, "run", _refuse)
-  monkeypatch.setattr(multidraft, "analyse", _refuse)
-  again = _dispatch(rsd_config.get_config("smoke"), rsd_workdir)
+  monkeypatch.setattr(evaluate, "run", testing.refuse)
+  monkeypatch.setattr(multidraft, "analyse", testing.refuse)
+  again = testing.dispatch(rsd_config.get_config("smoke"), rsd_workdir)
   assert again == rows and json.load(open(os.path.join(rsd_workdir, "results.json"))) == rows
   assert open(os.path.join(rsd_workdir, "results.md")).read() == md
 
@@ -152,14 +141,14 @@ def test_rsd_render_only_reads_back_and_runs_nothing(tmp_path, monkeypatch):
   tables, the ordering check, part (b) and both plots, and runs nothing."""
   from spec_jax.evaluation import multidraft, rsd_report
   from spec_jax.programs import evaluate, rsd_experiment
-  monkeypatch.setattr(evaluate, "run", _refuse)
-  monkeypatch.setattr(multidraft, "analyse", _refuse)
+  monkeypatch.setattr(evaluate, "run", testing.refuse)
+  monkeypatch.setattr(multidraft, "analyse", testing.refuse)
   monkeypatch.setattr(sys, "argv", ["launch.py", "--config", "experiments/rsd/config.py:smoke",
                                     "--workdir", str(tmp_path), "--config.render_only=True"])
   config = rsd_config.get_config("smoke")
   config.render_only = True
   config.note = "Made in two sessions."
-  assert _dispatch(config, str(tmp_path)) == []
+  assert testing.dispatch(config, str(tmp_path)) == []
   md = open(tmp_path / "results.md").read()
   assert "The order holds in 0 of 0 settings" in md
   assert "\n\nMade in two sessions.\n\n" in md  # the config's note, under the heading
@@ -196,7 +185,7 @@ def test_rsd_render_only_reads_back_and_runs_nothing(tmp_path, monkeypatch):
   os.makedirs(tmp_path / "runs" / "level_acceptance_spec_jax_shakespeare")
   json.dump([level], open(tmp_path / "runs" / "level_acceptance_spec_jax_shakespeare" /
                           "results.json", "w"))
-  rows = _dispatch(config, str(tmp_path))
+  rows = testing.dispatch(config, str(tmp_path))
   assert len(rows) == sum(len(s.methods) + 1 for s in plan)
   assert {r["part"] for r in rows} == {"fixed_length", "fixed_budget"}
   assert json.load(open(tmp_path / "level_acceptance.json")) == [level]
@@ -249,7 +238,7 @@ def test_rsd_prompts_are_checked_for_every_dataset_before_any_run(tmp_path):
   config.prompt_splits = {}
   config.eval.num_prompts = config.num_data_prompts = 5000  # more than any test split holds
   with pytest.raises(ValueError, match="Split 'test' of 'spec_jax_shakespeare' has only"):
-    _dispatch(config, str(tmp_path))
+    testing.dispatch(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "runs")  # nothing ran
 
 
@@ -257,8 +246,8 @@ def test_rsd_budget_methods_must_cover_the_budgets(tmp_path):
   config = rsd_config.get_config("smoke")
   config.budgets = (5,)  # an override get_config did not see
   with pytest.raises(ValueError, match="budget_methods has no entry 'K3_B5'"):
-    _dispatch(config, str(tmp_path))
+    testing.dispatch(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "runs")  # nothing ran
   config.render_only = True  # even when it would run nothing
   with pytest.raises(ValueError, match="budget_methods has no entry 'K3_B5'"):
-    _dispatch(config, str(tmp_path))
+    testing.dispatch(config, str(tmp_path))

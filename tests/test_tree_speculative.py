@@ -11,7 +11,6 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm, standard
-from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
 
 

@@ -130,6 +130,14 @@ class Row:
     return dataclasses.asdict(self)
 
 
+AUTOREGRESSIVE = "autoregressive"  # the baseline row's method
+
+
+def is_baseline(row: dict) -> bool:
+  """Whether a results row is the autoregressive baseline (τ = 1, speedup 1)."""
+  return row.get("method") == AUTOREGRESSIVE
+
+
 def _round(value, digits: int = 4):
   return None if value is None else round(float(value), digits)
 
@@ -168,7 +176,7 @@ def autoregressive(v_cfg, v_params, work: Workload, *, desc: str | None = None) 
 
 def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
   s = work.sampling
-  return Row(method="autoregressive", gamma=None, temperature=float(s.temperature),
+  return Row(method=AUTOREGRESSIVE, gamma=None, temperature=float(s.temperature),
              top_k=int(s.top_k), top_p=float(s.top_p), batch_size=work.batch_size,
              num_prompts=sum(work.reals), device=device, new_tokens=base.emitted,
              block_efficiency=1.0, mean_accepted_tokens=0.0, acceptance_rate=None,

@@ -18,7 +18,6 @@ import json
 import os
 
 from absl import logging
-import jax
 
 from spec_jax import loading, parallel
 from spec_jax.data import prompts as prompts_lib

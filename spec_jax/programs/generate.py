@@ -27,6 +27,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.evaluation import bench
 
 
 def check_config(config, workdir: str) -> sampling_lib.Sampling:
@@ -49,8 +50,8 @@ def check_config(config, workdir: str) -> sampling_lib.Sampling:
 def method_entry(config, sampling):
   """The parsed `config.method` and the drafter source it is checked against (None, None for
   autoregressive decoding): before any model loads."""
-  method = config.get("method", "autoregressive")
-  if method == "autoregressive":
+  method = config.get("method", bench.AUTOREGRESSIVE)
+  if method == bench.AUTOREGRESSIVE:  # the verifier alone, no method
     return None, None
   entry = methods.parse(method, int(config.gamma), config, default_width=int(config.tree_width),
                         field="method", prefix="")

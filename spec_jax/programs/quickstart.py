@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-from spec_jax.evaluation import tables
+from spec_jax.evaluation import bench, tables
 from spec_jax.programs import distill, evaluate, generate, train_lm
 
 PROGRAMS = {"train_lm": train_lm.run, "distill": distill.run}
@@ -64,8 +64,8 @@ def run(config, workdir: str) -> dict:
     sub = "evaluate" if i == 0 else f"evaluate_{stage}"
     config.evaluate.drafter.checkpoint = os.path.join(workdir, stage)
     rows = evaluate.run(config.evaluate, os.path.join(workdir, sub))
-    eval_rows += [dict(r, drafter=stage) for r in rows if r["method"] != "autoregressive"]
-    ar_rows.append([r for r in rows if r["method"] == "autoregressive"])
+    eval_rows += [dict(r, drafter=stage) for r in rows if not bench.is_baseline(r)]
+    ar_rows.append([r for r in rows if bench.is_baseline(r)])
     summary[sub] = dict(workdir=os.path.join(workdir, sub),
                         seconds=round(time.perf_counter() - t0, 1))
     t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def run(config, workdir: str) -> dict:
     key = (r["temperature"], r["batch_size"])
     if r["tokens_per_s"] and r["tokens_per_s"] > best_ar.get(key, {}).get("tokens_per_s", 0):
       best_ar[key] = r
-  eval_rows = [r for r in eval_rows if r["method"] != "autoregressive"]
+  eval_rows = [r for r in eval_rows if not bench.is_baseline(r)]
   for r in eval_rows:
     base = best_ar.get((r["temperature"], r["batch_size"]))
     if base is not None and r.get("tokens_per_s"):
@@ -87,11 +87,11 @@ def run(config, workdir: str) -> dict:
         r["speedup_vs_theory"] = round(r["speedup"] / r["theoretical_speedup"], 4)
   eval_rows = [dict(r, drafter=None) for r in best_ar.values()] + eval_rows
   # The baseline, then the fastest first (`summary["best"]` is the top speculative row).
-  eval_rows.sort(key=lambda r: float("-inf") if r["method"] == "autoregressive"
+  eval_rows.sort(key=lambda r: float("-inf") if bench.is_baseline(r)
                  else -(r.get("speedup") or 0))
   summary["best"] = next(({k: r.get(k) for k in ("drafter", "gamma", "temperature", "speedup",
                                                  "block_efficiency")}
-                          for r in eval_rows if r["method"] != "autoregressive"), None)
+                          for r in eval_rows if not bench.is_baseline(r)), None)
 
   with open(os.path.join(workdir, "quickstart.json"), "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=2)
