@@ -12,14 +12,13 @@ spec_jax autoregressive and speculative decoding (batch 1, 8). Writes results.js
 (speedups), results.md, and hf/verifier, hf/drafter.
 Needs torch and transformers (requirements-test.txt). If other jobs share the cores, set
 OMP_WAIT_POLICY=PASSIVE, or torch's spinning threads collapse (1.3 tokens/s instead of 7.8 seen).
-Time on 2 CPU cores: 4 min 32 s on idle cores (11 min with two other long jobs running).
-GPU (not measured yet: no GPU was available): `configs/benchmark_hf.py:gpu` (and
-`:gpu,dtype=bfloat16`) runs both systems on the accelerator at batch 1, 8 and 32.
-Reference (idle cores, 2026-11-21, tokens/s): transformers greedy 17.2 (B=1), 78.1 (B=8);
-assisted 11.9 (default schedule, τ 1.34), 10.2 (γ=4, τ 1.39); spec_jax AR 28.6 (B=1), 94.8
-(B=8), SD γ=4 19.8 (B=1, τ 1.39), 43.5 (B=8). spec_jax SD / assisted: 1.66x (default schedule),
-1.94x (constant γ=4). Every row identical to transformers' greedy output. Under load the ratios
-are unreliable (1.10x / 0.78x in one loaded run).
+Time on 2 CPU cores: ~4.5 min on idle cores (~11 min with two other long jobs running).
+GPU: `configs/benchmark_hf.py:gpu` (and `:gpu,dtype=bfloat16`) runs both systems on the
+accelerator at batch 1, 8 and 32; not run yet.
+Reference (2 idle CPU cores; experiments/perf/notes.md has the table): spec_jax SD / transformers
+assisted generation at batch 1, γ = 4: ~1.7x (its default schedule) and ~1.9x (constant γ), τ
+1.39 in both, every row identical to transformers' greedy output. Under load the ratios are
+unreliable.
 """
 
 from configs import common

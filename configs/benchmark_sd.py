@@ -6,12 +6,15 @@ Greedy and temperature 1, γ ∈ {2, 4, 6}, batch 1 and 8, 8 prompts from the Sh
 128 new tokens (stop tokens ignored so every row generates the same count). Rows in
 runs/benchmark_sd/results.json (see configs/evaluate.py). Needs the quickstart drafter
 (runs/quickstart/drafter); point --config.drafter.checkpoint elsewhere for another.
-Time on 2 CPU cores: 15 min 48 s (measured 2026-11-21). GPU (not measured yet: no GPU was
-available): `configs/benchmark_sd.py:gpu` and `:gpu,dtype=bfloat16` (batch 1, 8, 32; add
-`,methods=...` through --config.eval.methods for trees), with `configs/benchmark.py:gpu` and
-`configs/benchmark_hf.py:gpu` for the AR and transformers rows on the same device.
-Reference (2 CPU cores, quickstart drafter): greedy batch 1, γ=2: τ 1.39, α 0.31, c 0.10,
-speedup 0.73× (theory 1.17×); T=1 batch 1, γ=2: τ 1.43, speedup 0.69×. Full table in README.
+Time: ~16 min on 2 CPU cores; the same grid (batch 1 and 8, 3 timed passes) 3.6 min on one
+H100 (experiments/gpu/results.md). `configs/benchmark_sd.py:gpu` and `:gpu,dtype=bfloat16`
+(batch 1, 8, 32; add `,methods=...` through --config.eval.methods for trees), with
+`configs/benchmark.py:gpu` and `configs/benchmark_hf.py:gpu` for the AR and transformers rows on
+the same device, have not been run yet.
+Reference (2 CPU cores, drafter-s of `configs/quickstart.py:recipe=scratch`): greedy batch 1, γ=2:
+τ 1.39, α 0.31, c 0.10, speedup 0.73× (theory 1.17×); T=1 batch 1, γ=2: τ 1.43, speedup 0.69×.
+Full table: experiments/perf/notes.md; with the feature drafter on one H100:
+experiments/gpu/benchmark_sd.md.
 """
 
 from configs import common, evaluate

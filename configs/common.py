@@ -8,8 +8,9 @@ from __future__ import annotations
 import ml_collections
 
 
-# The drafter the experiments' committed results were measured with: drafter-s, 300 steps of
-# train_lm on Shakespeare, the quickstart's default until 2026-11-24. Rebuild it with
+# The drafter the RSD, DistillSpec, steering, BPD-rescorer and cost-model experiments' committed
+# results were measured with: drafter-s, 300 steps of train_lm on Shakespeare (the quickstart's
+# `recipe=scratch`). Rebuild it with
 #   python launch.py --config configs/quickstart.py:recipe=scratch,vocab=0 \
 #       --workdir runs/quickstart_scratch
 SCRATCH_DRAFTER = "runs/quickstart_scratch/drafter"

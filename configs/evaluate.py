@@ -12,8 +12,8 @@ speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test sp
 "prompt" field; --config.data.name=spec_jax_pystdlib for code). `eval.num_prompts` is the one
 count (the dataset column of results.json says where the prompts came from).
 Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
-Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens (the
-quickstart's 2-temperature, 1-γ grid with 4 prompts × 48 tokens took 75 s). One H100: γ ∈ {2, 4, 6} ×
+Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens.
+One H100: γ ∈ {2, 4, 6} ×
 T ∈ {0, 1} × batch {1, 8}, 8 prompts × 128 tokens, 3 timed passes each: 3.6 min
 (experiments/gpu/results.md).
 """

@@ -9,7 +9,7 @@ and saved in WORKDIR/general_data.json, e.g. spec_jax_general/smollm2_s0_t69_c64
 deterministic given `seed`; a dataset already prepared is reused. Train on it with
   python launch.py --config configs/distill.py --workdir runs/distill_general \
       --config.data.name=spec_jax_general/smollm2_s0_t69_c64_r96_T1p0
-Time on 2 CPU cores: see the README (drafters section). Smoke: tiny random model, bytes.
+Time on 2 CPU cores: ~6.5 min for the default (333 documents). Smoke: tiny random model, bytes.
 """
 
 from configs import common

@@ -4,6 +4,9 @@ takes, whether it is greedy only, its options with their defaults, and a one-lin
   python launch.py --config configs/methods.py --workdir runs/methods
 
 Writes runs/methods/methods.md (the same table). Time: a few seconds (no model loads).
+The README's shorter methods table comes from the same registry; after registering a method,
+rewrite it with
+  python -m spec_jax.programs.methods --readme
 """
 
 from configs import common

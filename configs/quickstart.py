@@ -17,20 +17,20 @@ from the one before it:
                    the feature regression, rows of 16 + 112 tokens of the corpus);
   vinit            `drafter`: SmolLM2's blocks `vinit_layers` with its embedding, final norm and
                    head, distilled `vinit_steps` steps (JSD[0.5] on the corpus's own
-                   continuations); the default from 2026-11-24 to 2026-11-25;
+                   continuations);
   scratch          `drafter`: drafter-s trained from scratch (`drafter_steps` steps of train_lm);
-                   `distilled`: DistillSpec on a copy of it (`distill_steps` steps). The default
-                   until 2026-11-24; the steering, BPD-rescorer and DistillSpec experiments were
-                   measured with its drafter;
+                   `distilled`: DistillSpec on a copy of it (`distill_steps` steps). The RSD,
+                   DistillSpec, steering and BPD-rescorer experiments use its drafter
+                   (`:recipe=scratch,vocab=0` into runs/quickstart_scratch, common.SCRATCH_DRAFTER);
 then, for vinit and scratch unless `vocab=0`, `reduced`: the last stage's output layer cut to the
 `vocab` most frequent Shakespeare tokens, distilled `vocab_steps` more steps.
 experiments/drafters/results.md measured every kind of drafter on this machine and picked the
 default from it.
 
-Time on 2 CPU cores: see the README's "Two commands" (measured on idle cores, fresh workdir).
-The vinit recipe took 10 min 20 s (2026-11-24), the scratch recipe 9 min 41 s (2026-11-23,
-without its reduced stage). A second run reuses the trained drafters. One H100: 2.1 min for the
-default recipe (2026-11-26, experiments/gpu/results.md).
+Time, fresh workdir: ~10–22 min on 2 CPU cores depending on the VM (~9 min of it distilling
+the drafter), ~2 min on one H100; the vinit and scratch recipes ~10 min each on 2 CPU cores. A
+second run reuses the trained drafters. Reference numbers: experiments/quickstart/notes.md (2 CPU
+cores) and experiments/gpu/results.md (one H100).
 Output: runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
 metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ and evaluate_<stage>/
 (results.json, results.md, PNGs), runs/quickstart/quickstart.json.

@@ -14,11 +14,11 @@ over the train split's N most frequent tokens, which cuts the heads' projections
 position (the verifier's own head is position 1) and weighs decay^(k-1) in the loss.
 Re-running the same command resumes from the newest checkpoint in the workdir.
 
-Time on 2 CPU cores (SmolLM2-135M verifier, batch 8 × 128 tokens, idle cores): the verifier's
-forward and the heads' 49,152-way projections dominate: 3.7 s per step for h = 3, 5.4 s for h = 5
-(the loss projects one head at a time; all h at once took 9.8 s for h = 5), and 2.0 s for h = 5
-with vocab=8192 (5.3 s without it in the same measurement; 98.6% of the Python-code split's
-tokens are among those 8192). Thousands of steps, as Medusa trains, need a GPU.
+Time on 2 idle CPU cores (SmolLM2-135M verifier, batch 8 × 128 tokens): the verifier's forward
+and the heads' 49,152-way projections dominate: ~3.7 s per step for h = 3, ~5.4 s for h = 5
+(the loss projects one head at a time), ~2.0 s for h = 5 with vocab=8192 (98.6% of the
+Python-code split's tokens are among those 8192). Thousands of steps, as Medusa trains, need a
+GPU. Measured runs: experiments/bpd/notes.md.
 Smoke: the test-tiny verifier, byte tokenizer, 20 steps.
 """
 

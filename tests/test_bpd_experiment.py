@@ -17,7 +17,7 @@ from experiments.bpd import config as bpd_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNGS = ("tau_by_method.png", "oracle_vs_k.png", "entropy_repetition.png")
-# The flags experiments/bpd/results.md was made with (its config docstring).
+# The flags experiments/bpd/results.md was made with (experiments/bpd/notes.md).
 COMMITTED = dict(carry=("spec_jax_shakespeare_h3", "spec_jax_shakespeare_h5",
                         "spec_jax_pystdlib_h3"),
                  carry_from=os.path.join(ROOT, "experiments/bpd/carried/results_7b1253b.json"))

@@ -2,34 +2,23 @@
 "Exploring and Improving Drafts in Blockwise Parallel Decoding") on SmolLM2-135M
 (program: bpd_experiment).
 
-  # The Python-code heads first (given through heads_checkpoints; 82 and 92 min on 2 cores):
+  # The Python-code heads first (given through heads_checkpoints; ~1.5 h each on 2 CPU cores):
   python launch.py --workdir runs/bpd_py_h3_1200 \
       --config configs/train_bpd.py:heads=3,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
   python launch.py --workdir runs/bpd_py_h5_v8k --config.train.checkpoint_every=50 \
       --config configs/train_bpd.py:heads=5,steps=2400,seq_len=128,lr=2e-3,data=spec_jax_pystdlib,vocab=8192
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd     # full run
-  # What made experiments/bpd/results.md (2026-11-25): the code h = 5 settings run, the other
-  # three carried from the run of commit 7b1253b, whose heads were not kept (see results.md):
-  python launch.py --config experiments/bpd/config.py --workdir runs/bpd_final \
-      --config.carry="('spec_jax_shakespeare_h3','spec_jax_shakespeare_h5','spec_jax_pystdlib_h3')" \
-      --config.carry_from=experiments/bpd/carried/results_7b1253b.json
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
       --config.render_only=True   # report the runs that have finished, run nothing
-  # experiments/bpd/results.md again from its committed rows (runs/ is not committed: every run
-  # reports the rows results.json holds for it), with the carry and note it was made with:
-  python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
-      --config.render_only=True \
-      --config.carry="('spec_jax_shakespeare_h3','spec_jax_shakespeare_h5',\
-'spec_jax_pystdlib_h3')" --config.carry_from=experiments/bpd/carried/results_7b1253b.json \
-      --config.note="The Python-code h = 5 rows were measured on 2026-11-25 on 2 idle CPU cores \
-(nothing else running); their neural rescorer is the scratch drafter rebuilt that day (not \
-bit-identical to the carried rows' one)."
-  # --config.note="..." adds a line about the machine's load to results.md (not to the command).
-  # The first comparison (experiments/bpd/short_120/): heads trained 120 steps of 8 × 64 tokens,
-  # a k = 4 lattice; it reuses runs/bpd_h3 (the README's heads) for Shakespeare, h = 3:
+  # The 120-step, k = 4 comparison (experiments/bpd/short_120/); it reuses runs/bpd_h3 for
+  # Shakespeare, h = 3:
   python launch.py --config experiments/bpd/config.py:steps=120,seq_len=64,top_k=4 \
       --workdir runs/bpd_short
+The committed results.md carries three settings from an earlier run (`--config.carry=...
+--config.carry_from=experiments/bpd/carried/results_7b1253b.json`) and a note on the machine
+(`--config.note="..."`, a line in results.md, not in the command); the exact commands that made
+and re-render it are in experiments/bpd/notes.md.
 
 Program: spec_jax/programs/bpd_experiment.py. For every dataset in `datasets` and every head
 count h in `heads`: (1) the heads: `heads_checkpoints[f"{dataset}_h{h}"]` if given, else
@@ -54,35 +43,17 @@ Arguments (`:key=value,...`): steps (default 420), seq_len (train_bpd's, batch 8
 top_k (the lattice's k for every h, default 16; `top_k_per_heads` can set one per h), smoke.
 With other steps / seq_len no heads are given.
 
-Time on 2 CPU cores (idle, measured 2026-11-24/25, the run in results.md): training 3.7–4.2 s per
-step for h = 3 and 5.6–5.9 s for h = 5 (26–29 and 42 min for 420 steps); each (dataset, h) then
-takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods at T = 0, 3 at T = 1) and analyse:
-about 2.5 h in all, plus 82 + 92 min for the code heads (h = 3: 1200 steps; h = 5: 2400 steps
-of the vocab=8192 loss at 2.0 s per step; without it h = 5 took 5.3 s per step); the code h = 5
-settings alone, with their heads given: 6.2 min. With steps=120,seq_len=64,top_k=4: 67 min.
-GPU not measured.
-Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: 55–75 s cold, 21 s
-with a warm compilation cache (measured, launcher included).
+Time on 2 idle CPU cores: training ~4 s per step for h = 3 and ~6 s for h = 5 (~30 and ~40 min
+for 420 steps); each (dataset, h) then takes ~4 min to evaluate (8 prompts × 64 tokens, 5 methods
+at T = 0, 3 at T = 1) and analyse: ~2.5 h in all, plus ~3 h for the code heads (h = 3: 1200
+steps; h = 5: 2400 steps of the vocab=8192 loss at ~2 s per step); the code h = 5 settings alone,
+with their heads given: ~6 min. With steps=120,seq_len=64,top_k=4: ~1 h. GPU not measured.
+Smoke: tiny random models, one dataset, h = 2, T = 0, 2 prompts × 6 tokens: ~1 min cold, ~20 s
+with a warm compilation cache (launcher included).
 
-Weights, tuned on the Shakespeare validation split (8 prompts × 48 tokens, greedy, h = 3 heads of
-runs/bpd_h3, k = 4; plain bpd τ = 1.28 there), one run per value w = a:
-  python launch.py --config configs/evaluate.py:gammas=3,temperatures=0,new_tokens=48 \
-      --workdir runs/tune_bpd_w$W --config.drafter.checkpoint=runs/bpd_h3 \
-      --config.data.prompt_split=validation \
-      --config.eval.methods='("sd","bpd_ngram:4@3","bpd_neural@3")' \
-      --config.eval.bpd.ngram_weight=$W --config.eval.bpd.rescorer_weight=$W
-  w (bpd_ngram p=4):      0.25 → τ 1.52, 0.5 → 1.54, 0.75 → 1.53 (flat; SE ≈ 0.10): w = 0.5
-  a (bpd_neural):         0.25 → τ 1.37, 0.5 → 1.35, 0.75 → 1.32 (SE ≈ 0.06): a = 0.25
-Checked on the Python-code validation split (same settings, the 420-step code heads h = 3,
-k = 16, bpd_ngram p = 16, --config.data.name / eval.bpd.ngram = spec_jax_pystdlib):
-  w:                      0.25 → τ 1.72, 0.5 → 1.74, 0.75 → 1.75 (flat; SE ≈ 0.1): w = 0.5 kept
-and for h = 5 (code heads, bpd_ngram:16@5, gammas=5, eval.bpd.top_k=$K; SE ≈ 0.1):
-  k, 420-step heads:      8 → τ 1.63, 16 → 1.66
-  k, 1200-step heads:     8 → τ 1.75, 16 → 1.73
-and, with the 2400-step vocab=8192 code heads (runs/bpd_py_h5_v8k; methods
-("sd","bpd_ngram:16@5","bpd_ngram_beam:16@5"), workdir runs/tune_py_h5_v8k_k$K; plain bpd 1.35):
-  k, bpd_ngram p = 16:    8 → τ 1.77, 16 → 1.79
-  k, bpd_ngram_beam W=16: 8 → τ 2.00, 16 → 2.21: k = 16 for every h (no top_k_per_heads)
+Weights: w = 0.5 (bpd_ngram) and a = 0.25 (bpd_neural), and k = 16 for every h, were tuned on
+the Shakespeare and Python-code validation splits (commands and numbers:
+experiments/bpd/notes.md).
 
 Reference numbers (from the papers, not reproduced here; our heads train for only `train_steps`
 steps on CPU, so absolute τ is far below): Kim et al. 2024 report block-efficiency gains of
@@ -115,7 +86,7 @@ def get_config(arg=None):
   config.temperatures = (0.0, 1.0)
   config.train_steps = args.steps
   # f"{dataset}_h{h}" -> a train_bpd workdir used instead of training (relative to the cwd).
-  # runs/bpd_h3: the README's heads, trained with the `train` recipe below for 120 steps, so
+  # runs/bpd_h3: the first heads (experiments/bpd/notes.md), trained with the `train` recipe below for 120 steps, so
   # reused only with that recipe (steps=120, seq_len=64). Python-code heads trained longer
   # (the 420-step code heads stop at τ 1.79 / 1.75 for h = 3 / 5): runs/bpd_py_h3_1200, 1200
   # steps with this recipe, and runs/bpd_py_h5_v8k, 2400 steps with the loss over the 8192 most
@@ -139,10 +110,10 @@ def get_config(arg=None):
   # "h<n>" -> the lattice's k for n heads instead of top_k. None: h = 5 uses k = 16 too (its
   # 16^5 paths searched with a beam of 4,096 prefixes per level, `lattice.py`): on the code
   # validation split k = 16 ties k = 8 for bpd_ngram p = 16 and beats it for bpd_ngram_beam
-  # (module docstring).
+  # (experiments/bpd/notes.md).
   config.top_k_per_heads = {}
   # w in (1 - w)·log q_heads + w·log p_ngram and a in (1 - a)·log q_head + a·log p_LM, tuned on
-  # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; module docstring).
+  # 8 validation prompts × 48 tokens with runs/bpd_h3 (greedy, k = 4; experiments/bpd/notes.md).
   config.ngram_weight = 0.5
   config.rescorer_weight = 0.25
   config.analysis_ks = tuple(sorted({1, 2, 4, 8, 16, args.top_k}))
@@ -151,7 +122,7 @@ def get_config(arg=None):
   # (any decoded BPD method), and a refinement gaining >= goal_gain τ over plain BPD.
   config.goal_tau = 2.0
   config.goal_gain = 0.05
-  # Training: the recipe of runs/bpd_h3 (README), self-distillation (fkl), lr 2e-3, for `steps`
+  # Training: the recipe of runs/bpd_h3 (experiments/bpd/notes.md), self-distillation (fkl), lr 2e-3, for `steps`
   # steps of 8 × seq_len tokens.
   config.train = train_bpd_config.get_config(
       "smoke" if args.smoke else f"steps={args.steps},seq_len={args.seq_len},lr=2e-3")

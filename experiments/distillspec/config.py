@@ -31,10 +31,11 @@ data; τ only), `code` runs the grid on Python code (spec_jax_pystdlib; fixed an
 τ only), `steps=N` sets the budget, `smoke` is tiny. A killed run resumes where it stopped; with
 `--config.render_only=True` the program reports what has finished and runs nothing.
 `--config.note="..."` adds a line about the machine (its load) to results.md.
-Time on 2 CPU cores (2026-11-21): the grid took ~2.5 h on cores shared with other jobs (a distill
-step 3-12 s; ~2.4 s on fixed data when idle), its lenience sweep and batch-1 table 8 min idle;
-`long` and `code` 67 min each, run side by side. GPU: not measured.
-Reference numbers: experiments/distillspec/results.md, long/results.md, code/results.md.
+Time on 2 CPU cores: ~2.5 h for the grid (a distill step ~2.4 s on fixed data when the cores
+are idle, up to ~5x slower when shared), ~8 min for its lenience sweep and batch-1 table; `long`
+and `code` about an hour each. GPU: not measured.
+Reference numbers: experiments/distillspec/results.md, long/results.md, code/results.md; the
+dated runs and their analysis: experiments/distillspec/notes.md.
 """
 
 import ml_collections

@@ -31,7 +31,7 @@ block_efficiency, tau_se, speedup, theoretical_speedup, ...), results.md (the ta
 and the goals checked) and frontier.png (τ against c) and speedup_vs_gamma.png.
 
 Entries in `carry` take their rows from the results.json `carry_from` (an earlier run whose
-trained drafters are gone), entries in `skip` are left out of this run; e.g. the 2026-11-25 run:
+trained drafters are gone), entries in `skip` are left out of this run; e.g. the run in results.md:
   --config.carry="('vinit-1','vinit-2','vinit-4','vinit-4-v8k','vinit-2-v8k','scratch-s',
       'scratch-s-v8k','vinit-4-general','vinit-4-general-v8k')" \
   --config.carry_from=experiments/drafters/carried/results_8dc556d.json \
@@ -39,7 +39,11 @@ trained drafters are gone), entries in `skip` are left out of this run; e.g. the
 (with --config.render_only=True added, that command renders experiments/drafters/results.md
 again from its committed rows: runs/ is not committed, so every run reports the rows
 results.json holds for it).
-Time on 2 CPU cores: see experiments/drafters/results.md (the run's own timings).
+Time on 2 CPU cores: each drafter's build time is in results.md's `build (s)` column (a feature
+drafter step ~1.1 s on idle cores, 600 steps ~11 min); evaluation ~1 min per setting (8 per
+drafter).
+Reference numbers: experiments/drafters/results.md; analysis and follow-ups:
+experiments/drafters/notes.md.
 Smoke: tiny random models, byte tokenizer, seconds per stage.
 """
 

@@ -11,9 +11,10 @@ checked against chain SD decoded in the same turns at batch 1 (γ ∈ {2, 4, 6},
 Shakespeare test prompts × 128 new tokens, medians of 5). Writes results.json (rows: model, T,
 batch_size, ms, r, c, roofline_ms, vs_roofline, memory_bandwidth_gb_s, device; the check's rows
 have model "speculative") and results.md.
-Time on 2 CPU cores: 4.7 min (2026-11-24, idle cores; ~3 min of it the check). One H100: 2.3 min
-with the quickstart's feature drafter (experiments/gpu/results.md: r(T) 1.10-1.16 at batch 1).
-Reference numbers: experiments/perf/results.md (measured / theory 0.965-1.052 at batch 1).
+Time: ~5 min on 2 idle CPU cores (~3 min of it the check); ~2.5 min on one H100 with the
+quickstart's feature drafter (experiments/gpu/cost_model.md).
+Reference numbers: experiments/perf/results.md (measured / theory 0.965-1.052 at batch 1);
+older benchmark and cost-model runs: experiments/perf/notes.md.
 """
 
 from configs import common

@@ -27,11 +27,10 @@ own T = 1 continuations of each dataset's prompts, which explains SpecTr against
 Every dataset's prompts are checked before anything runs. 48 prompts × 128 new tokens per
 setting at batch 16, so that τ's standard error is ≤ ~0.03 (results.md states the largest).
 Verdicts compare τ with its standard error: a difference counts beyond 2 standard errors.
-Time on 2 CPU cores: several hours (~15 min per part-(a) setting of 5 methods; the 4-prompt ×
-32-token version took ~60 min, most of it compiling); it resumes run by run after a kill. GPU not
-measured. Smoke: tiny random models, Shakespeare only, 80 s on 2 CPU cores (20 s with a warm
-compilation cache).
-Reference numbers: experiments/rsd/results.md.
+Time on 2 CPU cores: several hours (~15 min per part-(a) setting of 5 methods); it resumes run
+by run after a kill. GPU not measured. Smoke: tiny random models, Shakespeare only, ~80 s on 2
+CPU cores (~20 s with a warm compilation cache).
+Reference numbers: experiments/rsd/results.md; the run's history: experiments/rsd/notes.md.
 """
 
 from configs import common
@@ -66,7 +65,7 @@ def get_config(arg=None):
   # Free text shown under results.md's heading: how the runs were made, where that matters.
   config.note = "" if args.smoke else (
       "The runs were made in several sessions, resuming from the finished runs' results.json "
-      "(committed under runs/). A fresh checkout on 2026-11-24 rebuilt the scratch drafter with "
+      "(committed under runs/). A fresh checkout rebuilt the scratch drafter with "
       "its command (`configs/quickstart.py:recipe=scratch,vocab=0`); every run from "
       "fixed_budget_K3_B14 on Python code onwards used the rebuilt one. It is the same recipe "
       "but not bit-identical: part (c) on Python code gave per-level acceptance 0.0910 / 0.1208 "

@@ -14,10 +14,9 @@ then evaluates every drafter with the evaluate program on in-domain (Shakespeare
 out-of-domain (Python code) prompts at γ ∈ eval.gammas, greedy and T = 1. Every run lives in
 <workdir>/runs/ and is read back when finished, so a killed experiment resumes.
 Needs the scratch quickstart drafter (common.SCRATCH_DRAFTER, runs/quickstart_scratch/drafter).
-Time on 2 CPU cores: ~1.5 h measured 2026-11-24 on cores shared with other work part of the time
-(training ~4 min per drafter when idle, evaluation ~4-7 min per drafter and
-domain); GPU not measured. Smoke: tiny random models, 1 domain, seconds of training.
-Reference numbers: experiments/steering/results.md.
+Time on 2 CPU cores: ~1.5 h (training ~4 min per drafter when idle, evaluation ~4-7 min per
+drafter and domain); GPU not measured. Smoke: tiny random models, 1 domain, seconds of training.
+Reference numbers: experiments/steering/results.md; follow-up runs: experiments/steering/notes.md.
 """
 
 from configs import common
