@@ -1,8 +1,9 @@
 """Input pipeline: TFDS data sources -> token streams -> packed, index-addressable LM batches.
 
 Reading goes through `tfds.data_source` style random access (array_record), never `tfds.load`,
-which would import TensorFlow (docs/design.md §4). Our two corpora (`spec_jax.data.corpora`) are built
-from local files on first use; any other TFDS dataset works by name once it has been prepared in
+which would import TensorFlow (docs/design.md §4). Our local datasets (`LOCAL_NAMES`: the two
+corpora of `spec_jax.data.corpora`, ShareGPT and HumanEval) are built from installed files on
+first use; any other TFDS dataset works by name once it has been prepared in
 `data_dir` in array_record format, and nothing is ever downloaded here.
 
 Batches are a `grain.MapDataset`: batch s is a pure function of (corpus, tokenizer, seq_len,
@@ -31,11 +32,15 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from spec_jax.data import corpora
+from spec_jax.data import humaneval
+from spec_jax.data import sharegpt
 
 _DEFAULT_DATA_DIR = "~/.cache/spec_jax/tensorflow_datasets"
 # Bump when the token-cache layout or tokenization rule changes: old files are then ignored.
 _TOKEN_CACHE_VERSION = 1
 _ENCODE_CHUNK = 512  # documents per `encode_batch` call: big enough to use the Rust threads
+# The datasets this repo builds itself (importing their modules registered them with TFDS).
+LOCAL_NAMES = (*corpora.NAMES, sharegpt.NAME, humaneval.NAME)
 
 
 def data_dir(path: str | None = None) -> str:
@@ -68,8 +73,9 @@ def _prepare_hint(name: str, root: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _builder(name: str, root: str) -> tfds.core.DatasetBuilder:
-  """A prepared, random-access builder for `name` in `root`, building our own corpora if needed."""
-  if _base_name(name) in corpora.NAMES:
+  """A prepared, random-access builder for `name` in `root`, building our own datasets if
+  needed."""
+  if _base_name(name) in LOCAL_NAMES:
     try:
       builder = tfds.builder(name, data_dir=root, file_format="array_record")
     except ValueError as e:  # e.g. spec_jax_pystdlib/py310 asked of Python 3.11
@@ -97,7 +103,7 @@ def _builder(name: str, root: str) -> tfds.core.DatasetBuilder:
     builder = tfds.builder(name, data_dir=root)
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(
-        f"Unknown dataset name {name!r}. spec_jax builds its own corpora {list(corpora.NAMES)} "
+        f"Unknown dataset name {name!r}. spec_jax builds its own datasets {list(LOCAL_NAMES)} "
         f"from local files; any other TFDS dataset must already be prepared in {root}. "
         + _prepare_hint(name, root)) from None
   if not builder.is_prepared():
@@ -187,6 +193,17 @@ def text_source(name: str, split: str, *, data_dir: str | None = None,
   _check_text_key(builder, name, text_key)
   records = builder.as_data_source(split=split)
   return TextSource(records, text_key, f"{builder.info.full_name} {split}")
+
+
+def example_source(name: str, split: str, *, data_dir: str | None = None):
+  """The records of `split` of TFDS dataset `name` with random access: `len(src)`, `src[i]` ->
+  {feature: value} (text as bytes; a Sequence feature as a dict of arrays). For datasets whose
+  examples are not one text (`spec_jax_sharegpt` conversations, `spec_jax_humaneval` problems);
+  built on first use like `text_source`."""
+  root = _resolve_data_dir(data_dir)
+  builder = _builder(name, root)
+  _check_split(builder, name, split)
+  return builder.as_data_source(split=split)
 
 
 def _token_cache_path(src: TextSource, root: str, split: str, text_key: str,

@@ -1,14 +1,16 @@
-"""The prompt texts a program's config asks for.
+"""The prompt texts a program's config asks for, and generated word problems.
 
 Shared by every program that decodes prompts (generate, evaluate, benchmark_hf): the same
 sources with the same rules, so a config moved from one program to another reads the same
-prompts.
+prompts. `math_problem` writes the task suite's grade-school word problems
+(`spec_jax.data.suite`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 
 from absl import logging
 
@@ -97,3 +99,100 @@ def take(texts: list[str], num: int, field: str) -> list[str]:
     logging.warning("%s=%d but only %d prompts are available: running %d.", field, num,
                     len(texts), len(texts))
   return texts[:num]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grade-school word problems (GSM8K-style), generated: the task suite's `math` set. Each template
+# draws its numbers from `r` and returns the question with its integer answer (for checking
+# outputs; not part of the prompt).
+
+_NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jamal",
+          "Kira", "Liam", "Maya", "Noah", "Olivia", "Priya", "Quinn", "Rosa", "Sam", "Tariq")
+
+
+def _change(r, n):
+  a, p, item = r.randint(3, 12), r.randint(2, 9), r.choice(("notebooks", "pens", "mugs",
+                                                            "tickets", "sandwiches"))
+  bill = 10 * (a * p // 10 + 1 + r.randint(0, 2))
+  return (f"{n} buys {a} {item} for ${p} each and pays with ${bill}. How much change does {n} "
+          "get back?", bill - a * p)
+
+
+def _trip(r, n):
+  del n
+  s1, s2 = r.randrange(30, 75, 5), r.randrange(30, 75, 5)
+  h1, h2, v = r.randint(2, 5), r.randint(1, 4), r.choice(("train", "bus", "truck", "car"))
+  return (f"A {v} travels at {s1} miles per hour for {h1} hours, then at {s2} miles per hour "
+          f"for {h2} hours. How many miles does it travel in total?", s1 * h1 + s2 * h2)
+
+
+def _give(r, n):
+  k, m, b = r.randint(2, 5), r.randint(2, 6), r.randint(5, 20)
+  n0, item = r.randint(k * m + 5, 90), r.choice(("stickers", "marbles", "cookies", "cards"))
+  return (f"{n} has {n0} {item}. {n} gives {k} {item} to each of {m} friends and then gets {b} "
+          f"more. How many {item} does {n} have now?", n0 - k * m + b)
+
+
+def _wages(r, n):
+  w, h, d = r.randint(9, 25), r.randint(3, 8), r.randint(3, 6)
+  s, thing = r.randint(20, w * h * d // 2), r.choice(("groceries", "a jacket", "books", "rent"))
+  return (f"{n} earns ${w} an hour and works {h} hours a day for {d} days. Then {n} spends ${s} "
+          f"on {thing}. How much money does {n} have left?", w * h * d - s)
+
+
+def _club(r, n):
+  del n
+  den = r.choice((3, 4, 5))
+  num, members = r.randint(1, den - 1), 2 * den * r.randint(3, 8)  # the rest is even
+  rest = members - members * num // den
+  return (f"A school club has {members} members. {num}/{den} of them walk to school, and half of "
+          "the rest ride bikes. How many members ride bikes?", rest // 2)
+
+
+def _sale(r, n):
+  p, pct, k = 20 * r.randint(1, 10), r.choice((10, 20, 25, 50)), r.randint(2, 5)
+  thing = r.choice(("lamp", "backpack", "board game", "pair of shoes"))
+  return (f"A {thing} costs ${p}. It is on sale for {pct}% off. {n} buys {k} of them. How much "
+          f"does {n} pay?", k * p * (100 - pct) // 100)
+
+
+def _ages(r, n):
+  others = [x for x in _NAMES if x != n]
+  n2, n3 = r.sample(others, 2)
+  a, k = r.randint(4, 12), r.randint(2, 4)
+  d = r.randint(1, min(10, a * k - 1))
+  return (f"{n} is {a} years old. {n2} is {k} times as old as {n}, and {n3} is {d} years younger "
+          f"than {n2}. What is the sum of their ages?", a + a * k + a * k - d)
+
+
+def _recipe(r, n):
+  del n
+  c, b, mult = r.randint(2, 4), r.choice((12, 16, 20, 24)), r.randint(2, 5)
+  return (f"A recipe uses {c} cups of flour to make {b} cookies. How many cups of flour are "
+          f"needed to make {b * mult} cookies?", c * mult)
+
+
+def _savings(r, n):
+  goal, per = 10 * r.randint(15, 40), r.choice((10, 15, 20, 25))
+  have = 10 * r.randint(1, goal // 20)
+  return (f"{n} wants to buy a bike that costs ${goal}. {n} has already saved ${have} and saves "
+          f"${per} each week. How many weeks will it take {n} to have enough money?",
+          -(-(goal - have) // per))
+
+
+def _garden(r, n):
+  rows, per = r.randint(4, 12), r.randint(5, 15)
+  eaten, plant = r.randint(1, rows * per // 4), r.choice(("carrots", "tulips", "lettuces"))
+  return (f"{n} plants {rows} rows of {per} {plant} each. Rabbits eat {eaten} of them. How many "
+          f"{plant} are left?", rows * per - eaten)
+
+
+MATH_TEMPLATES = (_change, _trip, _give, _wages, _club, _sale, _ages, _recipe, _savings, _garden)
+
+
+def math_problem(index: int, *, seed: int = 0, split: str = "test") -> tuple[str, int]:
+  """(question, answer) of problem `index`: a template and its numbers drawn from a
+  random.Random seeded by the string (split, seed, index), the same in every Python 3."""
+  r = random.Random(f"math:{split}:{seed}:{index}")
+  template = r.choice(MATH_TEMPLATES)
+  return template(r, r.choice(_NAMES))

@@ -103,15 +103,21 @@ class HFTokenizer:
     """The prompt for one user turn, ending with the assistant header: the tokenizer's own chat
     template when it has one (rendered like transformers' `apply_chat_template`), else ChatML
     with SmolLM2-Instruct's default system prompt."""
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user}]
+    return self.chat_text(messages)
+
+  def chat_text(self, messages: Sequence[dict[str, str]],
+                add_generation_prompt: bool = True) -> str:
+    """A conversation ([{"role": "system"|"user"|"assistant", "content"}]) in the tokenizer's
+    chat template, else ChatML (`chatml`): ending with the assistant header for the model to
+    answer next, or (add_generation_prompt=False) as a finished text to train on."""
     if self.chat_template:
-      messages = ([{"role": "system", "content": system}] if system is not None else []) + [
-          {"role": "user", "content": user}]
-      return render_chat_template(self.chat_template, messages, bos_token=self.bos_token or "",
-                                  eos_token=self._tok.id_to_token(self.eos_id))
-    if system is None:
-      system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            "<|im_start|>assistant\n")
+      return render_chat_template(self.chat_template, list(messages),
+                                  bos_token=self.bos_token or "",
+                                  eos_token=self._tok.id_to_token(self.eos_id),
+                                  add_generation_prompt=add_generation_prompt)
+    return chatml(messages, add_generation_prompt)
 
   def save_hf(self, out_dir: str | pathlib.Path) -> list[str]:
     """Write tokenizer.json and tokenizer_config.json (eos/pad/bos tokens, chat template) so that
@@ -300,9 +306,10 @@ def tokenizer_from_json(path: str | pathlib.Path, eos_token: str) -> HFTokenizer
   return HFTokenizer(tokenizers.Tokenizer.from_file(str(path)), name=str(path), eos_token=eos_token)
 
 
-def render_chat_template(template: str, messages: list[dict], **special_tokens) -> str:
+def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True,
+                         **special_tokens) -> str:
   """Render an HF chat template (Jinja) the way transformers does: sandboxed, trim_blocks,
-  lstrip_blocks, `raise_exception`, and add_generation_prompt=True."""
+  lstrip_blocks, `raise_exception`."""
   import jinja2.sandbox  # local: only chat prompts need it
 
   def raise_exception(message):
@@ -312,8 +319,30 @@ def render_chat_template(template: str, messages: list[dict], **special_tokens) 
       trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
   env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
   env.globals["raise_exception"] = raise_exception
-  return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+  return env.from_string(template).render(messages=messages,
+                                          add_generation_prompt=add_generation_prompt,
                                           **special_tokens)
+
+
+# SmolLM2-Instruct's template adds this system turn when a conversation has none.
+_SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+  """ChatML as SmolLM2-Instruct's template writes it (its default system turn first when the
+  messages have none), ending with the assistant header unless add_generation_prompt=False."""
+  if not messages or messages[0]["role"] != "system":
+    messages = [{"role": "system", "content": _SMOLLM_SYSTEM}, *messages]
+  turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+  return turns + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def chat_text(tokenizer, messages: Sequence[dict[str, str]],
+              add_generation_prompt: bool = True) -> str:
+  """`tokenizer.chat_text(messages)`, or ChatML for a tokenizer without chat support (bytes)."""
+  if hasattr(tokenizer, "chat_text"):
+    return tokenizer.chat_text(messages, add_generation_prompt)
+  return chatml(messages, add_generation_prompt)
 
 
 def _token_content(value) -> str | None:
