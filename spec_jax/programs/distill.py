@@ -5,8 +5,10 @@
 checkpoint; the drafter starts from scratch (`drafter.checkpoint=''`) or from a train_lm (or
 distill) checkpoint, and its checkpoints have train_lm's layout, so
 `checkpoints.load_model(workdir)`, `evaluate --config.drafter.checkpoint=WORKDIR` and another
-distill run can all load it. A run resumes from the newest checkpoint in `<workdir>/checkpoints`
-(a finished run returns at once); metrics go to TensorBoard events and `<workdir>/metrics.jsonl`:
+distill run can all load it. A run resumes from the newest intact checkpoint in
+`<workdir>/checkpoints` (a finished run returns at once); SIGTERM / SIGINT stop it after the step
+in flight, checkpointed (`train.train_loop`). Metrics go to TensorBoard events and
+`<workdir>/metrics.jsonl`:
   train/loss, train/alpha (Σ min(p, q) on the batch's response tokens), grad/param norms, lr;
   eval/{fkl,rkl,jsd,tvd,alpha,top1_agreement,xent} on held-out windows (`eval.batches` batches of
   the eval split with their true continuations) and eval/tau_T{t}, eval/sd_alpha_T{t}: τ (tokens
@@ -248,7 +250,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
         state=state, step_fn=step_fn, get_batch=get_batch, num_steps=tc.num_steps,
         rng=train_rng, batch_sharding=parallel.batch_sharding(mesh), log_every=tc.log_every,
         eval_every=tc.eval_every, eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
-        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta), writer=writer,
+        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta),
+        wait_fn=manager.wait_until_finished, writer=writer,
         lr_fn=lambda s: float(schedule(s)), step_hook=step_hook)
     seconds = time.perf_counter() - t0
     steps_run = max(tc.num_steps - start, 0)

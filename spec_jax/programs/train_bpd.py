@@ -5,7 +5,8 @@ heads sit on), data (a corpus, packed windows of seq_len tokens), bpd (num_heads
 own_projection, loss ce | fkl, decay, top_k, train_vocab: 0 or the loss over the N most frequent
 tokens), train, mesh, seed. The verifier stays frozen: only the heads train (`training/bpd.py`).
 Checkpoints hold the heads alone, with the verifier's config and tokenizer fingerprint and the
-heads' config in their meta; the run resumes from its newest checkpoint; metrics (per-head loss
+heads' config in their meta; the run resumes from its newest intact checkpoint, and SIGTERM /
+SIGINT stop it after the step in flight, checkpointed (`train.train_loop`); metrics (per-head loss
 and top-1 agreement with the verifier's greedy token; held-out top-1 / top-k) go to TensorBoard
 and metrics.jsonl. `evaluate --config.drafter.checkpoint=WORKDIR`
 decodes with the heads as a BPD drafter (on the verifier they were trained for).
@@ -113,7 +114,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
         get_batch=lambda s: train_ds[s], num_steps=tc.num_steps, rng=train_rng,
         batch_sharding=batch_sh, log_every=tc.log_every, eval_every=tc.eval_every,
         eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
-        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta), writer=writer,
+        save_fn=lambda s, st: checkpoints.save(manager, s, st, meta),
+        wait_fn=manager.wait_until_finished, writer=writer,
         lr_fn=lambda s: float(schedule(s)), step_hook=step_hook)
     seconds = time.perf_counter() - t0
     steps_run = max(tc.num_steps - start, 0)

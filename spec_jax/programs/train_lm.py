@@ -1,8 +1,10 @@
 """Train a Llama-family LM (a drafter) with next-token cross-entropy: `run(config, workdir)`.
 
 Reads config sections base/model/data/train/mesh (configs/common.py). The run resumes from the
-newest checkpoint in `<workdir>/checkpoints` (a finished run returns at once); metrics go to
-TensorBoard event files and `<workdir>/metrics.jsonl`. The trained model is loaded elsewhere with
+newest intact checkpoint in `<workdir>/checkpoints` (a finished run returns at once; a corrupt
+newer one is set aside with a warning); metrics go to TensorBoard event files and
+`<workdir>/metrics.jsonl`. SIGTERM / SIGINT stop it after the step in flight, checkpointed, with
+exit status 128 + the signal and the command to resume (`train.train_loop`). The trained model is loaded elsewhere with
 `spec_jax.training.checkpoints.load_model(workdir)`.
 """
 
@@ -97,7 +99,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
         get_batch=lambda s: draft_init.map_batch(model_cfg, train_ds[s]), num_steps=tc.num_steps,
         rng=train_rng, batch_sharding=parallel.batch_sharding(mesh), log_every=tc.log_every,
         eval_every=tc.eval_every, eval_fn=eval_fn, checkpoint_every=tc.checkpoint_every,
-        save_fn=lambda step, st: checkpoints.save(manager, step, st, meta), writer=writer,
+        save_fn=lambda step, st: checkpoints.save(manager, step, st, meta),
+        wait_fn=manager.wait_until_finished, writer=writer,
         lr_fn=lambda s: float(schedule(s)), step_hook=step_hook)
     seconds = time.perf_counter() - t0
     steps_run = max(tc.num_steps - start, 0)

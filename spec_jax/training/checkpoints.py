@@ -10,6 +10,13 @@ but its model config (from meta), and keeps a frozen verifier's params out of st
 
 Orbax writes each step to a temporary directory and renames it when complete, so a run killed
 mid-save leaves no half-written step that `restore_latest` would pick up.
+
+Integrity (`integrity.py`): meta also records a digest of every array and of the meta itself,
+committed with the arrays. Every load verifies them: a corrupt step (changed bytes, or files that
+no longer decode) is a `CorruptCheckpointError` naming its path, step and array. Evaluation and
+generation (`load_model`) refuse it; a training run resumes from the newest intact step and moves
+the corrupt ones to `<workdir>/checkpoints_corrupt/` with a warning (`resume_or_start`).
+Checkpoints written before digests existed have none and load unverified.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 from typing import Any, Callable
 
 from absl import logging
@@ -25,13 +33,15 @@ import jax
 import orbax.checkpoint as ocp
 
 from spec_jax.models import bpd_heads, families, llama, steering
+from spec_jax.training import integrity
 
 FORMAT = 1
 _ITEMS = ("params", "train", "meta")
 
 
-class CheckpointError(ValueError):
-  """A checkpoint exists but cannot be used (unreadable, corrupt, or for another model)."""
+# Errors live with the digests (integrity.py); the names here are the API.
+CheckpointError = integrity.CheckpointError
+CorruptCheckpointError = integrity.CorruptCheckpointError
 
 
 def make_manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = True,
@@ -66,11 +76,14 @@ def make_meta(model_cfg: llama.LlamaConfig, tokenizer, config=None, **extra) -> 
 def save(manager: ocp.CheckpointManager, step: int, state, meta: dict, *,
          force: bool = True) -> None:
   """Save a TrainState (`.step`, `.params`, `.opt_state`) at `step` (asynchronously if the
-  manager is async; `manager.wait_until_finished()` to block)."""
+  manager is async; `manager.wait_until_finished()` to block), with the digests of its arrays
+  and meta in meta["integrity"] (computed on device first, which waits for the state)."""
+  train = {"step": state.step, "opt_state": state.opt_state}
+  meta = integrity.record({**meta, "step": int(step)}, {"params": state.params, "train": train})
   args = ocp.args.Composite(
       params=ocp.args.StandardSave(state.params),
-      train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
-      meta=ocp.args.JsonSave({**meta, "step": int(step)}))
+      train=ocp.args.StandardSave(train),
+      meta=ocp.args.JsonSave(meta))
   manager.save(int(step), args=args, force=force)
 
 
@@ -78,17 +91,16 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
   return os.path.join(str(manager.directory), str(step))
 
 
-def _unreadable(path: str, err: Exception) -> CheckpointError:
-  # tensorstore appends its whole JSON spec (kilobytes) to every error: keep the cause only.
-  cause = str(err).split(" [tensorstore_spec")[0].split(" See full TensorStore")[0]
-  cause = cause.splitlines()[0] if cause else ""
-  cause = cause if len(cause) <= 300 else cause[:300] + "..."
-  return CheckpointError(
-      f"Checkpoint {path} could not be read ({type(err).__name__}: {cause}). It is probably "
-      "truncated or corrupt (disk full, a copy that did not finish, or files edited by hand). "
-      f"Fix: delete {path} so that the previous checkpoint is used, or point to another "
-      "checkpoint; a corrupt latest checkpoint of a training run means that run resumes from "
-      "its previous one once this directory is removed.")
+def _restore_meta(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The meta item of `step`, its own digest verified."""
+  path = _step_dir(manager, step)
+  try:
+    meta = dict(manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"])
+  except Exception as e:  # orbax/tensorstore raise assorted types on bad files
+    raise integrity.unreadable(path, step, e) from e
+  integrity.verify(path, step, meta)
+  return meta
 
 
 def check_saved_settings(meta: dict, expected: dict, section: str, path: str) -> None:
@@ -112,58 +124,101 @@ def check_saved_settings(meta: dict, expected: dict, section: str, path: str) ->
 
 def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig | None = None,
                    manager: ocp.CheckpointManager | None = None,
-                   expected: tuple[str, dict] | None = None) -> tuple[Any, dict] | None:
+                   expected: tuple[str, dict] | None = None,
+                   skip_corrupt: bool = False) -> tuple[Any, dict] | None:
   """(state, meta) from the newest checkpoint in `<workdir>/checkpoints`, or None if there is
   none. `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s whose `.sharding`s say
   where each restored array goes (from `jax.eval_shape` + `parallel.param_shardings`).
   model_cfg: if given, checked against the checkpoint's before any array is read, so a workdir
   reused for another model fails with a clear message rather than a shape error.
   expected: (config section, {meta key: this run's values}) checked the same way
-  (`check_saved_settings`), e.g. a steering module's layers and mode."""
+  (`check_saved_settings`), e.g. a steering module's layers and mode.
+  Every array and the meta are verified against their recorded digests (none recorded: an older
+  checkpoint, restored unverified). A corrupt newest step raises CorruptCheckpointError; with
+  `skip_corrupt`, older steps are tried and, once one restores, the corrupt newer ones are moved
+  to `<workdir>/checkpoints_corrupt/` with a warning naming each (if none restores, nothing moves
+  and the newest one's error is raised: failing everywhere points at this run's settings, not at
+  the files)."""
   own = manager is None
   manager = manager or make_manager(workdir, read_only=True)
   try:
-    step = manager.latest_step()
-    if step is None:
-      return None
-    path = _step_dir(manager, step)
-    try:
-      meta = dict(manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"])
-    except Exception as e:  # orbax/tensorstore raise assorted types on bad files
-      raise _unreadable(path, e) from e
-    if model_cfg is not None:
-      check_model_config(model_config_from_meta(meta, path), model_cfg, path)
-    if expected is not None:
-      check_saved_settings(meta, expected[1], expected[0], path)
-    try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(abstract_state.params),
-          train=ocp.args.StandardRestore({"step": abstract_state.step,
-                                          "opt_state": abstract_state.opt_state})))
-    except Exception as e:
-      raise _unreadable(path, e) from e
-    train = restored["train"]
-    state = abstract_state.replace(step=train["step"], params=restored["params"],
-                                   opt_state=train["opt_state"])
-    logging.info("Restored step %d from %s.", step, path)
-    return state, meta
+    corrupt: list[CorruptCheckpointError] = []
+    for step in sorted(manager.all_steps(), reverse=True):
+      try:
+        state, meta = _restore_step(manager, step, abstract_state, model_cfg, expected)
+      except CorruptCheckpointError as e:
+        if not skip_corrupt:
+          raise
+        corrupt.append(e)
+        continue
+      if corrupt:
+        _set_aside(manager, corrupt, step)
+      return state, meta
+    if corrupt:
+      raise corrupt[0]
+    return None
   finally:
     if own:
       manager.close()
 
 
+def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, model_cfg,
+                  expected) -> tuple[Any, dict]:
+  path = _step_dir(manager, step)
+  meta = _restore_meta(manager, step)
+  if model_cfg is not None:
+    check_model_config(model_config_from_meta(meta, path), model_cfg, path)
+  if expected is not None:
+    check_saved_settings(meta, expected[1], expected[0], path)
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_state.params),
+        train=ocp.args.StandardRestore({"step": abstract_state.step,
+                                        "opt_state": abstract_state.opt_state})))
+  except Exception as e:  # orbax/tensorstore raise assorted types on bad files
+    raise integrity.unreadable(path, step, e) from e
+  integrity.verify(path, step, meta, {"params": restored["params"], "train": restored["train"]})
+  train = restored["train"]
+  state = abstract_state.replace(step=train["step"], params=restored["params"],
+                                 opt_state=train["opt_state"])
+  logging.info("Restored step %d from %s.", step, path)
+  return state, meta
+
+
+def _set_aside(manager: ocp.CheckpointManager, corrupt: list[CorruptCheckpointError],
+               resumed: int) -> None:
+  """Move corrupt steps out of the manager's directory (a step left there would be saved over,
+  or outlive the good steps under max_to_keep), into `<workdir>/checkpoints_corrupt/<step>`."""
+  aside = os.path.join(os.path.dirname(str(manager.directory)), "checkpoints_corrupt")
+  for e in corrupt:
+    dest = os.path.join(aside, str(e.step))
+    n = 1
+    while os.path.exists(dest):
+      dest, n = os.path.join(aside, f"{e.step}.{n}"), n + 1
+    if jax.process_index() == 0:  # one shared directory: one process moves it
+      os.makedirs(aside, exist_ok=True)
+      shutil.move(e.path, dest)
+    logging.warning(
+        "Checkpoint %s (step %d) is corrupt: %s. Resuming from step %d, the newest intact "
+        "checkpoint; the corrupt one was moved to %s.", e.path, e.step,
+        f"array {e.what} ({e.detail})" if e.what else e.detail, resumed, dest)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    multihost_utils.sync_global_devices("spec_jax_corrupt_checkpoints_moved")
+  manager.reload()
+
+
 def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Callable[[], Any], *,
                     num_steps: int, model_cfg: llama.LlamaConfig, tokenizer, writer,
                     config, expected: tuple[str, dict] | None = None) -> tuple[Any, int]:
-  """Where a training run picks up: (state, step) of the newest checkpoint in `manager`'s
-  directory, its model and tokenizer checked and the metrics `writer` logged after it dropped;
-  or, with no checkpoint, (fresh(), 0) and the run's hyper-parameters written. A returned step
-  >= num_steps means the run is already finished (nothing is truncated then). `expected`: see
-  restore_latest."""
+  """Where a training run picks up: (state, step) of the newest intact checkpoint in `manager`'s
+  directory (corrupt newer ones are set aside with a warning: `restore_latest`), its model and
+  tokenizer checked and the metrics `writer` logged after it dropped; or, with no checkpoint,
+  (fresh(), 0) and the run's hyper-parameters written. A returned step >= num_steps means the
+  run is already finished (nothing is truncated then). `expected`: see restore_latest."""
   directory = str(manager.directory)
   restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager,
-                            expected=expected)
+                            expected=expected, skip_corrupt=True)
   if restored is None:
     # A run killed before its first checkpoint left metrics of steps that will run again.
     writer.truncate_after(-1)
@@ -275,10 +330,7 @@ def read_meta(path: str) -> dict:
   workdir, step = _resolve(path)
   manager = make_manager(workdir, read_only=True)
   try:
-    return dict(manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"])
-  except Exception as e:
-    raise _unreadable(_step_dir(manager, step), e) from e
+    return _restore_meta(manager, step)
   finally:
     manager.close()
 
@@ -294,16 +346,16 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
     `checkpoints/<step>` folder.
   model_cfg: if given, the checkpoint's model config must equal it (CheckpointError otherwise).
   shardings: pytree of Shardings for the params (default: the first device).
+
+  The params and meta are verified against the digests recorded when they were saved: a corrupt
+  checkpoint is refused (CorruptCheckpointError: its path, step, array and the fix), never loaded
+  silently. A checkpoint saved before digests existed loads unverified.
   """
   workdir, step = _resolve(path)
   manager = make_manager(workdir, read_only=True)
   step_path = _step_dir(manager, step)
   try:
-    try:
-      meta = dict(manager.restore(step, args=ocp.args.Composite(
-          meta=ocp.args.JsonRestore()))["meta"])
-    except Exception as e:
-      raise _unreadable(step_path, e) from e
+    meta = _restore_meta(manager, step)
     cfg = model_config_from_meta(meta, step_path)
     if model_cfg is not None:
       check_model_config(cfg, model_cfg, step_path)
@@ -327,7 +379,8 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
       params = manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(abstract)))["params"]
     except Exception as e:
-      raise _unreadable(step_path, e) from e
+      raise integrity.unreadable(step_path, step, e) from e
+    integrity.verify(step_path, step, meta, {"params": params})
   finally:
     manager.close()
   return cfg, params, meta

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import math
+import signal
+import sys
 from typing import Any, Callable, Iterable, Mapping
 
 import flax.struct
@@ -24,7 +26,7 @@ import optax
 import tqdm
 
 from spec_jax import parallel
-from spec_jax.training import losses
+from spec_jax.training import losses, preemption
 
 
 @flax.struct.dataclass
@@ -194,9 +196,10 @@ def check_finite(step: int, metrics: Mapping[str, Any]) -> None:
 
 
 def _save_on_interrupt(state: TrainState, start: int, pending, read, save_fn) -> None:
-  """Ctrl-C: checkpoint the newest state (its metrics checked finite first) so the run resumes
-  from it; nothing if no step finished, or if the interrupt hit while that state's buffers were
-  being donated to the next step."""
+  """A KeyboardInterrupt raised inside the loop (only where `StopSignals` could not be installed,
+  off the main thread, or raised by code): checkpoint the newest state (its metrics checked
+  finite first); nothing if no step finished, or if the interrupt hit while that state's buffers
+  were being donated to the next step (the signal path, `preemption`, has no such gap)."""
   if save_fn is None or any(x.is_deleted() for x in jax.tree.leaves(state)):
     return
   done = int(jax.device_get(state.step))
@@ -213,6 +216,7 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
                eval_every: int = 0,
                eval_fn: Callable[[TrainState], Mapping[str, float]] | None = None,
                checkpoint_every: int = 0, save_fn: Callable[[int, TrainState], None] | None = None,
+               wait_fn: Callable[[], None] | None = None,
                writer=None, lr_fn: Callable[[int], float] | None = None,
                step_hook: Callable[[int], None] | None = None, show_progress: bool = True,
                ) -> tuple[TrainState, dict[str, float], dict[str, float]]:
@@ -224,9 +228,15 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
   step late, and always *before* a checkpoint or eval of the state that produced it, so a bad
   state is never saved.
 
+  SIGTERM / SIGINT (`preemption`): the loop dispatches no further step, finishes the one in
+  flight, logs its partial metrics window, saves it and waits for the save (`wait_fn`), then
+  raises `preemption.Preempted` after printing the step and the command to resume. All processes
+  of a multi-host job agree on that step (`preemption.StopVote`).
+
   get_batch(s) -> host batch for step s. eval_fn(state) -> {name: float} (logged as eval/*).
-  save_fn(step, state) saves a checkpoint. writer: a MetricsWriter. step_hook(completed_steps)
-  runs after each dispatch (tests use it to simulate a kill).
+  save_fn(step, state) saves a checkpoint, possibly asynchronously; wait_fn() blocks until the
+  saves are on disk. writer: a MetricsWriter. step_hook(completed_steps) runs after each dispatch
+  (tests use it to simulate a kill or to send a signal).
   """
   start = int(jax.device_get(state.step))
   last: dict[str, float] = {}
@@ -242,6 +252,16 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
   # read before the next is dispatched there. Accelerators keep one step of lookahead.
   one_in_flight = jax.devices()[0].platform == "cpu" and jax.device_count() > 1
 
+  def log_window(done):
+    nonlocal last
+    last = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+    scalars = {f"train/{k}": v for k, v in last.items()}
+    if lr_fn is not None:
+      scalars["train/lr"] = lr_fn(done - 1)  # the lr the last update used
+    if writer is not None:
+      writer.write_scalars(done, scalars)
+    window.clear()
+
   def read(pending):
     nonlocal last
     done, metrics = pending
@@ -254,49 +274,66 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
     bar.update(1)
     bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
     if log_every and (done % log_every == 0 or done == num_steps):
-      last = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
-      scalars = {f"train/{k}": v for k, v in last.items()}
-      if lr_fn is not None:
-        scalars["train/lr"] = lr_fn(done - 1)  # the lr the last update used
-      if writer is not None:
-        writer.write_scalars(done, scalars)
-      window.clear()
+      log_window(done)
 
-  try:
-    for s in range(start, num_steps):
-      batch = parallel.shard_batch(get_batch(s), batch_sharding)
-      state, metrics = step_fn(state, batch, rng)
-      done = s + 1
-      if step_hook is not None:
-        step_hook(done)
+  done, saved = start, start  # newest finished step, newest step handed to save_fn
+  vote = preemption.StopVote(lag=not one_in_flight)
+  with preemption.StopSignals() as stop:
+    try:
+      for s in range(start, num_steps):
+        if vote(stop.signum is not None):
+          break
+        batch = parallel.shard_batch(get_batch(s), batch_sharding)
+        state, metrics = step_fn(state, batch, rng)
+        done = s + 1
+        if step_hook is not None:
+          step_hook(done)
+        if pending is not None:
+          read(pending)
+        pending = (done, metrics)
+        if one_in_flight:
+          read(pending)
+          pending = None
+        do_eval = eval_fn is not None and eval_every and (
+            done % eval_every == 0 or done == num_steps)
+        do_save = save_fn is not None and (
+            (checkpoint_every and done % checkpoint_every == 0) or done == num_steps)
+        if do_eval or do_save:
+          if pending is not None:
+            read(pending)  # sync point: this state's metrics must be finite first
+          pending = None
+          if do_eval:
+            last_eval = dict(eval_fn(state))
+            if writer is not None:
+              writer.write_scalars(done, {f"eval/{k}": v for k, v in last_eval.items()})
+          if do_save:
+            save_fn(done, state)
+            saved = done
+          if writer is not None:
+            writer.flush()
+      else:
+        if pending is not None:
+          read(pending)
+        if stop.signum is not None and wait_fn is not None:
+          wait_fn()  # a signal during the last step: the final save completes before handlers go
+        return state, last, last_eval
+      # Stopped by a signal (on any process): the step in flight is finished, logged and saved.
       if pending is not None:
         read(pending)
-      pending = (done, metrics)
-      if one_in_flight:
-        read(pending)
-        pending = None
-      do_eval = eval_fn is not None and eval_every and (done % eval_every == 0 or done == num_steps)
-      do_save = save_fn is not None and (
-          (checkpoint_every and done % checkpoint_every == 0) or done == num_steps)
-      if do_eval or do_save:
-        if pending is not None:
-          read(pending)  # sync point: this state's metrics must be finite first
-        pending = None
-        if do_eval:
-          last_eval = dict(eval_fn(state))
-          if writer is not None:
-            writer.write_scalars(done, {f"eval/{k}": v for k, v in last_eval.items()})
-        if do_save:
-          save_fn(done, state)
-        if writer is not None:
-          writer.flush()
-    if pending is not None:
-      read(pending)
-  except KeyboardInterrupt:
-    _save_on_interrupt(state, start, pending, read, save_fn)
-    raise
-  finally:
-    bar.close()
-    if writer is not None:
-      writer.flush()
-  return state, last, last_eval
+      if window:
+        log_window(done)
+      if save_fn is not None and done > saved:
+        save_fn(done, state)
+      if wait_fn is not None:
+        wait_fn()
+      message = preemption.stop_message(stop.signum, done, start, num_steps)
+      bar.close()
+      print(message, file=sys.stderr, flush=True)
+      raise preemption.Preempted(done, stop.signum or signal.SIGTERM, message)
+    except KeyboardInterrupt:
+      _save_on_interrupt(state, start, pending, read, save_fn)
+      raise
+    finally:
+      bar.close()
+      if writer is not None:
+        writer.flush()
