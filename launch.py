@@ -29,8 +29,9 @@ _NUM_PROCESSES = flags.DEFINE_integer(
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", None, "With --distributed: this process's index (default: auto-detect).")
 _VERBOSE = flags.DEFINE_bool(
-    "verbose", False, "Print the resolved config at the start and full tracebacks on errors "
-    "(without it, a bad input ends with one line naming the field and the fix).")
+    "verbose", False, "Show every log line on the console (without it they go to WORKDIR/log.txt "
+    "only), the resolved config, and full tracebacks on errors (without it, a bad input ends "
+    "with one line naming the field and the fix).")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print the resolved config (file, its ':args' and every --config.* "
     "override) and exit without running anything; --workdir may be left out.")
@@ -50,21 +51,24 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv):
-  logging.get_absl_handler().addFilter(cli.quiet_libraries)
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _DRY_RUN.value:  # before jax is even imported
     print(_CONFIG.value)
     return
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required (where checkpoints, metrics and results go); "
+                         "--dry_run prints the resolved config without one.")
+  # Log lines go to WORKDIR/log.txt (and the console with --verbose); before jax probes platforms.
+  pending_log = cli.route_logs(_VERBOSE.value)
   import jax
   from spec_jax import parallel
   parallel.maybe_initialize_distributed(
       _DISTRIBUTED.value, coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  cli.open_log(pending_log, _WORKDIR.value, jax.process_index())
+  logging.info("launch.py %s", " ".join(sys.argv[1:]))
   config = _CONFIG.value
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required (where checkpoints, metrics and results go); "
-                         "--dry_run prints the resolved config without one.")
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "
                          f"{cli.programs()}.")
@@ -84,7 +88,9 @@ def main(argv):
     with open(os.path.join(_WORKDIR.value, "config.json"), "w", encoding="utf-8") as f:
       f.write(config.to_json_best_effort(indent=2))
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
-  cli.interrupt_on_stop_signals()  # `kill` and background Ctrl-C checkpoint like a terminal's
+  if not _VERBOSE.value:
+    cli.hide_library_bars()
+  cli.interrupt_on_stop_signals()  # outside training: the loop installs its own (training/preemption.py)
   t0 = time.perf_counter()
   try:
     module.run(config, _WORKDIR.value)
@@ -93,8 +99,8 @@ def main(argv):
   except KeyboardInterrupt:
     if _VERBOSE.value:
       raise
-    print("Interrupted (training programs checkpoint their newest step first; rerun the same "
-          "command to resume).", file=sys.stderr)
+    print("Interrupted outside the training loop (nothing new to checkpoint); rerun the same "
+          "command to resume from the newest checkpoint.", file=sys.stderr)
     sys.exit(130)
   except cli.USER_ERRORS as e:
     if _VERBOSE.value:

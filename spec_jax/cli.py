@@ -1,18 +1,23 @@
 """What launch.py does besides dispatching (kept here so the launcher stays short): reject
 unknown or mistyped `--config.*` overrides before anything runs, list programs and configs for
-`--help`, check that every process of a multi-host job resolved the same config, quiet noisy
-libraries' logs, turn stop signals into Ctrl-C, and say at the end where a run's output is."""
+`--help`, check that every process of a multi-host job resolved the same config, keep the console
+quiet (log lines go to the workdir's log file), turn stop signals into Ctrl-C, and say at the end
+where a run's output is."""
 
 from __future__ import annotations
 
 import ast
 import glob
 import importlib.util
+import logging
+import logging.handlers
 import os
 import pkgutil
 import signal
 import sys
+import warnings
 
+from absl import logging as absl_logging
 from absl.app import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +34,8 @@ def programs() -> list[str]:
 
 def interrupt_on_stop_signals() -> None:
   """SIGTERM (`kill`, a scheduler's preemption) and SIGINT raise KeyboardInterrupt, as Ctrl-C does
-  in a terminal, so a training run checkpoints its newest step before it stops. SIGINT needs this
+  in a terminal, outside the training loop (which sets a stop flag instead:
+  training/preemption.py), so a stop during loading or evaluation ends at once. SIGINT needs this
   too: a job started in the background (`cmd &`) inherits SIGINT ignored, and Python keeps it so."""
   def interrupt(signum, frame):
     del frame
@@ -134,18 +140,106 @@ def summary(program: str, workdir: str, seconds: float) -> str:
           f"{', '.join(shown) or 'nothing'}")
 
 
-# Warnings that every read-only checkpoint load prints and that call for no action.
+# ---------------------------------------------------------------------------------------------
+# The console and the log file. A run's console carries what the programs print (a header per
+# stage, progress bars, tables) and the warnings and errors a user can act on; every log line,
+# INFO included, goes to the workdir's log file, and `--verbose` shows them all on the console.
+
+LOG_FILE = "log.txt"
+
+# Library warnings that call for no action: every read-only checkpoint load and every first-use
+# TFDS build print them.
 _EXPECTED = ("read_only=True, setting save_interval_steps=0", "Given directory is read only",
-             "has no dataset_info.json")
+             "Variant folder ")
 
 
-def quiet_libraries(record) -> bool:
-  """Keep INFO logs of our code; from orbax/tensorstore (hundreds of lines per checkpoint) only
-  warnings and errors, less the ones every checkpoint load or corpus build prints."""
-  noisy = ("/orbax/", "/tensorstore/", "/etils/", "/tensorflow_datasets/")
-  if not any(part in record.pathname for part in noisy):
+def is_ours(path: str) -> bool:
+  """Whether a log record's or a warning's source file is this repository's code (not a library;
+  not a pseudo-file such as "<frozen importlib._bootstrap>")."""
+  if not os.path.isabs(path) or "site-packages" in path or "dist-packages" in path:
+    return False
+  path = os.path.normpath(path)
+  return path.startswith(ROOT + os.sep) or f"{os.sep}spec_jax{os.sep}" in path
+
+
+def quiet_libraries(record: logging.LogRecord) -> bool:
+  """Whether a quiet console may show `record` as far as libraries go: our code's records pass
+  (`on_console` applies the level); of libraries' only warnings and errors, less the expected
+  ones above and Python `warnings` (addressed to the developers of the code calling them)."""
+  if is_ours(record.pathname):
     return True
-  return record.levelno >= 30 and not any(e in str(record.msg) for e in _EXPECTED)
+  if record.levelno < logging.WARNING or record.name == "py.warnings":
+    return False
+  try:
+    message = record.getMessage()  # the expected text may sit in the arguments
+  except (TypeError, ValueError):
+    message = str(record.msg)
+  return not any(e in message for e in _EXPECTED)
+
+
+def on_console(record: logging.LogRecord) -> bool:
+  """The quiet console's filter: warnings and errors, ours and the libraries' that call for
+  action; INFO lines (the JAX platform probe, orbax's checkpoint chatter, the model configs the
+  programs log) are for the log file."""
+  return record.levelno >= logging.WARNING and quiet_libraries(record)
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None):
+  """`warnings.showwarning` as a log record from the warning's own source file (so `is_ours`
+  reads where it came from); a warning written to an explicit file stays there."""
+  if file is not None:
+    file.write(warnings.formatwarning(message, category, filename, lineno, line))
+    return
+  logger = logging.getLogger("py.warnings")
+  logger.handle(logger.makeRecord("py.warnings", logging.WARNING, filename, lineno, "%s: %s",
+                                  (category.__name__, message), None))
+
+
+def route_logs(verbose: bool) -> logging.handlers.MemoryHandler:
+  """Before jax is imported (its platform probe logs): the console (absl's handler) shows what
+  `on_console` keeps, or everything with `verbose`; Python warnings become log records; every
+  record is held for the log file, which `open_log` opens once the process index is known."""
+  if not verbose:
+    absl_logging.get_absl_handler().addFilter(on_console)
+  warnings.showwarning = _log_warning
+  # Holds records (no target yet, no size limit) until the log file opens.
+  pending = logging.handlers.MemoryHandler(capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+  logging.getLogger().addHandler(pending)
+  return pending
+
+
+def open_log(pending: logging.handlers.MemoryHandler, workdir: str,
+             process_index: int = 0) -> str | None:
+  """Append every log record, those held by `pending` first, to workdir/log.txt (process i > 0 of
+  a multi-host run: log.process<i>.txt), in absl's format; returns its path. Where no file can
+  be written there (the workdir is a file: the program names that error), the console shows
+  everything instead and None is returned."""
+  name = LOG_FILE if process_index == 0 else f"log.process{process_index}.txt"
+  path = os.path.join(workdir, name)
+  root = logging.getLogger()
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    target = logging.FileHandler(path, encoding="utf-8")
+  except OSError:
+    console = absl_logging.get_absl_handler()
+    console.removeFilter(on_console)
+    target, path = console, None
+  else:
+    target.setFormatter(absl_logging.PythonFormatter())
+    root.addHandler(target)
+  pending.setTarget(target)
+  pending.flush()
+  root.removeHandler(pending)
+  return path
+
+
+def hide_library_bars() -> None:
+  """TFDS's build and shuffle bars (temporary paths, six per first-use corpus) off the console:
+  what it built is logged (pipeline.py's "Building ... (first use)"). Call once the program is
+  imported (every program that reads data has imported TFDS by then)."""
+  tfds = sys.modules.get("tensorflow_datasets")
+  if tfds is not None:
+    tfds.disable_progress_bar()
 
 
 def check_same_config_everywhere(config) -> None:

@@ -12,6 +12,7 @@ from configs import benchmark as benchmark_config
 from configs import benchmark_sampling as benchmark_sampling_config
 from experiments.perf import config as perf_config
 from configs import generate as generate_config
+from configs import scale as scale_config
 from spec_jax.programs import benchmark, benchmark_sampling, cost_model, generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,6 +86,7 @@ def test_benchmark_smoke_writes_rows(tmp_path):
   for row in rows:
     assert {"method", "batch_size", "new_tokens", "tokens_per_s", "ms_per_token",
             "device"} <= set(row)
+    assert (row["preset"], row["dtype"], row["device_kind"]) == (None, "float32", "cpu")
     assert row["tokens_per_s"] > 0
     # Tolerances cover the rows' rounding (ms to 3 decimals, tokens/s to 2), whatever the speed.
     roof = row["roofline_ms_per_step"]
@@ -137,6 +139,24 @@ def test_cost_model_smoke_writes_rows(tmp_path):
     assert r["speedup_vs_theory"] == pytest.approx(
         r["speedup"] / r["theoretical_speedup"], rel=0.02)
   assert "## The theory against measured speedups: chain SD, batch 1" in md
+
+
+def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
+  """configs/scale.py: the benchmark on random prompts (no corpus), and the cost model of a
+  random one-block feature drafter (no checkpoint) with the theory at a τ measured elsewhere."""
+  config = scale_config.get_config("smoke,batch_sizes=1")
+  config.benchmark.batch_sizes = (1,)
+  (row,) = benchmark.run(config, str(tmp_path / "bench"))
+  assert (row["batch_size"], row["prompt_tokens"], row["new_tokens"]) == (1, 8, 4)
+  config = scale_config.get_config("smoke,cost")
+  config.cost.update(tokens=(1, 5), batch_sizes=(1,))
+  rows = cost_model.run(config, str(tmp_path / "cost"))
+  (drafter,) = [r for r in rows if r["model"] == "drafter"]
+  (theory,) = [r for r in rows if r["model"] == "theory"]
+  r5 = next(r["r"] for r in rows if r["model"] == "verifier" and r["T"] == 5)
+  assert (theory["gamma"], theory["tau"], theory["r"], theory["c"]) == (4, 2.33, r5, drafter["c"])
+  assert theory["theoretical_speedup"] == pytest.approx(2.33 / (r5 + 4 * drafter["c"]), rel=2e-3)
+  assert "at a τ measured elsewhere" in (tmp_path / "cost" / "results.md").read_text()
 
 
 def test_quickstart_smoke_through_the_launcher(tmp_path):

@@ -21,8 +21,9 @@ from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, sampling
 from spec_jax.decoding.acceptance import chain
-from spec_jax.decoding.drafters import trees
+from spec_jax.decoding.drafters import standard, trees
 from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import llama
 
 N, CHUNK, V = 200_000, 25_000, 4096
 GROUPS = {"1e-6": (256, 1e-6), "1e-7": (256, 1e-7), "1e-8..1e-7": (3583, None)}
@@ -153,6 +154,14 @@ def test_law_status_codes():
   # Greedy: a one-hot law, but NaN logits are still reported.
   status = sampling.law_status(logits[:2], sampling.probs_from_logits(logits[:2], Sampling()))
   np.testing.assert_array_equal(status, [sampling.LAW_OK, sampling.LAW_NAN_LOGITS])
+  # What greedy decoding reports (`draw`, and `law_status` without probs): the one-hot always
+  # has mass 1, so logits without a finite maximum are empty, as at every temperature > 0.
+  for status in (sampling.law_status(logits), sampling.draw(jax.random.key(0), logits,
+                                                            Sampling())[1]):
+    np.testing.assert_array_equal(status, [sampling.LAW_OK, sampling.LAW_NAN_LOGITS,
+                                           sampling.LAW_EMPTY, sampling.LAW_EMPTY])
+  token, status = sampling.draw(jax.random.key(0), jnp.full((1, 5), -jnp.inf), Sampling())
+  assert int(status[0]) == sampling.LAW_EMPTY and token.shape == (1,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +196,71 @@ def test_a_broken_verifier_law_is_a_clear_error_not_token_zero(value, cause):
   assert np.asarray(out.law_error).tolist() == [0, sampling.LAW_NAN_LOGITS if value != value
                                                 else sampling.LAW_EMPTY, 0]
   assert np.asarray(out.num_new).tolist()[0::2] == [12, 12] and int(out.num_new[1]) < 12
+
+
+GREEDY_SHAPES = [trees.chain(2), standard.tree("rsd_c", 3, (2, 2)),
+                 standard.tree("rsd_s", 3, width=2), standard.tree("specinfer", 2, width=3),
+                 standard.tree("spectr", 2, width=3)]
+
+
+@pytest.mark.parametrize("shape", GREEDY_SHAPES, ids=lambda s: s.describe())
+def test_an_empty_verifier_law_under_greedy_is_a_clear_error_in_every_loop_shape(shape):
+  """Greedy reads only the argmax, which all -inf logits still have (token 0): the loop must
+  stop the row there as sampling does, having emitted only the verifier's greedy tokens."""
+  v_params, d_params = testing.markov_tables(6, seed=0)
+  verifier = _BrokenVerifier(6, value=-float("inf"))
+  drafter = testing.MarkovDrafter(6, shape)
+  prompts = generate_lib.Prompts(jnp.ones((3, 2), jnp.int32), jnp.full((3,), 2, jnp.int32))
+  with pytest.raises(sampling.LawError, match=r"row 1 stopped at new token \d+: the greedy law "
+                                              r".*left no token with positive probability"):
+    loop.speculative_generate(v_params, d_params, prompts, jax.random.key(0), verifier=verifier,
+                              drafter=drafter, sampling=Sampling(), max_new_tokens=12)
+  out = loop._generate_jit(v_params, d_params, prompts.tokens, prompts.lengths, jax.random.key(0),
+                           verifier=verifier, drafter=drafter, decode=loop.DecodeConfig(),
+                           sampling=Sampling(), max_new_tokens=12, stop_ids=())
+  assert np.asarray(out.law_error).tolist() == [0, sampling.LAW_EMPTY, 0]
+  greedy = testing.markov_greedy(v_params, [1, 1], 12)
+  new = out.new_tokens()
+  assert new[0] == new[2] == greedy
+  # Row 1 broke in the first round scored at length >= 5 (3 new tokens), keeping what came before.
+  at = int(out.law_error_at[1])
+  assert 3 <= at < 12 and int(out.num_new[1]) == at and new[1] == greedy[:at]
+
+
+@pytest.mark.parametrize("s", [Sampling(), Sampling(1.0)], ids=["greedy", "T=1"])
+def test_an_empty_law_mid_generation_is_a_clear_error_in_generate(monkeypatch, s):
+  """A transformer whose logits in row 1 turn all -inf from position 5 on (those that choose the
+  4th new token after a 3-token prompt): `generate` names the row and the number of tokens it
+  kept, greedy as when sampling."""
+  cfg, params = testing.tiny_model()
+  prompts = generate_lib.Prompts(jnp.ones((3, 3), jnp.int32), jnp.full((3,), 3, jnp.int32))
+  make_apply = llama.make_apply
+
+  def broken_make_apply(cfg, *args, **kwargs):
+    apply = make_apply(cfg, *args, **kwargs)
+
+    def broken(params, tokens, positions, cache, *rest, **kw):
+      logits, hidden, cache = apply(params, tokens, positions, cache, *rest, **kw)
+      hit = (jnp.arange(tokens.shape[0])[:, None] == 1) & (positions >= 5)      # [B, T]
+      return jnp.where(hit[..., None], -jnp.inf, logits), hidden, cache
+    return broken
+
+  monkeypatch.setattr(llama, "make_apply", broken_make_apply)
+  # A fresh jit of a new function: jax caches traces per function, and a program traced with the
+  # sound model (by another test) must not be reused.
+  monkeypatch.setattr(generate_lib, "_generate_jit", jax.jit(
+      lambda *a, **k: generate_lib._generate(*a, **k), static_argnames=generate_lib.STATIC))
+  with pytest.raises(sampling.LawError, match=r"row 1 stopped at new token 3: "
+                                              r".*left no token with positive probability"):
+    generate_lib.generate(params, prompts, jax.random.key(0), cfg=cfg, sampling=s,
+                          max_new_tokens=6)
+  out = generate_lib._generate_jit(params, prompts.tokens, prompts.lengths, jax.random.key(0),
+                                   cfg=cfg, sampling=s, max_new_tokens=6, stop_ids=())
+  assert np.asarray(out.law_error).tolist() == [0, sampling.LAW_EMPTY, 0]
+  new = out.new_tokens()
+  assert [len(t) for t in new] == [6, 3, 6] and int(out.law_error_at[1]) == 3
+  if s.greedy:  # the same prompt in every row: row 1 kept the sound tokens before the break
+    assert new[1] == new[0][:3] and new[0] == new[2]
 
 
 def test_nan_logits_in_autoregressive_generation_are_a_clear_error():

@@ -158,10 +158,14 @@ def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule
                      "vocabulary: map draft ids and laws into it first).")
 
 
-def law_errors(logits, p, proposal: Proposal) -> jax.Array:
+def law_errors(logits, p, proposal: Proposal, sampling: sampling_lib.Sampling) -> jax.Array:
   """int32[B]: LAW_NAN_LOGITS / LAW_EMPTY if the verifier's law at a valid node is broken,
-  LAW_DRAFT_NAN if the drafter's law q holds a NaN, else LAW_OK (`sampling.law_status`)."""
-  status = jnp.where(proposal.valid, sampling_lib.law_status(logits, p), sampling_lib.LAW_OK)
+  LAW_DRAFT_NAN if the drafter's law q holds a NaN, else LAW_OK (`sampling.law_status`).
+  Under greedy sampling the decoding law is the one-hot at the argmax, whose mass is always 1, so
+  the status is read from the logits' maximum (`law_status` without probs): all -inf or a +inf
+  is LAW_EMPTY (top_k_relaxed's T = 1 law is broken by exactly the same logits)."""
+  node = sampling_lib.law_status(logits, None if sampling.greedy else p)        # [B, M]
+  status = jnp.where(proposal.valid, node, sampling_lib.LAW_OK)
   out = jnp.where(jnp.any(status == sampling_lib.LAW_NAN_LOGITS, axis=1),
                   sampling_lib.LAW_NAN_LOGITS, jnp.max(status, axis=1))
   if proposal.q is not None:
@@ -205,7 +209,7 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
     p = acceptance.verifier_law(rule_name, logits, sampling)  # the law the rule declares
     verdict: Verdict = rule(p, proposal, accept_key)
     # A row whose verifier or drafter law broke this round stops here, emitting nothing of it.
-    status = law_errors(logits, p, proposal)
+    status = law_errors(logits, p, proposal, sampling)
     broke = ~s.done & (status != sampling_lib.LAW_OK)
     v_cache = verifier.commit(v_cache, s.lengths, verdict)
     d_state = drafter.commit(d_params, d_state, proposal, verdict, s.lengths,

@@ -145,23 +145,30 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
 LAW_OK, LAW_NAN_LOGITS, LAW_EMPTY, LAW_DRAFT_NAN = 0, 1, 2, 3
 
 
-def law_status(logits: jax.Array, probs: jax.Array) -> jax.Array:
+def law_status(logits: jax.Array, probs: jax.Array | None = None) -> jax.Array:
   """int32[...] for logits[..., V] and the law probs[..., V] drawn from them: LAW_NAN_LOGITS if
   a logit is NaN, LAW_EMPTY if the law has no finite positive mass (every logit -inf, +inf
-  logits, or logits / temperature overflowing), else LAW_OK."""
-  nan = jnp.isnan(jnp.max(logits, axis=-1))      # max propagates NaN; cheaper than any(isnan)
-  mass = jnp.sum(probs, axis=-1)
-  empty = ~(jnp.isfinite(mass) & (mass > 0))
-  return jnp.where(nan, LAW_NAN_LOGITS, jnp.where(empty, LAW_EMPTY, LAW_OK)).astype(jnp.int32)
+  logits, or logits / temperature overflowing), else LAW_OK.
+
+  probs None: the greedy law (one-hot at the argmax), read from the logits' maximum alone (the
+  one reduction greedy decoding pays for its check). A one-hot always has mass 1, so the law is
+  empty when the maximum is not finite: every logit -inf (nothing to pick, though argmax returns
+  token 0) or a +inf logit (an overflow), the logits every temperature > 0 reports as LAW_EMPTY."""
+  top = jnp.max(logits, axis=-1)                 # max propagates NaN; cheaper than any(isnan)
+  if probs is None:
+    empty = ~jnp.isfinite(top)
+  else:
+    mass = jnp.sum(probs, axis=-1)
+    empty = ~(jnp.isfinite(mass) & (mass > 0))
+  return jnp.where(jnp.isnan(top), LAW_NAN_LOGITS,
+                   jnp.where(empty, LAW_EMPTY, LAW_OK)).astype(jnp.int32)
 
 
 def draw(rng: jax.Array, logits: jax.Array, s: Sampling) -> tuple[jax.Array, jax.Array]:
   """One draw per row from the law `s` applied to logits[..., V] (greedy: a plain argmax), and
   the law's `law_status` int32[...]."""
   if s.greedy:
-    nan = jnp.isnan(jnp.max(logits, axis=-1))
-    return (jnp.argmax(logits, axis=-1).astype(jnp.int32),
-            jnp.where(nan, LAW_NAN_LOGITS, LAW_OK).astype(jnp.int32))
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), law_status(logits)
   probs = probs_from_logits(logits, s)
   return sample(rng, probs), law_status(logits, probs)
 
@@ -178,6 +185,11 @@ def _cause(code: int, sampling: Sampling | None) -> str:
   if code == LAW_DRAFT_NAN:
     return ("the drafter's law q contains NaN, so the drafter's parameters or activations are "
             "not finite (check the drafter checkpoint, or try its dtype in float32)")
+  if sampling is not None and sampling.greedy:
+    return ("the greedy law (sampling.temperature=0) left no token with positive probability: "
+            "the logits have no finite maximum, so every logit is -inf (a mask that removes the "
+            "whole vocabulary) or a logit is +inf (an overflow in a low-precision dtype: try "
+            "model.dtype='float32')")
   knobs = "" if sampling is None else (f" (sampling.temperature={sampling.temperature}, "
                                        f"top_k={sampling.top_k}, top_p={sampling.top_p})")
   return (f"the sampling transform{knobs} left no token with positive probability: every logit "

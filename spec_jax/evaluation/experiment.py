@@ -282,6 +282,7 @@ def run_all(config, workdir: str, runs: Iterable[Run]) -> Collected:
       continue
     else:
       logging.info("Run %s in %s", run.name, directory)
+      print(f"\n[{run.name}] {directory}", flush=True)
       rows = _execute(run, directory)
     for row in rows:
       row.update(run.tags)

@@ -218,14 +218,10 @@ def prepare(examples, spec: Spec, verifier: str, data_dir: str | None = None,
                            data_dir=root, file_format="array_record", examples=examples,
                            description=description)
   if not builder.is_prepared():
-    # TFDS prints "Downloading and preparing" and progress bars even for local examples.
-    tfds.display_progress_bar(False)
-    try:
-      with contextlib.redirect_stdout(io.StringIO()):
-        builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-            try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
-    finally:
-      tfds.display_progress_bar(True)
+    # TFDS prints "Downloading and preparing" even for local examples (its bars: cli.py).
+    with contextlib.redirect_stdout(io.StringIO()):
+      builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+          try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
   return dataset_name(spec, verifier)
 
 
