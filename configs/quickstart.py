@@ -31,7 +31,8 @@ Time, fresh workdir: ~10–22 min on 2 CPU cores depending on the VM (~9 min of 
 the drafter), ~2 min on one H100; the vinit and scratch recipes ~10 min each on 2 CPU cores. A
 second run reuses the trained drafters. Reference numbers: experiments/quickstart/notes.md (2 CPU
 cores) and experiments/gpu/results.md (one H100).
-Output: runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
+Output: runs/quickstart/log.txt (every log line; `--verbose` shows them on the console),
+runs/quickstart/generate/generations.jsonl, one directory per stage (checkpoints,
 metrics.jsonl, TensorBoard events), runs/quickstart/evaluate/ and evaluate_<stage>/
 (results.json, results.md, PNGs), runs/quickstart/quickstart.json.
 """

@@ -43,9 +43,14 @@ def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
       for q in procs:
         q.kill()
       raise
+  workdir = args[args.index("--workdir") + 1] if "--workdir" in args else next(
+      a.split("=", 1)[1] for a in args if a.startswith("--workdir="))
   for i, (p, out) in enumerate(zip(procs, outs)):
     assert (p.returncode == 0) == ok, out[-4000:]
-    assert f"process {i}/2" in out, out[-4000:]  # launch.py's log line: really distributed
+    # launch.py's log line (in process i's log file): really distributed.
+    log = os.path.join(workdir, "log.txt" if i == 0 else f"log.process{i}.txt")
+    with open(log, encoding="utf-8") as f:
+      assert f"process {i}/2" in f.read(), out[-4000:]
   return outs
 
 
