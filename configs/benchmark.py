@@ -6,10 +6,11 @@
 Writes runs/benchmark/results.json (rows: method, batch_size, new_tokens, tokens_per_s,
 ms_per_token, ms_per_step, prefill_ms, ms_per_decode_step, compile_s, device, and the memory
 roofline measured in turns with the decode calls: memory_bandwidth_gb_s, roofline_ms_per_step,
-vs_roofline, decode_vs_roofline).
+vs_roofline, decode_vs_roofline; preset, dtype, device_kind). Architecture presets at their
+published shapes with random weights: configs/scale.py.
 Time: ~50 s on 2 CPU cores (measured); GPU not measured yet (`:gpu`, `:gpu,dtype=bfloat16`:
 batch 1, 8 and 32).
-Reference (measured, 2 CPU cores, 2026-11-24, medians of 3 runs of 5 repeats): batch 1: 17.6
+Reference (2 idle CPU cores, medians of 3 runs of 5 repeats; experiments/perf/notes.md): batch 1: 17.6
 ms/token (decode steps 17.1 ms, prefill 78 ms) = 1.33× the roofline (1.25–1.47 between runs);
 batch 8: 3.89 ms/token. HF transformers greedy on the same machine and GGUF: 41.9 ms/token.
 """
@@ -26,7 +27,8 @@ def get_config(arg=None):
   config.data = common.data()
   config.sampling = common.sampling()
   config.benchmark = dict(batch_sizes=(1, 8), new_tokens=args.new_tokens, prompt_tokens=64,
-                          repeats=args.repeats)
+                          repeats=args.repeats,
+                          prompts="data")  # or "random": random ids, no corpus (random weights)
   if args.gpu:  # the GPU rows: batch 1, 8 and 32 in `dtype`
     config.benchmark.batch_sizes = (1, 8, 32)
     config.model.dtype = args.dtype

@@ -9,12 +9,15 @@ output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
 (`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB), roofline_ms_per_step
 (parameter bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step /
 batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
-ms_per_decode_step / roofline_ms_per_step. Every call generates exactly `new_tokens` per row
-(stop tokens are ignored) from prompts of the configured split; the timed region is the whole
-jitted generate call. The memory reads, the prefill calls and the full calls run in turns
-(`timing.round_robin`, medians of `repeats`), so all of them see the same machine: on a shared
-VM the measured read bandwidth moves by 10-40% between minutes and processes, and a roofline
-measured apart from the decode it bounds moves the ratio as much.
+ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an architecture preset,
+`models/presets.py`, else null), dtype and device_kind (the device kind as JAX names it). Every
+call generates exactly `new_tokens` per row (stop tokens are ignored) from prompts of the
+configured split, or (`benchmark.prompts="random"`) from `prompt_tokens` random token ids of a
+fixed seed, which need no corpus: what random weights decode does not depend on the text. The
+timed region is the whole jitted generate call. The memory reads, the prefill calls and the full
+calls run in turns (`timing.round_robin`, medians of `repeats`), so all of them see the same
+machine: on a shared VM the measured read bandwidth moves by 10-40% between minutes and
+processes, and a roofline measured apart from the decode it bounds moves the ratio as much.
 """
 
 from __future__ import annotations
@@ -22,17 +25,26 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 
 from spec_jax import loading, parallel
-from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.evaluation import report, timing
+from spec_jax.models import draft_init, families, presets
 
 
 def run(config, workdir: str) -> list[dict]:
   b = config.benchmark
+  presets.check_dtype(config.model.dtype, "model.dtype")
+  if b.get("prompts", "data") not in ("data", "random"):
+    raise ValueError(f"benchmark.prompts={b.prompts!r}: 'data' (the data's prompt split) or "
+                     "'random' (random token ids, no corpus).")
+  variant = draft_init.parse_size(config.model.size, "model.size").variant
+  if not config.model.checkpoint:
+    families.check_size(variant, "model.size")
+  preset = variant if variant in presets.PRESETS and not config.model.checkpoint else None
   mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   cfg, params = loading.load_model(config.model, tokenizer, seed=config.seed)
@@ -41,17 +53,16 @@ def run(config, workdir: str) -> list[dict]:
       parallel.check_decode_mesh(mesh, batch_size, {"model": cfg.n_kv_heads},
                                  f"benchmark.batch_sizes entry {batch_size}: the batch size")
     params = parallel.place_params(params, mesh)
-  d = config.data
-  texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=max(b.batch_sizes),
-                                prompt_tokens=b.prompt_tokens, seed=config.seed,
-                                data_dir=d.data_dir or None, text_key=d.text_key)
+  texts = _prompt_texts(config, tokenizer)
   sampling = sampling_lib.Sampling.from_config(config.sampling)
   device = timing.device_description()
   reads = timing.MemoryReads()
   calls = dict(reads.calls)
   for batch_size in b.batch_sizes:
-    prompts = generate_lib.encode_prompts(tokenizer, texts[:batch_size], b.prompt_tokens,
-                                          field="benchmark.prompt_tokens")
+    prompts = (_random_prompts(config, min(cfg.vocab_size, tokenizer.vocab_size), batch_size)
+               if texts is None else generate_lib.encode_prompts(
+                   tokenizer, texts[:batch_size], b.prompt_tokens,
+                   field="benchmark.prompt_tokens"))
 
     def call(prompts=prompts, new_tokens=b.new_tokens):
       return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
@@ -82,9 +93,29 @@ def run(config, workdir: str) -> list[dict]:
         roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
         vs_roofline=round(step_ms / roofline_step_ms, 3),
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
-        model=config.model.checkpoint or config.model.size))
+        model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,
+        device_kind=jax.devices()[0].device_kind))
   base = rows[0]["tokens_per_s"]
   for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
     row["throughput_vs_first_batch_size"] = round(row["tokens_per_s"] / base, 3)
   report.write_results(workdir, rows)
   return rows
+
+
+def _prompt_texts(config, tokenizer) -> list[str] | None:
+  """The data's prompts for the largest batch, or None for random prompts."""
+  b, d = config.benchmark, config.data
+  if b.get("prompts", "data") == "random":
+    return None
+  from spec_jax.data import pipeline  # noqa: PLC0415 (random prompts need no corpus or TFDS)
+  return pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=max(b.batch_sizes),
+                               prompt_tokens=b.prompt_tokens, seed=config.seed,
+                               data_dir=d.data_dir or None, text_key=d.text_key)
+
+
+def _random_prompts(config, vocab_size: int, batch_size: int) -> generate_lib.Prompts:
+  """batch_size full-length prompts of random token ids below vocab_size (seed config.seed)."""
+  ids = np.random.default_rng(config.seed).integers(
+      0, vocab_size, (batch_size, config.benchmark.prompt_tokens))
+  return generate_lib.pad_prompts(ids.tolist(), config.benchmark.prompt_tokens, 0,
+                                  "benchmark.prompt_tokens")

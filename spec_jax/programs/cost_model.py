@@ -10,7 +10,15 @@ Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median o
 calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 model's parameter bytes over the measured memory bandwidth: the floor of any call that reads the
-weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device.
+weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
+names it), dtype, preset (the verifier's size when it is an architecture preset, else null).
+A drafter section without a checkpoint whose size makes a feature drafter of a variant's blocks
+(`llama3.1-8b:layers=31:features=1`) is that drafter with random weights
+(`presets.block_drafter`): its c is the cost of its shape, which is all c measures.
+
+`cost.theory` ((γ, τ), ...): rows with model "theory" at every batch size where γ + 1 is among
+the T: the theoretical speedup τ / (r(γ + 1) + γ·c) at a τ measured elsewhere (a feature
+drafter drafts γ calls per round), for verifiers whose weights cannot give τ here.
 
 Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
 γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
@@ -30,7 +38,6 @@ import os
 import jax
 
 from spec_jax import loading
-from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
@@ -38,18 +45,26 @@ from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features as features_lib
 from spec_jax.evaluation import metrics, report, timing
-from spec_jax.models import llama
+from spec_jax.models import draft_init, families, llama, presets
 
 
 def run(config, workdir: str) -> list[dict]:
   c = config.cost
+  for section in ("verifier", "drafter"):
+    presets.check_dtype(config[section].dtype, f"{section}.dtype")
+    if not config[section].checkpoint:
+      families.check_size(draft_init.parse_size(config[section].size, f"{section}.size").variant,
+                          f"{section}.size")
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
-  d_cfg, d_params = loading.load_model(config.drafter, tokenizer, seed=config.seed + 1,
-                                       field="drafter.checkpoint")
+  d_cfg, d_params = _drafter(config, tokenizer)
+  draft_init.check_feature_width(v_cfg, d_cfg, "drafter.size")
   bandwidth = timing.memory_bandwidth(c.bandwidth_mb * 2**20, c.repeats)
   device = timing.device_description()
+  variant = draft_init.parse_size(config.verifier.size).variant
+  labels = dict(device_kind=jax.devices()[0].device_kind, dtype=v_cfg.dtype, preset=(
+      variant if variant in presets.PRESETS and not config.verifier.checkpoint else None))
   size = c.position + max(c.tokens) + 1
   rows = []
   for batch_size in c.batch_sizes:
@@ -68,8 +83,17 @@ def run(config, workdir: str) -> list[dict]:
             r=round(costs[name][t] / costs[name][1], 3) if name == "verifier" else None,
             c=(round(costs[name][1] / costs["verifier"][1], 4) if name == "drafter" else None),
             roofline_ms=round(roofline_ms, 3), vs_roofline=round(ms / roofline_ms, 3),
-            memory_bandwidth_gb_s=round(bandwidth / 1e9, 2), device=device,
+            memory_bandwidth_gb_s=round(bandwidth / 1e9, 2), device=device, **labels,
             checkpoint=(config.verifier if name == "verifier" else config.drafter).checkpoint))
+    for gamma, tau in c.get("theory", ()):  # τ measured elsewhere, r and c measured here
+      if gamma + 1 in costs["verifier"]:
+        r = costs["verifier"][gamma + 1] / costs["verifier"][1]
+        cost_c = costs["drafter"][1] / costs["verifier"][1]
+        rows.append(dict(
+            model="theory", gamma=gamma, tau=tau, T=gamma + 1, batch_size=batch_size,
+            r=round(r, 3), c=round(cost_c, 4), d=gamma, theoretical_speedup=round(
+                metrics.theoretical_speedup(tau, r_m=r, c=cost_c, drafter_calls=gamma), 4),
+            device=device, **labels))
   if c.get("check"):
     rows += check_theory(config, tokenizer, (v_cfg, v_params), (d_cfg, d_params), device)
   report.write_results(workdir, rows)
@@ -80,6 +104,7 @@ def run(config, workdir: str) -> list[dict]:
 def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
   """Chain SD at batch 1 against τ / (r(γ + 1) + γ·c), everything timed in the same turns (see
   the module docstring). verifier, drafter: (cfg, params)."""
+  from spec_jax.data import pipeline  # noqa: PLC0415 (the check alone reads a corpus)
   k = config.cost.check
   (v_cfg, v_params), (d_cfg, d_params) = verifier, drafter
   d = config.data
@@ -143,6 +168,20 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
   return rows
 
 
+def _drafter(config, tokenizer):
+  """(cfg, params) of the drafter section (module docstring: a random feature drafter of a
+  variant's blocks when no checkpoint is given)."""
+  section = config.drafter
+  size = draft_init.parse_size(section.size, "drafter.size")
+  if section.checkpoint or not size.features or size.vocab is not None:
+    return loading.load_model(section, tokenizer, seed=config.seed + 1,
+                              field="drafter.checkpoint")
+  base = families.model_config(size.variant, vocab_size=tokenizer.vocab_size,
+                               dtype=section.dtype, param_dtype=section.dtype)
+  cfg = presets.block_drafter(base, draft_init.layer_subset(size, base.n_layers, "drafter.size"))
+  return cfg, llama.init_params(cfg, jax.random.key(config.seed + 1))
+
+
 def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
   from spec_jax import parallel  # noqa: PLC0415
   if not parallel.is_writer():
@@ -170,6 +209,13 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
     d = next(r for r in rows if r["model"] == "drafter" and r["batch_size"] == b)
     lines.append(f"| {b} | {v['ms']:.2f} | {v['roofline_ms']:.2f} | {v['vs_roofline']:.2f} | "
                  f"{d['ms']:.2f} | {d['c']:.3f} |")
+  theory = [r for r in rows if r["model"] == "theory"]
+  if theory:
+    lines += ["", "Theoretical speedup τ / (r(γ + 1) + γ·c) at a τ measured elsewhere "
+              "(`cost.theory`):", "", "| batch | γ | τ | r(γ + 1) | c | theory |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['batch_size']} | {r['gamma']} | {r['tau']:.2f} | {r['r']:.3f} | "
+              f"{r['c']:.3f} | {r['theoretical_speedup']:.3f} |" for r in theory]
   checks = [r for r in rows if r["model"] == "speculative"]
   if checks:
     lines += ["", "## The theory against measured speedups: chain SD, batch 1", "",

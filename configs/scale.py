@@ -1,0 +1,68 @@
+"""Speed at the sizes researchers run: an architecture preset (spec_jax/models/presets.py, e.g.
+llama3.1-8b) with random weights (seed 0; its drafter seed 1), and either its autoregressive
+decode step against the memory roofline (program `benchmark`, random prompts of 64 tokens), or,
+with `cost`, the verifier's r(T) and the c of its one-block feature drafter (one block of the
+verifier's shape with its own embedding and output head, `presets.block_drafter`), with the
+theoretical speedup at the τ the SmolLM2 suite measured for that kind of drafter (program
+`cost_model`).
+
+CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything else runs):
+  python launch.py --config configs/scale.py:preset=llama3.2-1b \\
+      --workdir experiments/scale/cpu/llama3.2-1b
+  python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \\
+      --workdir experiments/scale/cpu/llama3.2-1b-cost
+GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
+that fit one GPU, most important first, e.g.
+  python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \\
+      --workdir experiments/scale/gpu/llama3.1-8b
+Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,cost.
+
+Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype, batch_size,
+ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
+model "theory" rows). experiments/scale/results.md collects them, one table per device kind.
+Time (estimated, not measured): 1B on 2 CPU cores, 2–3 min each (4.9 GB of float32 weights,
+~0.2 s a step); on one H100, 1–3 min per preset and program, mostly compiling.
+Reference numbers: none yet; the issue's GPU targets: 8B batch 1 step ≤ 1.3× its roofline,
+batch 32 throughput ≥ 20× batch 1.
+"""
+
+from configs import common
+
+# τ of the suite's best one-block feature drafter of SmolLM2-135M at γ = 4, greedy, in domain
+# (features-1-v8k-long: experiments/drafters/results.md). Random weights cannot give τ; the
+# theory rows show what that τ would buy at this verifier's r and this drafter's c.
+SUITE_TAU = ((4, 2.33),)
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, smoke=False, cost=False, gpu=False, preset="llama3.2-1b",
+                          dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5)
+  dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
+  batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
+  tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
+                           else "1+2+3+4+5+6+8+12+16")
+  ints = lambda text: tuple(int(x) for x in text.split("+"))  # noqa: E731
+  config = common.base("cost_model" if args.cost else "benchmark")
+  config.config_file = "configs/scale.py" + (f":{arg}" if arg else "")
+  config.tokenizer = "bytes"  # random prompts: any tokenizer whose ids fit the preset's vocabulary
+  config.mesh = common.mesh(data=1)
+  size = "test-tiny" if args.smoke else args.preset
+  if args.cost:
+    config.verifier = common.model(size=size, dtype=dtype)
+    # The one-block feature drafter of that verifier, random (cost_model: no checkpoint).
+    config.drafter = common.model(size=f"{size}:first=1:features=1", dtype=dtype)
+    config.cost = dict(tokens=ints(tokens), batch_sizes=ints(batch_sizes), repeats=args.repeats,
+                       position=128, bandwidth_mb=512, theory=SUITE_TAU, check={})
+    if args.smoke:
+      config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=1, position=8,
+                         bandwidth_mb=16)
+    return config
+  config.model = common.model(size=size, dtype=dtype)
+  config.data = common.data()  # unused: random prompts
+  config.sampling = common.sampling()
+  config.benchmark = dict(batch_sizes=ints(batch_sizes),
+                          new_tokens=args.new_tokens or (64 if args.gpu else 16),
+                          prompt_tokens=64, repeats=args.repeats, prompts="random")
+  if args.smoke:
+    config.benchmark.update(batch_sizes=(1, 2), new_tokens=4, repeats=1, prompt_tokens=8)
+  return config

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU rows of experiments/scale in one short run (about 9 minutes) on one lent GPU: decode
+# steps against the memory roofline for the presets that fit it (bfloat16, batch 1, 8, 32), the
+# 135M-shape step with and without XLA command buffers for the loop body, and r(T) with the
+# one-block feature drafter's c for Llama 3.1 8B. Random weights, seeds 0 (verifier) and 1
+# (drafter). Every step is a launch.py command of configs/scale.py; the most important run first,
+# and no step starts after 8 minutes, so what finished comes back even when the time runs out.
+#
+# Prepare here, once (the GPU image has JAX with CUDA, flax's dependencies and tokenizers; it
+# lacks ml-collections, and flax is pinned as requirements.txt pins it):
+#   echo /.whl/ >> "$(git rev-parse --git-dir)/info/exclude"
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp -d .whl ml-collections==1.1.0 flax==0.12.8
+# Run with the device tool: command "bash experiments/scale/gpu.sh", carry [".whl"],
+# timeout_s 600. $OUT/scale_gpu.tar.gz brings back experiments/scale/gpu/<run>/ (results.json,
+# results.md, config.json) and $OUT/log.txt the output; unpack it here with
+#   tar -xzf <files_at>/scale_gpu.tar.gz
+# then add the rows to experiments/scale/results.md (one table per device kind).
+set -u
+OUT=${OUT:-/tmp/scale_gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_MEM_FRACTION=0.9
+W=experiments/scale/gpu
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__)"
+  python3 -c "import jax; print(jax.devices())"
+} >>"$LOG" 2>&1
+
+# A 49,152-token stand-in vocabulary for the SmolLM2-135M shape (random weights and random
+# prompts need no real tokenizer; its GGUF is too large to carry).
+python3 - >>"$LOG" 2>&1 <<'EOF'
+import tokenizers
+vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, 49152)}}
+tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|endoftext|>")).save(
+    "/tmp/vocab49152.json")
+EOF
+
+step() {  # step NAME CONFIG_ARGS [--config.x=y ...]: one launch.py run, bounded by the deadline
+  local name=$1 args=$2; shift 2
+  local left=$((480 - SECONDS))
+  if [ "$left" -lt 30 ]; then echo "== $name: skipped (deadline)" >>"$LOG"; return; fi
+  echo "== $name (t=${SECONDS}s)" >>"$LOG"
+  timeout "$((left < 240 ? left : 240))" python3 launch.py --config "configs/scale.py:$args" \
+      --workdir "$W/$name" "$@" >"$OUT/$name.out" 2>&1
+  echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  tail -n 4 "$OUT/$name.out" >>"$LOG"; rm -f "$OUT/$name.out"
+}
+SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
+# Command buffers (CUDA graphs) for the loop body's kernels, the while loop included, or none.
+CMDBUF="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
+
+step llama3.1-8b gpu,preset=llama3.1-8b
+step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
+XLA_FLAGS="$CMDBUF" step smollm2-135m-f32-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
+XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+  step smollm2-135m-f32-no-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
+step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+step llama3.2-1b gpu,preset=llama3.2-1b
+step smollm2-135m gpu "${SMOL[@]}"
+step qwen3-8b gpu,preset=qwen3-8b
+step gemma3-4b gpu,preset=gemma3-4b
+step llama3.2-3b gpu,preset=llama3.2-3b
+step gemma3-1b gpu,preset=gemma3-1b
+step qwen3-0.6b gpu,preset=qwen3-0.6b
+
+tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
+echo "done at ${SECONDS}s" >>"$LOG"

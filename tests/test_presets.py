@@ -1,0 +1,145 @@
+"""Architecture presets (spec_jax/models/presets.py): each equals what the HF import makes of its
+repository's config.json, its parameter count (from shapes, nothing allocated) is the published
+size, and bad names, dtypes and vocabularies fail with one line naming the field."""
+
+import dataclasses
+
+import pytest
+
+from configs import common
+from configs import scale as scale_config
+from spec_jax import loading
+from spec_jax.data import tokenizer as tokenizer_lib
+from spec_jax.models import families, gemma, hf_import, llama, presets
+from spec_jax.programs import benchmark, cost_model
+
+# config.json of each repository as published (the fields the import reads; Gemma 3 4B and 27B:
+# the `text_config` of the multimodal checkpoint, which transformers completes with
+# Gemma3TextConfig's defaults: 8/4 heads, head_dim 256, query_pre_attn_scalar 256, 262,208
+# tokens, RoPE 1M global / 10k local, sliding_window_pattern 6).
+_LLAMA = dict(architectures=["LlamaForCausalLM"], model_type="llama", attention_bias=False,
+              hidden_act="silu", mlp_bias=False, num_key_value_heads=8, rms_norm_eps=1e-5,
+              rope_theta=500000.0, vocab_size=128256)
+_LLAMA3_ROPE = dict(high_freq_factor=4.0, low_freq_factor=1.0,
+                    original_max_position_embeddings=8192, rope_type="llama3")
+_QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False,
+              head_dim=128, hidden_act="silu", num_key_value_heads=8, rms_norm_eps=1e-6,
+              rope_scaling=None, rope_theta=1000000, sliding_window=None,
+              use_sliding_window=False, vocab_size=151936)
+_GEMMA3 = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+               attention_bias=False, attn_logit_softcapping=None, final_logit_softcapping=None,
+               hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+               rope_local_base_freq=10000.0, rope_theta=1000000.0, sliding_window_pattern=6)
+HF_CONFIGS = {
+    "meta-llama/Llama-3.2-1B": dict(
+        _LLAMA, head_dim=64, hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+        num_hidden_layers=16, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0),
+        tie_word_embeddings=True),
+    "meta-llama/Llama-3.2-3B": dict(
+        _LLAMA, head_dim=128, hidden_size=3072, intermediate_size=8192, num_attention_heads=24,
+        num_hidden_layers=28, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0),
+        tie_word_embeddings=True),
+    "meta-llama/Llama-3.1-8B": dict(
+        _LLAMA, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+        num_hidden_layers=32, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+        tie_word_embeddings=False),
+    "meta-llama/Llama-3.1-70B": dict(
+        _LLAMA, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
+        num_hidden_layers=80, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+        tie_word_embeddings=False),
+    "Qwen/Qwen3-0.6B": dict(
+        _QWEN3, hidden_size=1024, intermediate_size=3072, max_window_layers=28,
+        num_attention_heads=16, num_hidden_layers=28, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(
+        _QWEN3, hidden_size=2048, intermediate_size=6144, max_window_layers=28,
+        num_attention_heads=16, num_hidden_layers=28, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(
+        _QWEN3, hidden_size=4096, intermediate_size=12288, max_window_layers=36,
+        num_attention_heads=32, num_hidden_layers=36, tie_word_embeddings=False),
+    "google/gemma-3-1b-pt": dict(
+        _GEMMA3, head_dim=256, hidden_size=1152, intermediate_size=6912, num_attention_heads=4,
+        num_hidden_layers=26, num_key_value_heads=1, query_pre_attn_scalar=256, rope_scaling=None,
+        sliding_window=512, vocab_size=262144),
+    "google/gemma-3-4b-pt": dict(
+        _GEMMA3, head_dim=256, hidden_size=2560, intermediate_size=10240, num_attention_heads=8,
+        num_hidden_layers=34, num_key_value_heads=4, query_pre_attn_scalar=256,
+        rope_scaling=dict(factor=8.0, rope_type="linear"), sliding_window=1024,
+        vocab_size=262208),
+    "google/gemma-3-27b-pt": dict(
+        _GEMMA3, head_dim=128, hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
+        num_hidden_layers=62, num_key_value_heads=16, query_pre_attn_scalar=168,
+        rope_scaling=dict(factor=8.0, rope_type="linear"), sliding_window=1024,
+        vocab_size=262208),
+}
+
+
+def test_presets_equal_their_hf_configs_through_the_import():
+  assert sorted(p.hf_repo for p in presets.PRESETS.values()) == sorted(HF_CONFIGS)
+  for name, preset in presets.PRESETS.items():
+    for dtype in ("float32", "bfloat16"):
+      want = hf_import.config_from_hf(HF_CONFIGS[preset.hf_repo], dtype=dtype, source=name)
+      assert presets.config(name, dtype=dtype) == want, name
+  # The import really reads what differs: a planted change in the HF dict breaks the equality.
+  hf = dict(HF_CONFIGS["google/gemma-3-1b-pt"], sliding_window_pattern=4)
+  assert hf_import.config_from_hf(hf) != presets.config("gemma3-1b")
+
+
+def test_param_counts_from_shapes_match_the_published_sizes():
+  for name, preset in presets.PRESETS.items():
+    cfg = presets.config(name, dtype="bfloat16")
+    count = presets.param_count(cfg)  # eval_shape: a 70B model costs nothing to count
+    assert count == cfg.num_params, name
+    assert abs(count / preset.params - 1) < 0.02, (name, count, preset.params)
+    assert presets.param_bytes(cfg) == 2 * count
+  assert presets.param_count(presets.config("llama3.1-70b")) == 70_553_706_496
+
+
+def test_presets_are_model_sizes_with_their_own_vocabulary():
+  cfg = families.model_config("llama3.1-8b", vocab_size=259, dtype="bfloat16",
+                              param_dtype="float32")
+  assert isinstance(cfg, llama.LlamaConfig) and cfg.vocab_size == 128256
+  assert (cfg.dtype, cfg.param_dtype) == ("bfloat16", "float32")
+  assert isinstance(families.model_config("gemma3-27b"), gemma.GemmaConfig)
+  assert "qwen3-8b" in families.variant_names()
+  # Through the loader, as `model.size=` with random weights and the byte tokenizer.
+  tokenizer = tokenizer_lib.get_tokenizer("bytes")
+  got, params = loading.resolve_model(common.model(size="gemma3-1b", dtype="bfloat16"), tokenizer)
+  assert params is None and got == presets.config("gemma3-1b", dtype="bfloat16")
+  with pytest.raises(ValueError, match=r"^model.size='llama3.2-1b' has a vocabulary of 128256 "
+                                       r"tokens but the tokenizer has 200000"):
+    presets.config("llama3.2-1b", vocab_size=200_000)
+
+
+def test_block_drafter_keeps_one_block_and_reads_features():
+  cfg = presets.config("gemma3-1b")
+  d = presets.block_drafter(cfg)
+  assert (d.n_layers, d.feature_width, d.layer_windows) == (1, 1152, (512,))
+  assert dataclasses.replace(d, n_layers=26, feature_width=0,
+                             layer_windows=cfg.layer_windows) == cfg
+  # One block + its own embedding and output head + the fc over [features; embedding].
+  assert presets.param_count(d) == d.num_params
+  with pytest.raises(ValueError, match=r"^plan.drafter_blocks: a block drafter keeps 1..26 of "
+                                       r"the verifier's 26 blocks, got layers \(26,\)"):
+    presets.block_drafter(cfg, (26,), "plan.drafter_blocks")
+
+
+def test_bad_names_and_dtypes_are_one_line_naming_the_field():
+  with pytest.raises(ValueError) as e:
+    presets.config("llama3-8b")
+  assert str(e.value).startswith("model.size='llama3-8b' is not a preset; presets: llama3.2-1b,")
+  assert "\n" not in str(e.value) and "gemma3-27b" in str(e.value)
+  with pytest.raises(ValueError, match=r"^model.dtype='float64' is not a dtype"):
+    presets.config("qwen3-0.6b", dtype="float64")
+  with pytest.raises(ValueError, match=r"Unknown model size 'llama3-8b'.*presets: llama3.2-1b"):
+    families.model_config("llama3-8b")
+  # The speed programs refuse them before loading anything, naming their config field.
+  for program, section, field, value, message in (
+      (benchmark, "model", "size", "llama3-8b", r"^Unknown model size 'llama3-8b' \(model.size\)"),
+      (benchmark, "model", "dtype", "int8", r"^model.dtype='int8' is not a dtype"),
+      (cost_model, "verifier", "size", "qwen3-9b", r"^Unknown model size 'qwen3-9b' \(verifier"),
+      (cost_model, "drafter", "dtype", "float64", r"^drafter.dtype='float64' is not a dtype")):
+    config = scale_config.get_config("smoke,cost" if program is cost_model else "smoke")
+    config[section][field] = value
+    with pytest.raises(ValueError, match=message) as e:
+      program.run(config, "/nonexistent/never-written")
+    assert "\n" not in str(e.value)
