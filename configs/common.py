@@ -55,7 +55,9 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
   """A model: a size variant trained from scratch, or loaded.
 
   size: variant name from `spec_jax.models.families` ('smollm2-135m', 'drafter-s',
-    'gemma3-270m', ...), optionally with what to keep of the loaded model after colons
+    'gemma3-270m', ...) or an architecture preset at a published shape with random weights
+    (`spec_jax.models.presets`: 'llama3.2-1b', 'llama3.1-8b', 'llama3.1-70b', 'qwen3-8b',
+    'gemma3-27b', ...; for speed and memory work), optionally with what to keep of the loaded model after colons
     (`spec_jax.models.draft_init`): 'smollm2-135m:layers=0,14,29' (or first=K, every=M) keeps
     those blocks of `checkpoint` (a verifier-initialised drafter: with checkpoint='smollm2');
     ':vocab=N' keeps an output layer over the N most frequent tokens of the training data
