@@ -259,6 +259,26 @@ def check_pair(verifier, drafter) -> None:
         "verifier.lm_verifier(cfg, hidden_layers=drafter.verifier_layers).")
 
 
+def lower(verifier_params, drafter_params, tokens, lengths, rng, *, verifier, drafter,
+          decode: DecodeConfig = DecodeConfig(), sampling: sampling_lib.Sampling,
+          max_new_tokens: int, stop_ids: Sequence[int] = (), mesh=None):
+  """The loop's one jitted program lowered for these inputs, after speculative_generate's checks
+  (pair, rule/shape/sampling, mesh divisibility). Every input may be abstract
+  (`jax.ShapeDtypeStruct` with its sharding): nothing is allocated, so a plan far larger than
+  the machine compiles ahead of time (programs/pod_plan.py). Parameters must already carry
+  their shardings (`parallel.place_params` places concrete ones)."""
+  check_pair(verifier, drafter)
+  decode.resolve(drafter.shape, sampling)
+  if mesh is not None:
+    parallel.check_decode_mesh(mesh, tokens.shape[0],
+                               {"verifier": _kv_heads(verifier), "drafter": _kv_heads(drafter)})
+  return _generate_jit.lower(
+      verifier_params, drafter_params, tokens, lengths, rng, verifier=verifier, drafter=drafter,
+      decode=decode, sampling=sampling,
+      max_new_tokens=acceptance.positive_int(max_new_tokens, "max_new_tokens"),
+      stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
+
+
 def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.Prompts,
                          rng: jax.Array, *, verifier, drafter,
                          decode: DecodeConfig = DecodeConfig(),

@@ -212,7 +212,7 @@ def compile_plan(plan: dict, p) -> dict:
           jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=parallel.replicated(mesh)))
   new_tokens = p.context - p.prompt_tokens - p.gamma  # S = P + O + M − 1 slots, M = γ + 1
   t0 = time.perf_counter()
-  compiled = loop._generate_jit.lower(  # noqa: SLF001 (the loop's one jitted program)
+  compiled = loop.lower(
       *args, verifier=plan["verifier"], drafter=plan["drafter"], decode=loop.DecodeConfig(),
       sampling=plan["sampling"], max_new_tokens=new_tokens, stop_ids=(), mesh=mesh).compile()
   compile_s = time.perf_counter() - t0
