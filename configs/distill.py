@@ -6,9 +6,31 @@
   python launch.py --config configs/distill.py:smoke --workdir /tmp/distill   # tiny, for tests
 Arguments (`:key=value,...`): divergence (fkl, rkl, jsd, tvd, or xent = no teacher), beta
 (JSD[β], β weights the verifier), source (fixed, verifier, onpolicy, mix), lam (on-policy
-fraction of a mix), steps, batch, drafter (a train_lm/distill workdir, '' = from scratch), size,
-data (TFDS name), smoke. Any field can also be overridden: --config.distill.temperature=0.7.
+fraction of a mix), temp (data.temperature: generated responses, 0 = greedy), steps, batch,
+drafter (a train_lm/distill workdir, '' = from scratch), size, data (TFDS name, or sharegpt),
+smoke. Any field can also be overridden: --config.distill.temperature=0.7.
 Re-running the same command resumes from the newest checkpoint in the workdir.
+
+ShareGPT (`data=sharegpt`: data.name=spec_jax_sharegpt, rows of one conversation turn each,
+spec_jax/training/chat_data.py): the feature drafter smollm2-135m:layers=29:features=1:vocab=8192
+(from the verifier's checkpoint) by default, 500 steps, rows of a chat prompt of <= 128 tokens
+(longer ones skipped and counted in the log) and the first 128 tokens of its response, either
+the corpus's (source=fixed) or the verifier's own, sampled at temp = 0 or 1 (source=verifier,
+one batch per step, generated 8 batches per call, cached in data.cache_dir):
+  python launch.py --config configs/distill.py:data=sharegpt --workdir runs/sharegpt_fixed
+  python launch.py --config configs/distill.py:data=sharegpt,source=verifier,temp=0 \
+      --workdir runs/sharegpt_verifier_t0
+  python launch.py --config configs/distill.py:data=sharegpt,source=verifier,temp=1 \
+      --workdir runs/sharegpt_verifier_t1
+Every steps/10 steps metrics.jsonl logs eval/tau_T0 and eval/tau_T1 (γ = 4, 16 prompts of the
+validation split's chat rows, 64 new tokens) beside the held-out divergences (4 batches of
+validation rows with the corpus's responses): τ vs training steps. Time (estimated from the
+quickstart's feature stage, rows twice as long): ~2-2.5 s per step on 2 CPU cores, ~10 steps/s
+on one H100; the rows of ShareGPT's train split are built once (~2 min on 2 CPU cores, then
+cached beside the token caches); verifier responses cost 500 × 8 × <= 128 generated tokens
+(~30-40 min on 2 CPU cores: there, --config.data.verifier_batches=64 cycles a pool of 64 batches,
+~5 min; ~1 min on one H100).
+
 Evaluate the result with
   python launch.py --config configs/evaluate.py --workdir runs/eval_distilled \
       --config.drafter.checkpoint=runs/distill_jsd_fixed
@@ -29,10 +51,14 @@ T = 1): JSD[0.5] on fixed data moves SD's α from 0.28 (40 steps of cross-entrop
 {FKL, RKL, JSD, TVD} × {fixed, verifier, on-policy, mix} grid.
 
 Smoke (CPU tests, seconds): test-tiny verifier and drafter, byte tokenizer, 6 steps of FKL on
-8 × (8 + 8) tokens of on-policy data refreshed every 2 steps.
+8 × (8 + 8) tokens of on-policy data refreshed every 2 steps (`smoke,data=sharegpt`: chat rows
+of 320 + 40 bytes).
 """
 
 from configs import common
+
+SHAREGPT = "spec_jax_sharegpt"  # chat rows (spec_jax/training/chat_data.py), `data=sharegpt`
+FEATURE_DRAFTER = "smollm2-135m:layers=29:features=1:vocab=8192"
 
 
 def get_config(arg: str | None = None):
@@ -41,16 +67,23 @@ def get_config(arg: str | None = None):
   # continuations: no generation cost, and the highest τ at T = 1 there).
   arg = common.parse_arg(arg, divergence="jsd", beta=0.5, source="fixed", lam=0.5, steps=40,
                          batch=8, drafter="runs/quickstart/drafter", size="drafter-s",
-                         data="spec_jax_shakespeare", lr=1e-3, smoke=False)
+                         data="spec_jax_shakespeare", lr=1e-3, temp=1.0, smoke=False)
+  explicit = common.given(arg_string)
+  chat = arg.data in ("sharegpt", SHAREGPT)
+  if chat and not arg.smoke:  # the ShareGPT recipe's defaults (module docstring)
+    defaults = dict(drafter="smollm2", size=FEATURE_DRAFTER, steps=500, lr=3e-3)
+    for key, value in defaults.items():
+      if key not in explicit:
+        arg[key] = value
   config = common.base("distill")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.drafter = common.model(size=arg.size, checkpoint=arg.drafter)
-  config.data = common.data(name=arg.data)
+  config.data = common.data(name=SHAREGPT if chat else arg.data)
   del config.data["seq_len"]  # a distillation row is prompt_tokens + response_tokens
   config.data.update(
       source=arg.source,        # fixed | verifier | onpolicy | mix (spec_jax.training.distill_data)
       prompt_tokens=32, response_tokens=48,
-      temperature=1.0,          # sampling temperature of generated responses (0 = greedy)
+      temperature=arg.temp,     # sampling temperature of generated responses (0 = greedy)
       refresh_every=1,          # on-policy responses regenerated every N steps
       mix_with="verifier",      # a mix's non-on-policy rows: fixed | verifier
       mix_lambda=arg.lam,       # on-policy fraction of every batch in a mix (GKD's λ)
@@ -82,6 +115,12 @@ def get_config(arg: str | None = None):
       batches=4,                # held-out windows for eval/{fkl,...,alpha}
       at_start=True,            # also evaluate the initial drafter (logged at step 0)
       gamma=4, temperatures=(0.0, 1.0), num_prompts=8, new_tokens=48)
+  if chat:
+    # A chat prompt (<= P tokens, right-padded) and its response; generated ones end their turn.
+    config.data.update(prompt_tokens=128, response_tokens=128, stop_at_eos=True,
+                       generate_batch=64)
+    config.train.update(eval_every=max(arg.steps // 10, 1), checkpoint_every=50, log_every=10)
+    config.eval.update(num_prompts=16, new_tokens=64)
   if arg.smoke:
     config.tokenizer = "bytes"
     config.verifier = common.model(size="test-tiny")
@@ -89,8 +128,8 @@ def get_config(arg: str | None = None):
     config.drafter.checkpoint = ""
     # FKL on on-policy data: the smoke exercises generation, refresh and resume (other
     # settings: --config.data.source=..., --config.distill.divergence=...).
-    explicit = common.given(arg_string)
-    config.data.update(prompt_tokens=8, response_tokens=8, refresh_every=2)
+    config.data.update(prompt_tokens=320 if chat else 8, response_tokens=40 if chat else 8,
+                       refresh_every=2, generate_batch=0)
     if "source" not in explicit:
       config.data.source = "onpolicy"
     if "divergence" not in explicit:

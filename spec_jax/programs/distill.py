@@ -14,6 +14,8 @@ in flight, checkpointed (`train.train_loop`). Metrics go to TensorBoard events a
   the eval split with their true continuations) and eval/tau_T{t}, eval/sd_alpha_T{t}: τ (tokens
   per verifier call) and α of speculative decoding at γ = eval.gamma on `eval.num_prompts`
   held-out prompts, for every temperature t in eval.temperatures.
+With data.name=spec_jax_sharegpt the rows are chat turns (`training/chat_data.py`), the eval
+split's included: held-out rows with the corpus's responses, τ on its chat prompts.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics as eval_metrics
 from spec_jax.models import draft_init, llama
-from spec_jax.training import checkpoints, distill, distill_data, metrics as metrics_lib, optim
+from spec_jax.training import chat_data, checkpoints, distill, distill_data, optim
+from spec_jax.training import metrics as metrics_lib
 from spec_jax.training import train
 # What run() trains: the Student type and its default student_fn.
 from spec_jax.training.distill import Student, plain_student
@@ -60,15 +63,17 @@ def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
   return cfg, params
 
 
-def _tau_eval(v_params, v_cfg, student: Student, prompts: np.ndarray, eval_cfg, seed: int
+def _tau_eval(v_params, v_cfg, student: Student, prompts, eval_cfg, seed: int
               ) -> Callable[[Any], dict[str, float]]:
   """params → {tau_T{t}, sd_alpha_T{t}} from speculative decoding (γ = eval.gamma) of the
-  held-out prompts int32[n, P], one batched call per temperature: τ (block_efficiency) and α
-  (acceptance_rate) as spec_jax.evaluation.metrics defines them for every program."""
+  held-out prompts (int32[n, P], or right-padded `generate.Prompts`: chat), one batched call
+  per temperature: τ (block_efficiency) and α (acceptance_rate) as spec_jax.evaluation.metrics
+  defines them for every program."""
   drafter = student.drafter(trees.chain(int(eval_cfg.gamma)))
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
-  n, p = prompts.shape
-  batch = generate_lib.Prompts(jnp.asarray(prompts), jnp.full((n,), p, jnp.int32))
+  if not isinstance(prompts, generate_lib.Prompts):
+    prompts = generate_lib.Prompts(prompts, np.full((len(prompts),), prompts.shape[1], np.int32))
+  batch = generate_lib.Prompts(jnp.asarray(prompts.tokens), jnp.asarray(prompts.lengths))
 
   def decode(params, temperature: float):
     # The one place distill calls the speculative loop.
@@ -97,10 +102,10 @@ def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
       **{"seed": config.seed, "batch_size": spec.batch_size, **kwargs})
 
 
-def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
-                student: Student) -> distill_data.DistillData:
+def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
+               student: Student | None = None) -> distill_data.DistillData:
   """Batches of the train split from config.data.source (verifier responses generated now,
-  or read from the cache; on-policy ones later, from the live params)."""
+  or read from the cache; on-policy ones later, from the live params of `student`)."""
   dc = config.data
   blend = tuple((str(n), float(w)) for n, w in dc.get("blend", ()))
   train_windows = _windows(config, spec, tokenizer, dc.train_split, blend=blend)
@@ -118,6 +123,8 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
                prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
                batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
                stop_ids=stop_ids)
+    if chat_data.is_chat(dc.name):  # the rows' rules
+      key.update(chat=chat_data.VERSION)
     rows = spec.verifier_rows
     per_call = max(1, spec.generate_batch // rows)
     if rows != spec.batch_size or per_call > 1:  # old caches keep their key
@@ -127,9 +134,10 @@ def _train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_p
         num_batches=spec.verifier_batches or config.train.num_steps, spec=spec, key=key,
         cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"), rows=rows,
         per_call=per_call)
-  return distill_data.DistillData(
-      spec, train_windows, verifier_data=verifier_data,
-      drafter_generate=lambda params, prompts, r: gen(params, student.cfg, prompts, r))
+  onpolicy = None if student is None else (
+      lambda params, prompts, r: gen(params, student.cfg, prompts, r))
+  return distill_data.DistillData(spec, train_windows, verifier_data=verifier_data,
+                                  drafter_generate=onpolicy)
 
 
 def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Objective, *,
@@ -138,11 +146,10 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   """state → held-out metrics: token means over `eval.batches` windows of the eval split with
   their true continuations (the same text for every run, so runs compare), then τ and α of
   speculative decoding on `eval.num_prompts` other eval windows' prompts."""
-  ec, r = config.eval, spec.response_tokens
+  ec, p, r = config.eval, spec.prompt_tokens, spec.response_tokens
   eval_windows = _windows(config, spec, tokenizer, config.data.eval_split, num_epochs=1)
-  eval_batches = [
-      distill_data.make_batch(eval_windows[i], np.full((spec.batch_size,), r), spec.prompt_tokens)
-      for i in range(min(int(ec.batches), len(eval_windows)))]
+  eval_batches = [distill_data.make_batch(*chat_data.window_rows(eval_windows[i], p, r))
+                  for i in range(min(int(ec.batches), len(eval_windows)))]
   eval_batches = [draft_init.map_batch(student.cfg, b) for b in eval_batches]
   jitted = distill.jit_eval_step(student.apply,
                                  draft_init.restrict(student.cfg, v_cfg, student.teacher_layers),
@@ -151,7 +158,8 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   if ec.temperatures and ec.num_prompts:
     prompt_ds = _windows(config, spec, tokenizer, config.data.eval_split,
                          batch_size=int(ec.num_prompts), seed=config.seed + 1)
-    tau_fn = _tau_eval(v_params, v_cfg, student, prompt_ds[0][:, :spec.prompt_tokens], ec,
+    tau_fn = _tau_eval(v_params, v_cfg, student,
+                       chat_data.prompts_of([prompt_ds[0]], int(ec.num_prompts), p), ec,
                        config.seed)
   batch_sh = parallel.batch_sharding(mesh)
 
@@ -185,6 +193,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
   distill_data.check_schedule(tc, spec)
   distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
+  chat_data.check_config(dc, spec.needs_verifier_data or spec.onpolicy_rows > 0)
   tokenizer = get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
@@ -222,7 +231,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
         verifier=config.verifier.checkpoint or config.verifier.size), **student.meta)
 
     models = dict(v_params=v_params, v_cfg=v_cfg, student=student)
-    data = _train_data(config, spec, tokenizer, workdir, **models)
+    data = train_data(config, spec, tokenizer, workdir, **models)
     eval_fn = None
     if tc.eval_every:
       eval_fn = _eval_fn(config, spec, tokenizer, objective, **models, mesh=mesh,

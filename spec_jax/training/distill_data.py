@@ -21,6 +21,9 @@ Batch s is
 with weights 1 exactly on the targets that are response tokens (positions P-1 .. P-2+n_b, n_b ≤ O
 generated tokens: fewer when generation stopped at a stop token, which stays in the response).
 All sources see the same prompts at step s; only the responses differ.
+Chat data (data.name = spec_jax_sharegpt, `chat_data`): a row is one conversation turn, a prompt
+of l_b ≤ P tokens at [0, l_b), its response after it, zeros after that; weights sit on l_b-1 ..
+l_b-2+n_b, and every source works on chat rows as on corpus windows.
 
 Reproducibility: the responses of batch s are drawn with fold_in(key(seed, source), s), so
 verifier data depend on (seed, s) alone and on-policy data on (seed, s, the drafter's params at
@@ -46,6 +49,7 @@ from spec_jax.data import pipeline
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import draft_init, llama
+from spec_jax.training import chat_data
 
 SOURCES = ("fixed", "verifier", "onpolicy", "mix")
 _SALTS = {"verifier": 1, "onpolicy": 2}
@@ -180,6 +184,11 @@ def blend_counts(config, tokenizer) -> np.ndarray:
   """float64[V]: token frequencies of the training data: data.train_split of data.name, or of
   the blend, each dataset's frequencies weighted by its share of a batch's rows."""
   dc = config.data
+  if chat_data.is_chat(dc.name):  # prompts and the corpus's responses of the train rows
+    return chat_data.token_counts(dc.name, dc.train_split, tokenizer,
+                                  prompt_tokens=int(dc.prompt_tokens),
+                                  response_tokens=int(dc.response_tokens),
+                                  data_dir=dc.data_dir or None)
   names = [dc.name] + [name for name, _ in dc.get("blend", ())]
   main, rows = blend_rows(config.train.batch_size, dc.get("blend", ()))
   total = np.zeros((tokenizer.vocab_size,), np.float64)
@@ -209,7 +218,12 @@ def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_to
 
   blend: (name, fraction) pairs: every batch takes round(fraction·B) rows from each of those
   datasets' `split` (same text_key and data_dir) and the rest from `name`, in that order, so a
-  run sees the mixture in the proportion asked for at every step (`blend_rows`)."""
+  run sees the mixture in the proportion asked for at every step (`blend_rows`). Chat data:
+  `chat_data.windows` (no blend, text_key unused)."""
+  if chat_data.is_chat(name):
+    return chat_data.windows(name, split, tokenizer, prompt_tokens=prompt_tokens,
+                             response_tokens=response_tokens, batch_size=batch_size, seed=seed,
+                             data_dir=data_dir, num_epochs=num_epochs)
   if blend:
     main, rows = blend_rows(batch_size, blend)
     sources = ([(name, main)] if main else []) + [(n, r) for (n, _), r in zip(blend, rows)]
@@ -226,26 +240,31 @@ def windows(name: str, split: str, tokenizer, *, prompt_tokens: int, response_to
   return ds.map(lambda b: np.concatenate([b["inputs"], b["targets"][:, -1:]], axis=1))
 
 
-def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens: int) -> dict[str, np.ndarray]:
-  """seqs int32[B, P+O] (prompt then response), num_new int32[B] → the training batch, with
-  weights on the first num_new[b] response targets."""
+def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens) -> dict[str, np.ndarray]:
+  """seqs int32[B, P+O] (prompt then response), num_new int32[B], prompt_tokens P or int32[B]
+  (chat rows: each row's prompt length) → the training batch, with weights on the first
+  num_new[b] response targets."""
   seqs = np.asarray(seqs, np.int32)
   t = np.arange(seqs.shape[1] - 1)[None, :]
-  first = prompt_tokens - 1  # the target at input position P-1 is the first response token
+  # The target at input position l-1 is the first response token.
+  first = np.reshape(np.asarray(prompt_tokens), (-1, 1)) - 1
   weights = (t >= first) & (t < first + np.asarray(num_new)[:, None])
   return {"inputs": seqs[:, :-1], "targets": seqs[:, 1:], "weights": weights.astype(np.float32)}
 
 
-def generate_responses(params, cfg: llama.LlamaConfig, prompts: np.ndarray, rng: jax.Array, *,
+def generate_responses(params, cfg: llama.LlamaConfig, prompts, rng: jax.Array, *,
                        sampling: sampling_lib.Sampling, response_tokens: int,
                        stop_ids=()) -> tuple[np.ndarray, np.ndarray]:
   """(seqs int32[B, P+O], num_new int32[B]) on the host: O tokens sampled after each prompt
-  int32[B, P] by the jitted batched `generate` (one compiled program per shape). Positions past
-  a row's stop are zero (and carry zero weight in `make_batch`)."""
-  prompts = np.asarray(prompts, np.int32)
-  b, p = prompts.shape
+  (int32[B, P], or right-padded `generate.Prompts` whose responses start at their lengths) by
+  the jitted batched `generate` (one compiled program per shape). Positions past a row's stop
+  are zero (and carry zero weight in `make_batch`)."""
+  if not isinstance(prompts, generate_lib.Prompts):
+    prompts = np.asarray(prompts, np.int32)
+    prompts = generate_lib.Prompts(prompts, np.full((len(prompts),), prompts.shape[1], np.int32))
   out = generate_lib.generate(
-      params, generate_lib.Prompts(jax.numpy.asarray(prompts), jax.numpy.full((b,), p, np.int32)),
+      params, generate_lib.Prompts(jax.numpy.asarray(prompts.tokens, np.int32),
+                                   jax.numpy.asarray(prompts.lengths, np.int32)),
       rng, cfg=cfg, sampling=sampling, max_new_tokens=response_tokens, stop_ids=stop_ids)
   # One host transfer per batch: the batch goes back to the host anyway (train_loop shards host
   # batches), and blocking here means the params it read are free to be donated next step.
@@ -305,8 +324,8 @@ class VerifierData:
     # end), so a killed run keeps what it generated (the cache is a valid prefix).
     for s in tqdm.tqdm(range(have, num_batches, per_call), desc="verifier responses",
                        unit="call", disable=jax.process_index() != 0):
-      prompts = np.concatenate([np.asarray(window_ds[t])[:rows, :spec.prompt_tokens]
-                                for t in range(s, s + per_call)])
+      prompts = chat_data.prompts_of([window_ds[t] for t in range(s, s + per_call)], rows,
+                                     spec.prompt_tokens)
       seq, n = generate_fn(prompts, jax.random.fold_in(rng, s))
       seqs.extend(np.split(np.asarray(seq), per_call))
       num_new.extend(np.split(np.asarray(n), per_call))
@@ -362,34 +381,40 @@ class DistillData:
     p = self.spec.prompt_tokens
     # The whole block at once, from the params of its first step: an uninterrupted run and a
     # run resumed at the block's start (a checkpoint step) then see the same data.
-    self._onpolicy = {t: self.drafter_generate(params, self.window_ds[t][:k, :p],
+    self._onpolicy = {t: self.drafter_generate(params,
+                                               chat_data.prompts_of([self.window_ds[t]], k, p),
                                                jax.random.fold_in(rng, t))
                       for t in range(block * n, (block + 1) * n)}
     self._block = block
 
   def responses(self, s: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """(seqs int32[B, P+O], num_new int32[B]) of batch s."""
+    return self._rows(s, params)[:2]
+
+  def _rows(self, s: int, params: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(seqs, num_new, prompt_lengths int32[B]) of batch s. The rows the verifier pool fills
+    hold the prompts of pool batch s mod n (chat prompts differ in length)."""
     spec = self.spec
-    b, r = spec.batch_size, spec.response_tokens
-    window = np.asarray(self.window_ds[s], np.int32)
-    if spec.source == "fixed" or (spec.source == "mix" and spec.mix_with == "fixed"):
-      seqs, num_new = window, np.full((b,), r, np.int32)
-    elif spec.needs_verifier_data:
-      seqs, num_new = self.verifier_data[s]
-      if len(seqs) < b:  # data.verifier_share < 1: the rest of the rows are the corpus's text
-        seqs = np.concatenate([seqs, window[len(seqs):]])
-        num_new = np.concatenate([num_new, np.full((b - len(num_new),), r, np.int32)])
-    else:  # pure on-policy: every row is replaced below; the window only supplies prompts
-      seqs, num_new = window, np.full((b,), r, np.int32)
+    window = self.window_ds[s]
+    # The corpus's rows (pure on-policy: all replaced below; the window only supplies prompts).
+    seqs, num_new, lengths = chat_data.window_rows(window, spec.prompt_tokens,
+                                                   spec.response_tokens)
     k = spec.onpolicy_rows
+    if spec.needs_verifier_data:
+      pool, pool_new = self.verifier_data[s]
+      n = len(pool)  # data.verifier_share < 1: the rows past the pool's are the corpus's text
+      seqs = np.concatenate([pool, seqs[n:]])
+      num_new = np.concatenate([pool_new, num_new[n:]])
+      if isinstance(window, dict):
+        pool_lengths = self.window_ds[int(s) % self.verifier_data.num_batches]["prompt_lengths"]
+        lengths = np.concatenate([lengths[:k], pool_lengths[k:n], lengths[n:]])
     if k:
       self._refresh(s, params)
       on_seqs, on_new = self._onpolicy[s]
       # On-policy rows first: the rows a mixture takes from the other source keep their index.
       seqs = np.concatenate([on_seqs, seqs[k:]])
       num_new = np.concatenate([on_new, num_new[k:]])
-    return seqs, num_new
+    return seqs, num_new, lengths
 
   def get(self, s: int, params: Any = None) -> dict[str, np.ndarray]:
-    seqs, num_new = self.responses(s, params)
-    return make_batch(seqs, num_new, self.spec.prompt_tokens)
+    return make_batch(*self._rows(s, params))
