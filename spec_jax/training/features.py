@@ -25,15 +25,21 @@ from spec_jax.decoding.drafters import features as features_lib
 from spec_jax.models import decoder, llama
 
 
-def feature_loss(predicted: jax.Array, target: jax.Array) -> jax.Array:
+def feature_loss(predicted: jax.Array, target: jax.Array,
+                 valid: jax.Array | None = None) -> jax.Array:
   """f32[]: smooth L1 (Huber, δ = 1) between unit-RMS predicted and target features [B, T, D],
-  summed over D / D and averaged over B, T."""
+  summed over D / D and averaged over B, T, or over the positions where `valid` (bool[B, T]) is
+  True: a chat row's padding after its response is not text the drafter will read."""
   diff = decoder.unit_rms(predicted) - decoder.unit_rms(target)
-  return jnp.mean(optax.huber_loss(diff, delta=1.0))
+  huber = optax.huber_loss(diff, delta=1.0)
+  if valid is None:
+    return jnp.mean(huber)
+  weight = valid.astype(huber.dtype)[..., None]
+  return jnp.sum(huber * weight) / jnp.maximum(jnp.sum(weight) * huber.shape[-1], 1.0)
 
 
 def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig,
-                  feature_weight: float, passes: int = 1):
+                  feature_weight: float, passes: int = 1, valid: jax.Array | None = None):
   """The drafter's teacher-forced forward: logits f32[B, T, V'] (V' the reduced vocabulary if
   any) of the first pass, {"aux_loss": feature_weight × feature_loss (mean over passes),
   "extra_logits": the laws of passes 2..passes}, None. Pass k + 1 reads the features pass k
@@ -44,7 +50,7 @@ def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig
   for _ in range(passes):
     logits, hidden, _ = apply(params, inputs, positions, features=features_lib.shift(feed))
     feed = hidden[features_lib.FEATURE_LAYER]
-    aux = aux + feature_weight * feature_loss(feed, features) / passes
+    aux = aux + feature_weight * feature_loss(feed, features, valid) / passes
     laws.append(logits)
   return laws[0], {"aux_loss": aux, "extra_logits": laws[1:]}, None
 
@@ -62,7 +68,11 @@ def make_student(cfg: llama.LlamaConfig, feature_weight: float,
                               passes=int(passes))
 
   def context_fn(hidden, batch, rng):
-    del batch, rng
-    return {"features": hidden[features_lib.FEATURE_LAYER]}
+    del rng
+    # Positions up to a row's last weighted target: the padding after it is left out of the
+    # feature regression (chat rows, rows cut at a stop token).
+    t = jnp.arange(batch["weights"].shape[1])
+    last = jnp.max(jnp.where(batch["weights"] > 0, t[None], -1), axis=1)
+    return {"features": hidden[features_lib.FEATURE_LAYER], "valid": t[None] <= last[:, None]}
 
   return student, context_fn
