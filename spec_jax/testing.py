@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from spec_jax.decoding import protocols
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.models import llama
 
@@ -279,3 +280,27 @@ def lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, rng, *, gamma: int
       v_params, d_params, prompts, rng, verifier=verifier.lm_verifier(v_cfg),
       drafter=lm.LMDrafter(d_cfg, shape or trees.chain(gamma)),
       decode=decode or loop.DecodeConfig(), **kwargs)
+
+
+def random_verdict(proposal: protocols.Proposal, rng: np.random.Generator) -> protocols.Verdict:
+  """A verdict accepting a random path of the tree (each step a random valid child, down to a
+  random depth, deeper ones likelier, or a leaf) and a random next token."""
+  tokens, parent, valid = (np.asarray(x) for x in (proposal.tokens, proposal.parent,
+                                                   proposal.valid))
+  b, _ = tokens.shape
+  depth = proposal.depth_bound
+  n, path = np.zeros(b, np.int32), np.zeros((b, depth), np.int32)
+  for row in range(b):
+    node, want = 0, min(rng.integers(0, 2 * depth + 1), depth)
+    while n[row] < want:
+      children = np.nonzero(valid[row] & (parent[row] == node))[0]
+      if not len(children):
+        break
+      node = int(rng.choice(children))
+      path[row, n[row]] = node
+      n[row] += 1
+  zeros = jnp.zeros((b, depth))
+  return protocols.Verdict(
+      num_accepted=jnp.asarray(n), next_token=jnp.asarray(rng.integers(0, 16, b), jnp.int32),
+      path=jnp.asarray(path), reached=zeros.astype(bool), alpha=zeros,
+      num_candidates=zeros.astype(jnp.int32))

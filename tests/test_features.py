@@ -22,7 +22,7 @@ from spec_jax.decoding import acceptance
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import features, standard, trees
+from spec_jax.decoding.drafters import features, trees
 from spec_jax.decoding.sampling import Sampling, probs_from_logits
 from spec_jax.models import draft_init, hf_export, llama
 from spec_jax.programs import distill as distill_program
@@ -204,8 +204,6 @@ def test_bad_input_names_the_field():
                                        r"verifier's residual stream of width 32, but the "
                                        r"verifier's is 48"):
     draft_init.check_feature_width(wider, d_cfg)
-  with pytest.raises(ValueError, match=r"A feature drafter drafts chains, not"):
-    features.FeatureDrafter(d_cfg, standard.tree("rsd_c", 2, (2, 1)))
   with pytest.raises(ValueError, match=r"needs a feature drafter"):
     features.FeatureDrafter(v_cfg)
   with pytest.raises(ValueError, match=r"distill.feature_weight=-1.0 must be >= 0"):
@@ -217,3 +215,17 @@ def test_bad_input_names_the_field():
   with pytest.raises(ValueError, match=r"reads features of width 32 beside its tokens"):
     llama.make_apply(d_cfg)(jax.tree.map(jnp.asarray, _models()[3]), jnp.zeros((1, 2), jnp.int32),
                             jnp.zeros((1, 2), jnp.int32))
+
+
+def test_feature_loss_leaves_out_positions_past_the_response():
+  """The regression averages over valid positions only: what sits past a row's response (chat
+  padding) changes nothing, and an all-valid mask is the plain mean."""
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  pred, target = jax.random.normal(k1, (2, 5, 8)), jax.random.normal(k2, (2, 5, 8))
+  valid = jnp.array([[True] * 5, [True, True, True, False, False]])
+  full = features_train.feature_loss(pred, target)
+  assert jnp.allclose(features_train.feature_loss(pred, target, jnp.ones((2, 5), bool)), full)
+  masked = features_train.feature_loss(pred, target, valid)
+  junk = pred.at[1, 3:].set(jax.random.normal(k3, (2, 8)) * 100)
+  assert jnp.allclose(features_train.feature_loss(junk, target, valid), masked)
+  assert not jnp.allclose(features_train.feature_loss(junk, target), full)

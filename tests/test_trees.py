@@ -193,3 +193,25 @@ def test_expand_levels():
 def test_bad_tree_shapes(kwargs, match):
   with pytest.raises(ValueError, match=match):
     standard.tree(**kwargs)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1e6])
+def test_perturbed_top_k_is_exact_under_a_far_bound_and_large_shifts(shift):
+  """Children conditioned on a maximum 40 below their own scores (deep stochastic beam search
+  and dynamic trees reach such gaps) keep the ordered law of a sample without replacement
+  (conditioning on the maximum leaves the order's Plackett–Luce law unchanged), also with scores
+  and bound shifted by 1e6. In float32 every value rounds to the bound there, so ranking the
+  returned values alone falls back to index order, and the same check fails on that."""
+  probs = np.array([0.3, 0.25, 0.2, 0.1, 0.1, 0.05])  # two blocks of 4 (sampling.to_blocks)
+  n = 20_000
+  logp = jnp.asarray(np.log(probs) + shift, jnp.float32)[None, None].repeat(n, 0)   # [n, 1, V]
+  bound = jnp.full((n, 1), shift - 40.0, jnp.float32)
+  draw = jax.jit(trees.perturbed_top_k, static_argnums=2)
+  group, item, values = draw(jax.random.key(3), logp, 2, bound)
+  assert np.all(np.asarray(group) == 0) and np.all(np.asarray(values) <= shift - 40.0 + 1e-3)
+  law = _plackett_luce(probs, 2)
+  assert testing.chi_square_pvalue([tuple(r) for r in np.asarray(item).tolist()], law) > 1e-3
+  # Ranked by the returned values alone, ties at the bound broken by item index.
+  assert np.all(np.asarray(values) == np.asarray(values)[:, :1])
+  by_index = np.sort(np.asarray(item), axis=1)
+  assert testing.chi_square_pvalue([tuple(r) for r in by_index.tolist()], law) < 1e-6

@@ -28,8 +28,9 @@ from typing import Any, Callable
 
 # The modules that declare the built-in methods, imported on first lookup (they import this
 # module to register, so this module cannot import them at the top).
-BUILTIN = ("spec_jax.decoding.drafters.standard", "spec_jax.decoding.drafters.bpd",
-           "spec_jax.decoding.drafters.bpd_neural", "spec_jax.decoding.drafters.lookup")
+BUILTIN = ("spec_jax.decoding.drafters.standard", "spec_jax.decoding.drafters.dyn",
+           "spec_jax.decoding.drafters.bpd", "spec_jax.decoding.drafters.bpd_neural",
+           "spec_jax.decoding.drafters.lookup")
 KINDS = ("lm", "steered", "bpd")
 
 _REGISTRY: dict[str, "Method"] = {}
@@ -113,7 +114,7 @@ class Method:
   summary: str
   build: Callable[[Source, Any, Any], Built]
   shape: Callable[[tuple[int, ...], int, Any, int], Any]
-  grammar: str = ""            # SHAPE numbers it takes: "" (a chain: only @γ), "K", "W", "P", "b1-b2-..."
+  grammar: str = ""  # SHAPE numbers: "" (a chain: only @γ), "K", "W", "P", "K-M", "b1-b2-..."
   kinds: tuple[str, ...] = KINDS
   needs_model: bool = True
   greedy_only: bool = False

@@ -5,7 +5,7 @@
   lenient      chains, lossy: DistillSpec's lenience (`chain.lenient`, needs lenience/epsilon)
   top_k_relaxed  chains at temperature 0, lossy: keep drafts among the verifier's top k
                (Stern et al. 2018; `chain.top_k_relaxed`, p = the verifier's T = 1 law)
-  rrs_without  trees with siblings drawn without replacement: RSD (`tree.verify_tree`)
+  rrs_without  trees with siblings drawn without replacement: RSD, dyn (`tree.verify_tree`)
   rrs_with     i.i.d. siblings: SpecInfer
   kseq         i.i.d. siblings: SpecTr's K-SEQ
 A rule is exact only on proposals drawn the way it assumes (`Rule.fits`); `resolve` refuses the rest

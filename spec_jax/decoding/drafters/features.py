@@ -1,8 +1,8 @@
 """A feature drafter (EAGLE, Li et al. 2024): a small decoder that reads, beside each token, the
-verifier's final residual one position back, and drafts chains from there.
+verifier's final residual one position back, and drafts chains and trees from there.
 
-Shape letters (repo legend): B batch, P padded prompt length, M = γ + 1 proposal nodes, A = γ,
-D the verifier's width, V vocabulary, S cache slots.
+Shape letters (repo legend): B batch, P padded prompt length, M proposal nodes, A draft depth,
+W level width, D the verifier's width, V vocabulary, S cache slots.
 
 The drafter's input at position t is the pair (f_{t−1}, x_t): the verifier's final residual at
 t − 1 (whose output was the law of x_t) and the token x_t; its output at t is the law of x_{t+1}
@@ -11,18 +11,23 @@ and a predicted feature f̂_t (its own final residual, trained to match f_t:
 features wherever they exist.
 
 With L committed tokens (root x_{L−1}), a round
-  propose  draws x_L from the law the last commit left (the pair at L − 1 used the true f_{L−2});
-           then feeds (f̂, x) for each draft but the last, one call each, f̂ the feature the
-           previous call predicted (slots L .. L + γ − 2);
-  commit   the verify call returned f at every node; with n drafts accepted and y the
-           correction/bonus token, it feeds the n + 1 pairs (f_{L−1+j}, x_{L+j}),
-           j = 0..n (x_{L+n} = y), at slots L .. L + n in one call (rows with fewer accepted park the rest
-           at slot S, which drops them) and keeps the output at L + n: the law of the next
-           round's first draft and its predicted feature.
-So a round costs γ drafter calls, as an LM drafter's catch-up window + γ − 1 steps does.
-`init` prefills the prompt's pairs (f_{−1} = 0) and keeps the output at the last prompt token.
-q is exactly the law each draft was drawn from, so every exact rule stays lossless.
-Chains only: a tree would need a predicted feature per node.
+  propose  draws the depth-1 drafts from the law the last commit left (the pair at L − 1 used the
+           true f_{L−2}). A chain then feeds (f̂, x) for each draft but the last, one call each,
+           f̂ the feature the previous call predicted (slots L .. L + γ − 2). A tree grows level
+           by level (`growth.grow`, every layout and the dynamic one): each node's pair carries
+           its parent's predicted feature (the root's: the one the last commit left), and one
+           call per level feeds a level's nodes with tree attention (`trees.tree_mask`) at
+           position L − 1 + depth, in drafting slots after L − 1.
+  commit   the verify call returned f at every node; with n drafts accepted along the path
+           (`Verdict.path`; a chain's is 1..n) and y the correction/bonus token, it feeds the
+           n + 1 pairs (f at the path's node of depth j, the token at depth j + 1), j = 0..n
+           (the token at n + 1 is y), at slots L .. L + n in one call (rows with fewer accepted
+           park the rest at slot S, which drops them) and keeps the output at L + n: the law of
+           the next round's first drafts and its predicted feature. Stale drafting K/V after
+           L + n are hidden by every later mask until overwritten.
+So a round costs γ drafter calls (a tree: its depth), as an LM drafter's catch-up window + γ − 1
+steps does. `init` prefills the prompt's pairs (f_{−1} = 0) and keeps the output at the last
+prompt token. q is exactly the law each draft was drawn from, so every exact rule stays lossless.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import lm, trees
+from spec_jax.decoding.drafters import growth, lm, trees
 from spec_jax.decoding.protocols import chain_proposal
 from spec_jax.models import decoder, llama
 
@@ -47,6 +52,11 @@ def shift(features: jax.Array) -> jax.Array:
   return jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
 
 
+def _rows(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x[b, index[b, i]] for x[B, N, D] and index int32[B, I]."""
+  return jnp.take_along_axis(x, index[..., None], axis=1)
+
+
 def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   """x[b, index[b]] for x[B, T, ...] and index int32[B]."""
   return jnp.take_along_axis(x, index.reshape(-1, *([1] * (x.ndim - 1))), axis=1)[:, 0]
@@ -54,7 +64,7 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class FeatureDrafter:
-  """A feature drafter (`cfg.feature_width` > 0, `draft_init.feature_drafter`) of chain `shape`.
+  """A feature drafter (`cfg.feature_width` > 0, `draft_init.feature_drafter`) of `shape`.
   Implements `protocols.Drafter`; state {"cache", "logits" f32[B, V], "feature" f32[B, D]}."""
   cfg: llama.LlamaConfig
   shape: trees.TreeSpec = trees.chain(4)
@@ -63,11 +73,6 @@ class FeatureDrafter:
     if not self.cfg.feature_width:
       raise ValueError("FeatureDrafter needs a feature drafter (cfg.feature_width > 0); an "
                        "ordinary language model drafts with lm.LMDrafter.")
-    if not self.shape.is_chain:
-      raise ValueError(
-          f"A feature drafter drafts chains, not {self.shape.describe()}: a tree would need a "
-          "predicted feature per node, which is not built. Fix: a chain method (sd@γ) for "
-          "this drafter.")
 
   @property
   def vocab_size(self) -> int:
@@ -89,13 +94,16 @@ class FeatureDrafter:
   def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
     b, p = prompt_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    _, hidden, cache = self._apply()(params, prompt_tokens, positions,
-                                     llama.init_cache(self.cfg, b, size),
+    # A dynamic tree's drafting slots can reach past the proposal's M (`growth.extra_slots`).
+    cache = llama.init_cache(self.cfg, b, size + growth.extra_slots(self.shape))
+    _, hidden, cache = self._apply()(params, prompt_tokens, positions, cache,
                                      features=shift(v_hidden[FEATURE_LAYER]))
     logits, feature = self._last(params, hidden[FEATURE_LAYER], prompt_lengths - 1)
     return {"cache": cache, "logits": logits, "feature": feature}
 
   def propose(self, params, state, tokens, lengths, rng, sampling: sampling_lib.Sampling):
+    if not self.shape.is_chain:
+      return self._tree(params, state, tokens, lengths, rng, sampling)
     apply = self._apply()
     gamma = self.shape.depth
     b = tokens.shape[0]
@@ -120,20 +128,41 @@ class FeatureDrafter:
                               q.at[:, gamma - 1].set(probs))
     return proposal, {**state, "cache": cache}
 
+  def _tree(self, params, state, tokens, lengths, rng, sampling):
+    """One call per level but the deepest (`growth.grow`); a node's pair carries its parent's
+    predicted feature."""
+    apply = self._apply()
+    last = lengths - 1
+
+    def feed(d, level_tokens, parent, anc, own, carry):
+      cache, parent_features = carry                                    # [B, w_prev, D]
+      positions = jnp.broadcast_to((last + d)[:, None], level_tokens.shape)
+      out, hidden, cache = apply(params, level_tokens, positions, cache,
+                                 trees.tree_mask(anc, last, cache.size), last[:, None] + own[None],
+                                 features=_rows(parent_features, parent))
+      return out, (cache, hidden[FEATURE_LAYER].astype(jnp.float32))
+
+    carry = (state["cache"], state["feature"][:, None])
+    proposal, (cache, _), _ = growth.grow(self.shape, feed, carry, _at(tokens, last),
+                                          state["logits"], rng, sampling)
+    return proposal, {**state, "cache": cache}
+
   def commit(self, params, state, proposal, verdict, lengths, v_hidden):
     features = v_hidden[FEATURE_LAYER]                                    # [B, M, D]
-    m = proposal.num_nodes
     n = verdict.num_accepted
-    j = jnp.arange(m, dtype=jnp.int32)[None]                              # [1, M]
-    # Pair j: the verifier's feature at the node of depth j on the accepted path (node j for a
-    # chain), and the token after it: the next accepted draft, or y at j = n.
-    tokens = jnp.concatenate([proposal.tokens[:, 1:], proposal.tokens[:, :1]], axis=1)
+    b, depth = verdict.path.shape
+    j = jnp.arange(depth + 1, dtype=jnp.int32)[None]                      # [1, A + 1]
+    # Pair j: the verifier's feature at the accepted path's node of depth j (the root at j = 0;
+    # node j for a chain), and the token after it: the next accepted draft, or y at j = n.
+    nodes = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), verdict.path], axis=1)
+    tokens = jnp.concatenate([jnp.take_along_axis(proposal.tokens, verdict.path, axis=1),
+                              jnp.zeros((b, 1), jnp.int32)], axis=1)
     tokens = jnp.where(j == n[:, None], verdict.next_token[:, None], tokens)
     positions = lengths[:, None] + j
     cache = state["cache"]
     slots = jnp.where(j <= n[:, None], positions, cache.size)
     _, hidden, cache = self._apply()(params, tokens, positions, cache, None, slots,
-                                     features=features)
+                                     features=_rows(features, nodes))
     logits, feature = self._last(params, hidden[FEATURE_LAYER], n)
     return {"cache": cache, "logits": logits, "feature": feature}
 

@@ -7,13 +7,14 @@ The drafter's state is its own KV cache (slot = absolute position for committed 
 start of a round, with L = lengths[b] committed tokens, the cache holds correct K/V for at least
 tokens[0 .. L-3]. `propose` then
   1. feeds the catch-up window [tokens[L-2], tokens[L-1]]: re-writing L-2 is harmless (same
-     token, same prefix, same K/V) and needed after a round that accepted every draft, whose last
-     draft was never fed; L-1 is the previous round's correction/bonus token. Its logits give
-     the law of the depth-1 drafts;
+     token, same prefix, same K/V) and needed after a round whose last accepted draft was never
+     fed (a fully accepted chain's last draft, a tree's leaf); L-1 is the previous round's
+     correction/bonus token. Its logits give the law of the depth-1 drafts;
   2. a chain draws x_1..x_γ one drafter call each (the last draft is never fed: the verifier
-     decides what follows it); a tree grows level by level, one call per level, each level
-     attending to the committed prefix and its own ancestors (`trees.tree_mask`), node j at slot
-     L − 1 + j, position L − 1 + depth_j.
+     decides what follows it); a tree grows level by level (`growth.grow`), one call per level,
+     each level attending to the committed prefix and its own ancestors (`trees.tree_mask`),
+     node j at slot L − 1 + j, position L − 1 + depth_j (a dynamic tree's frontier is fed in
+     drafting slots and moved to its nodes' slots after, `growth.relayout`).
 `commit` moves a tree's accepted path into slots L .. L + n − 1 (`trees.move_path`); a chain's
 accepted drafts already sit there. Stale K/V of rejected nodes stay hidden by the masks until
 overwritten.
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.decoding.drafters import trees
+from spec_jax.decoding.drafters import growth, trees
 from spec_jax.decoding.protocols import Proposal, chain_proposal
 from spec_jax.models import llama
 
@@ -58,8 +59,9 @@ class LMDrafter:
     del prompt_lengths, v_hidden  # the prefill covers the padded prompt; the mask hides padding
     b, p = prompt_tokens.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    _, _, cache = llama.make_apply(self.cfg)(params, prompt_tokens, positions,
-                                             llama.init_cache(self.cfg, b, size))
+    # A dynamic tree's drafting slots can reach past the proposal's M (`growth.extra_slots`).
+    cache = llama.init_cache(self.cfg, b, size + growth.extra_slots(self.shape))
+    _, _, cache = llama.make_apply(self.cfg)(params, prompt_tokens, positions, cache)
     return cache
 
   def _catch_up(self, params, cache, tokens, lengths, steer=None):
@@ -110,39 +112,24 @@ class LMDrafter:
     return chain_proposal(root, draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs)), cache
 
   def _tree(self, params, cache, logits, root, lengths, rng, sampling, steer=None):
-    """Grow the tree level by level with tree attention: one drafter call per level but the
-    deepest. q[b, j] is the exact law node j's children were drawn from (zeros at the deepest
-    level, which has no children)."""
+    """Grow the tree level by level with tree attention (`growth.grow`): one drafter call per
+    level but the deepest. q[b, j] is the exact law node j's children were drawn from (zeros
+    where none were drafted). A dynamic tree's fed nodes are then moved to their node slots."""
     apply = llama.make_apply(self.cfg)
-    spec = self.shape
-    b = root.shape[0]
-    size = cache.size
-    m = spec.num_nodes
     last = lengths - 1
-    logits = logits[:, None]                                              # [B, 1, V]
-    offsets = spec.level_offsets
-    levels = [trees.root_level(root)]
-    anc = [jax.nn.one_hot(jnp.zeros((b, 1), jnp.int32), m, dtype=bool)]  # ancestor rows per level
-    q_levels = []
-    for d in range(1, spec.depth + 1):
-      q = sampling_lib.probs_from_logits(logits, sampling)                # law at level d-1 nodes
-      q_levels.append(q)
-      level = trees.expand(spec, d, jax.random.fold_in(rng, d), logits, q, levels[-1],
-                           offsets[d - 1], sampling)
-      own = offsets[d] + jnp.arange(spec.level_widths[d - 1], dtype=jnp.int32)
-      anc.append(trees.ancestor_rows(anc[-1], level.parent - offsets[d - 1],
-                                     jnp.broadcast_to(own[None], level.parent.shape), m))
-      levels.append(level)
-      if d < spec.depth:  # feed level d to get its children's law (the deepest level is not fed)
-        positions = jnp.broadcast_to((last + d)[:, None], level.tokens.shape)
-        logits, _, cache = apply(params, level.tokens, positions, cache,
-                                 trees.tree_mask(anc[-1], last, size), last[:, None] + own[None],
-                                 steer=steer)
-    q_levels.append(jnp.zeros((b, spec.level_widths[-1], self.vocab_size), jnp.float32))
-    tree = trees.assemble(spec, levels)
-    return Proposal(tokens=tree.tokens, parent=tree.parent, depth=tree.depth, valid=tree.valid,
-                    q=jnp.concatenate(q_levels, axis=1), chain=False, scheme=spec.scheme,
-                    max_depth=spec.depth, max_candidates=spec.max_candidates), cache
+
+    def feed(d, tokens, parent, anc, own, cache):
+      del parent  # an LM's node depends on its ancestors' tokens only, which its cache holds
+      positions = jnp.broadcast_to((last + d)[:, None], tokens.shape)
+      logits, _, cache = apply(params, tokens, positions, cache,
+                               trees.tree_mask(anc, last, cache.size), last[:, None] + own[None],
+                               steer=steer)
+      return logits, cache
+
+    proposal, cache, slot = growth.grow(self.shape, feed, cache, root, logits, rng, sampling)
+    if slot is not None:
+      cache = growth.relayout(cache, last, slot)
+    return proposal, cache
 
   def commit(self, params, cache, proposal: Proposal, verdict, lengths, v_hidden):
     del params, proposal, v_hidden

@@ -7,7 +7,8 @@ drafter (`features.FeatureDrafter`), a steered drafter (`steered.SteeredDrafter`
 and `bpd_tree`, one heads call per round at no separate drafter cost).
 Tree shapes: `rsd_c:b1-b2-...` (padded with 1s to depth L), `rsd_s:W`, `specinfer:K`,
 `spectr:K`; without a shape K = W = eval.tree_width and rsd_c branches that many ways at the root
-only, so every tree spends the same 1 + width·L verifier tokens per call.
+only, so every tree spends the same 1 + width·L verifier tokens per call. The dynamic tree `dyn`
+(`dyn.py`) builds with the same drafters.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def model_cost(source: methods.Source, shape: trees.TreeSpec) -> methods.Cost:
                       features=source.features)
 
 
-def _builder(name: str):
+def builder(name: str):
+  """The `build` of a method drafting `shape` with the checkpoint's model (`model_drafter`), its
+  rows named `name`."""
   def build(source: methods.Source, shape: trees.TreeSpec, opts) -> methods.Built:
     del opts
     drafter, params = model_drafter(source, shape)
@@ -88,7 +91,7 @@ def _tree(name):
 
 methods.register(methods.Method(
     "sd", "chain speculative decoding (Leviathan et al. 2023): γ drafts, one verifier call",
-    build=_builder("sd"), shape=_chain, check=_check_depth, example="sd@4"))
+    build=builder("sd"), shape=_chain, check=_check_depth, example="sd@4"))
 for _name, _grammar, _summary, _example in (
     ("rsd_c", "b1-b2-...", "RSD with constant branching (Jeon et al. 2024, §3.2)", "rsd_c:3-2@4"),
     ("rsd_s", "W", "RSD with stochastic beam search of width W (Jeon et al. 2024, §3.3)",
@@ -96,5 +99,5 @@ for _name, _grammar, _summary, _example in (
     ("specinfer", "K", "K i.i.d. draft chains, recursive rejection with replacement",
      "specinfer:3@2"),
     ("spectr", "K", "K i.i.d. draft chains, SpecTr's K-SEQ", "spectr:3@2")):
-  methods.register(methods.Method(_name, _summary, build=_builder(_name), shape=_tree(_name),
+  methods.register(methods.Method(_name, _summary, build=builder(_name), shape=_tree(_name),
                                   grammar=_grammar, check=_check_depth, example=_example))

@@ -1,4 +1,5 @@
-"""Draft trees in static-size padded arrays, and the samplers that grow them level by level.
+"""Draft trees in static-size padded arrays, and how the samplers (`gumbel.py`) grow them level by
+level.
 
 Shape letters (repo legend): B batch rows, M tree nodes (node 0 is the root: the last committed
 token), W width of one level, V vocabulary, A depth (draft length L; a chain's γ), S cache slots.
@@ -24,6 +25,9 @@ business, `decoding.methods` / `drafters/standard.py`):
              child end early. At most W·L nodes (RSD-S, Jeon et al. 2024, §3.3).
   chains     K i.i.d. draft chains of length L from the root (SpecInfer's multi-draft proposal,
              verified with replacement, or SpecTr's with K-SEQ).
+  dynamic    EAGLE-2's dynamic tree (`growth.py`, the `dyn` method): a pool of K children of each
+             of the K best nodes per level, of which the M best of all levels are verified; its
+             level widths differ per row (the proposal's parent and depth arrays say them).
 At temperature 0 the samplers drop the noise: Gumbel-top-k becomes top-k, stochastic beam search
 becomes beam search, and i.i.d. chains become K copies of the drafter's greedy chain.
 """
@@ -39,11 +43,14 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
+# The samplers live in gumbel.py; trees.gumbel_top_k etc. stay importable from here.
+from spec_jax.decoding.drafters.gumbel import (  # noqa: F401
+    gumbel_top_k, perturbed_top_k, truncated_gumbel)
 
 # Every layout and how it draws siblings (`protocols.SCHEMES`), which decides the rules that stay
 # exact on it; the rule a spec asks for by default is the lossless one of its scheme.
 LAYOUTS = {"chain": "chain", "branching": "without_replacement", "beam": "without_replacement",
-           "chains": "iid"}
+           "chains": "iid", "dynamic": "without_replacement"}
 SCHEME_RULES = {"chain": "speculative", "without_replacement": "rrs_without", "iid": "rrs_with"}
 
 NEG_INF = -jnp.inf
@@ -56,7 +63,9 @@ class TreeSpec:
   layout: one of LAYOUTS (module docstring).
   depth: L, draft tokens along a path (the tree's deepest level; a chain's γ).
   branching: "branching" only, b_1..b_L (a shorter tuple is padded with 1s up to `depth`).
-  width: "beam" width W, or the number of chains K for "chains".
+  width: "beam" width W, the number of chains K for "chains", the expanded nodes per level K
+    for "dynamic".
+  kept: "dynamic" only, M: the draft nodes kept for the verifier (the root comes on top).
   rule: the rule that verifies it exactly under decode.rule="auto" (default: the lossless rule of
     its scheme, SCHEME_RULES); e.g. SpecTr's chains ask for "kseq".
   name: what `describe` calls it (the drafting method's name, e.g. "rsd_c"; default the layout).
@@ -67,6 +76,7 @@ class TreeSpec:
   width: int = 1
   rule: str = ""
   name: str = ""
+  kept: int = 0
 
   def __post_init__(self):
     if self.layout not in LAYOUTS:
@@ -89,8 +99,17 @@ class TreeSpec:
     elif self.layout == "chain":
       object.__setattr__(self, "width", 1)
     elif not isinstance(self.width, int) or self.width < 1:
-      field = "beam width W" if self.layout == "beam" else "number of drafts K"
+      field = {"beam": "beam width W", "chains": "number of drafts K"}.get(
+          self.layout, "expanded nodes per level K")
       raise ValueError(f"decode.width ({field}) must be an integer >= 1, got {self.width!r}.")
+    if self.layout == "dynamic":
+      pool = self.width + (self.depth - 1) * self.width ** 2
+      kept = self.kept
+      if isinstance(kept, bool) or not isinstance(kept, int) or not 1 <= kept <= pool:
+        raise ValueError(
+            f"eval.methods entry dyn:{self.width}-{self.kept}@{self.depth} keeps M={self.kept} "
+            f"nodes, but K={self.width} over L={self.depth} levels drafts K + (L-1)*K*K = {pool}. "
+            "Fix: 1 <= M <= that (e.g. M = K*L), or a larger K.")
     if not self.rule:
       object.__setattr__(self, "rule", SCHEME_RULES[self.scheme])
     if not self.name:
@@ -106,8 +125,15 @@ class TreeSpec:
     return self.layout == "chain"
 
   @property
+  def is_dynamic(self) -> bool:
+    """Its levels differ per row (`growth.py`): no static level widths, offsets or depths."""
+    return self.layout == "dynamic"
+
+  @property
   def level_widths(self) -> tuple[int, ...]:
     """w_1..w_L: nodes per level (root excluded)."""
+    if self.is_dynamic:
+      raise ValueError(f"{self.describe()} has per-row levels; `growth.grow` lays it out.")
     if self.layout == "branching":
       return tuple(math.prod(self.branching[:d + 1]) for d in range(self.depth))
     return (self.width,) * self.depth
@@ -123,6 +149,8 @@ class TreeSpec:
   @property
   def num_nodes(self) -> int:
     """M: nodes including the root = the verifier's token budget per call."""
+    if self.is_dynamic:
+      return 1 + self.kept
     return 1 + sum(self.level_widths)
 
   @property
@@ -131,6 +159,8 @@ class TreeSpec:
     chains the children of every still-matching chain)."""
     if self.layout == "branching":
       return max(self.branching)
+    if self.is_dynamic:  # a node keeps at most its K drafted children
+      return min(self.width, self.kept)
     return self.width  # 1 for a chain
 
   def depths(self) -> tuple[int, ...]:
@@ -145,6 +175,8 @@ class TreeSpec:
       return f"chain γ={self.depth}"
     if self.layout == "branching":
       return f"{self.name} b={'x'.join(map(str, self.branching))}"
+    if self.is_dynamic:
+      return f"{self.name} K={self.width} M={self.kept} L={self.depth}"
     return f"{self.name} {'W' if self.layout == 'beam' else 'K'}={self.width} L={self.depth}"
 
 
@@ -162,89 +194,6 @@ class Tree:
   valid: jax.Array    # False for padding nodes
 
 
-def gumbel_top_k(rng: jax.Array, scores: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """An ordered sample of k items without replacement, P ∝ exp(scores) (Plackett–Luce), by the
-  Gumbel-top-k trick (Vieira 2014; Kool et al. 2019, Eq. 5): perturb every score with an
-  independent Gumbel(0) and keep the k largest, in decreasing order (`perturbed_top_k` draws
-  them exactly without perturbing all V scores).
-
-  scores f32[..., V] (log-probabilities up to a constant; -inf = never drawn). They are
-  normalised (log-softmax over the finite entries) first: with a large constant (say 1e5)
-  float32 would absorb the Gumbel noise (its spacing there is ~0.008) and bias the draw towards
-  ties broken by index.
-  Returns (indices int32[..., k], perturbed values f32[..., k]); a value of -inf marks an item that
-  could not be drawn (fewer than k finite scores). The values are perturbed normalised scores."""
-  scores = scores.astype(jnp.float32)
-  finite = jnp.isfinite(scores)
-  lse = jax.nn.logsumexp(jnp.where(finite, scores, NEG_INF), axis=-1, keepdims=True)
-  scores = scores - jnp.where(jnp.isfinite(lse), lse, 0.0)  # a row with no finite score stays -inf
-  _, idx, values = perturbed_top_k(rng, jnp.where(finite, scores, NEG_INF)[..., None, :], k)
-  return idx, values
-
-
-def _log1mexp(a: jax.Array) -> jax.Array:
-  """log(1 - exp(a)) for a <= 0, accurate on both sides of -log 2 (Mächler 2012)."""
-  a = jnp.minimum(a, 0.0)
-  return jnp.where(a > -0.6931472, jnp.log(-jnp.expm1(a)), jnp.log1p(-jnp.exp(a)))
-
-
-def truncated_gumbel(rng: jax.Array, logp: jax.Array, bound: jax.Array) -> jax.Array:
-  """Children's perturbed log-probabilities conditioned on their maximum being `bound` (the
-  parent's perturbed value), the numerically stable form of Kool et al. 2019, App. B, Eq. 23:
-    G̃_i = φ_i + Gumbel(0),  Z = max_i G̃_i,
-    v_i = T − G̃_i + log(1 − exp(G̃_i − Z)),
-    G_i = T − max(0, v_i) − log(1 + exp(−|v_i|))          [= −log(e^{−T} − e^{−Z} + e^{−G̃_i})]
-  logp f32[..., V] (φ: the children's path log-probabilities, -inf = impossible), bound f32[...].
-  Returns f32[..., V]; impossible children stay -inf, the arg-max child gets exactly T."""
-  g = sampling_lib.gumbel(rng, logp.shape)
-  finite = jnp.isfinite(logp)
-  g_tilde = jnp.where(finite, logp + g, NEG_INF)
-  z = jnp.max(g_tilde, axis=-1, keepdims=True)
-  t = bound[..., None]
-  diff = jnp.where(finite, g_tilde - z, -1.0)     # ≤ 0; the -1 filler keeps log1mexp finite
-  v = t - jnp.where(finite, g_tilde, 0.0) + _log1mexp(diff)
-  out = t - jnp.maximum(v, 0.0) - jnp.log1p(jnp.exp(-jnp.abs(v)))
-  return jnp.where(finite & jnp.isfinite(t), out, NEG_INF)
-
-
-def perturbed_top_k(rng: jax.Array, logp: jax.Array, k: int, bound: jax.Array | None = None
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The k largest perturbed values logp[..., g, i] + Gumbel(0) over every group g and item i,
-  in decreasing order; with `bound`, group g's values are conditioned on their maximum being
-  bound[..., g] (stochastic beam search's children of a parent with perturbed value T).
-
-  Drawn top-down (the Gumbel process; Maddison et al. 2014, Kool et al. 2019, App. B) instead of
-  perturbing all G·V values: the vocabulary is cut into blocks of K ≈ √V items
-  (`sampling.to_blocks`); a block's maximum is Gumbel around its log-mass (conditioned on the
-  group's maximum being the bound when there is one: `truncated_gumbel` over the blocks); the
-  k largest values lie in the k blocks with the largest maxima, whose items are then drawn
-  conditioned on their block's maximum. Same joint law as perturbing everything, with G·V/K + k·K
-  noise values, each resolved far into the tail (`sampling.gumbel`).
-
-  logp f32[..., G, V] (-inf = impossible); k static; bound f32[..., G] or None.
-  Returns (group int32[..., k], item int32[..., k], value f32[..., k]); value -inf marks a draw
-  that could not be made (fewer than k possible items)."""
-  logp = logp.astype(jnp.float32)
-  *lead, g, v = logp.shape
-  blocks = sampling_lib.to_blocks(logp, NEG_INF)                          # [..., G, NB, K]
-  nb, kk = blocks.shape[-2:]
-  k_block, k_item = jax.random.split(rng)
-  log_mass = jax.nn.logsumexp(blocks, axis=-1)                            # [..., G, NB]
-  if bound is None:
-    block_max = jnp.where(jnp.isfinite(log_mass),
-                          log_mass + sampling_lib.gumbel(k_block, log_mass.shape), NEG_INF)
-  else:
-    block_max = truncated_gumbel(k_block, log_mass, bound)
-  kb = min(k, g * nb)
-  top_max, sel = jax.lax.top_k(block_max.reshape(*lead, g * nb), kb)     # [..., kb]
-  chosen = jnp.take_along_axis(blocks.reshape(*lead, g * nb, kk), sel[..., None], axis=-2)
-  items = truncated_gumbel(k_item, chosen, top_max)                       # [..., kb, K]
-  values, pos = jax.lax.top_k(items.reshape(*lead, kb * kk), k)
-  block = jnp.take_along_axis(sel, pos // kk, axis=-1)
-  item = jnp.minimum((block % nb) * kk + pos % kk, v - 1)  # padding items are never finite
-  return (block // nb).astype(jnp.int32), item.astype(jnp.int32), values
-
-
 @flax.struct.dataclass
 class Level:
   """The newest level of a tree under construction (W = its width).
@@ -260,7 +209,7 @@ class Level:
   value: jax.Array
 
 
-def _log_law(logits: jax.Array, q: jax.Array, sampling: sampling_lib.Sampling) -> jax.Array:
+def log_law(logits: jax.Array, q: jax.Array, sampling: sampling_lib.Sampling) -> jax.Array:
   """Scores children are ranked by: log q when sampling; the drafter's log-softmax at T = 0,
   where q is one-hot and ranking needs the logits themselves (top-k / beam search)."""
   if sampling.greedy:
@@ -276,7 +225,7 @@ def expand(spec: TreeSpec, level: int, rng: jax.Array, logits: jax.Array, q: jax
   previous level (level 0 is the root, w_prev = 1); prev: that level; prev_offset: the node index
   of its first node. Returns the new level (its parents as absolute node indices)."""
   b, w_prev, v = q.shape
-  logq = _log_law(logits, q, sampling)
+  logq = log_law(logits, q, sampling)
   noise = not sampling.greedy
   if spec.layout == "branching":
     k = spec.branching[level - 1]

@@ -1,0 +1,281 @@
+"""The dynamic draft tree `dyn` (EAGLE-2; `drafters/growth.py`, `drafters/dyn.py`): at T = 0 the
+grown tree is EAGLE-2's (checked against a by-hand expansion and rerank) and greedy decoding with
+it equals the verifier's greedy output token for token, over an LM and a feature drafter; at T > 0
+the emitted law is the verifier's (chi-square against exact enumeration, T = 1 and T = 0.8 with
+top-k, on Markov tables and on tiny models), and the planted bug (the deterministic top-K tree
+verified by the sampling rule) fails the same check; an LM drafter's cache stays right after
+dynamic rounds with random acceptance; bad entries are refused naming eval.methods."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding import loop, methods, protocols
+from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.acceptance import tree as tree_rules
+from spec_jax.decoding.drafters import dyn, features, growth, lm, trees
+from spec_jax.decoding.sampling import Sampling, probs_from_logits
+from spec_jax.models import draft_init, llama
+
+V = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovTreeDrafter:
+  """An order-1 Markov table as a drafter of any tree shape, grown by `growth.grow` (its `feed`
+  reads the table at the level's tokens). Stateless; implements `protocols.Drafter`."""
+  vocab_size: int
+  shape: trees.TreeSpec
+  verifier_layers: tuple[int, ...] = ()
+
+  def init(self, params, prompt_tokens, prompt_lengths, size, v_hidden):
+    return jnp.zeros((), jnp.int32)
+
+  def propose(self, params, state, tokens, lengths, rng, sampling):
+    table = params["logits"]
+    root = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
+    feed = lambda d, level, parent, anc, own, carry: (table[level], carry)  # noqa: E731
+    proposal, state, _ = growth.grow(self.shape, feed, state, root, table[root], rng, sampling)
+    return proposal, state
+
+  def commit(self, params, state, proposal, verdict, lengths, v_hidden):
+    return state
+
+
+def _top_k_without_noise(rng, logp, k, bound=None):
+  """The planted bug's sampler: the k best children by their unperturbed path log-probability
+  (the T = 0 tree) where stochastic beam search draws them."""
+  del rng, bound
+  *lead, g, v = logp.shape
+  values, index = jax.lax.top_k(logp.reshape(*lead, g * v), k)
+  return index // v, index % v, values
+
+
+class _DeterministicTreeDrafter(MarkovTreeDrafter):
+  """The Markov drafter under another name, so that the loop traced with the planted bug is
+  compiled for it alone."""
+
+
+def _paths(proposal, b):
+  """Row b's valid nodes as token paths from the root, in node order."""
+  tokens, parent, valid = (np.asarray(x)[b] for x in (proposal.tokens, proposal.parent,
+                                                        proposal.valid))
+  out = {0: ()}
+  for j in range(1, len(tokens)):
+    if valid[j]:
+      out[j] = out[int(parent[j])] + (int(tokens[j]),)
+  return [out[j] for j in sorted(out) if j > 0]
+
+
+def _eagle2_by_hand(logsm: np.ndarray, root: int, k: int, kept: int, depth: int):
+  """EAGLE-2 at T = 0 in plain Python: expand the K best frontier nodes by their K best
+  children, keep the K best of each level as the next frontier, then the M best of the pool by
+  path log-probability, laid out level by level (each level's pool order). Token paths."""
+  pool, frontier = [], [((), 0.0)]
+  for _ in range(depth):
+    level = []
+    for path, phi in frontier:
+      last = path[-1] if path else root
+      for x in np.argsort(-logsm[last], kind="stable")[:k]:
+        level.append((path + (int(x),), phi + float(logsm[last, x])))
+    pool += level
+    frontier = sorted(level, key=lambda node: -node[1])[:k]
+  best = sorted(range(len(pool)), key=lambda i: (-pool[i][1], i))[:kept]
+  return [pool[i][0] for i in sorted(best)]
+
+
+def test_grown_tree_is_eagle2_at_t0_and_a_valid_tree_at_t1():
+  table = 2.0 * jax.random.normal(jax.random.key(0), (7, 7))
+  spec = dyn.shape((3, 7), 3, None, 3)
+  drafter = MarkovTreeDrafter(7, spec)
+  tokens = jnp.asarray([[2, 0], [5, 0], [6, 0]])
+  lengths = jnp.asarray([1, 1, 1])
+  propose = jax.jit(drafter.propose, static_argnames="sampling")
+  proposal, _ = propose({"logits": table}, None, tokens, lengths, jax.random.key(1),
+                        sampling=Sampling())
+  logsm = np.asarray(jax.nn.log_softmax(table))
+  for b, root in enumerate([2, 5, 6]):
+    assert _paths(proposal, b) == _eagle2_by_hand(logsm, root, 3, 7, 3)
+  # At T = 1 with top-2 (fewer tokens than K = 3) and M = 14: a tree the rules can walk, every
+  # node's q the law its children were drawn from, children distinct and within the law,
+  # padding marked.
+  sampling = Sampling(1.0, top_k=2)
+  drafter = MarkovTreeDrafter(7, dyn.shape((3, 14), 3, None, 3))
+  proposal, _ = jax.jit(drafter.propose, static_argnames="sampling")(
+      {"logits": table}, None, jnp.repeat(tokens, 30, 0), jnp.repeat(lengths, 30),
+      jax.random.key(2), sampling=sampling)
+  tree_rules.check_tree(proposal.tokens, proposal.parent, proposal.depth, proposal.valid,
+                        max_depth=3, max_candidates=2)
+  q, tok, par, valid = (np.asarray(x) for x in (proposal.q, proposal.tokens, proposal.parent,
+                                                proposal.valid))
+  law = np.asarray(probs_from_logits(table, sampling))
+  has_children = np.zeros_like(valid)
+  for b in range(tok.shape[0]):
+    for j in np.nonzero(valid[b])[0][1:]:
+      has_children[b, par[b, j]] = True
+      assert q[b, par[b, j], tok[b, j]] > 0
+  np.testing.assert_allclose(q[has_children], law[tok[has_children]], atol=1e-6)
+  # 2 + 2·2 + 3·2 valid nodes of the 3 + 9 + 9 drafted: 14 kept, 2 of them padding.
+  np.testing.assert_array_equal(valid.sum(1), 13)
+
+
+def _markov_law_check(sampling, n_samples=4000, seed=0, cls=MarkovTreeDrafter):
+  """p-value of the first three emitted tokens against the exact law, with dyn:3-4@3 drafting
+  from a Markov table."""
+  v_params, d_params = testing.markov_tables(V, seed=3, drafter_noise=0.5)
+  prompt = [1, 4, 2]
+  law = testing.markov_law(v_params, prompt, 3, sampling)
+  out = loop.speculative_generate(
+      v_params, d_params, generate_lib.pad_prompts([prompt] * n_samples, 3, pad_id=0),
+      jax.random.key(seed), verifier=testing.MarkovVerifier(V),
+      drafter=cls(V, dyn.shape((3, 4), 3, None, 3)), sampling=sampling,
+      max_new_tokens=3)
+  reached = float(np.sum(out.stats.reached))
+  assert 0.1 < float(np.sum(out.stats.accepted_at)) / reached < 0.95  # not vacuous
+  assert np.sum(out.stats.accepted_at[:, 1]) > n_samples / 20           # depth 2 accepts too
+  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+
+
+SAMPLINGS = [Sampling(1.0), Sampling(0.8, top_k=3)]
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.8-top3"])
+def test_dyn_is_lossless_on_markov_tables(sampling):
+  """Three levels, K = 3 expanded per level, M = 4 of the 3 + 9 + 9 kept: the frontier and the
+  rerank across levels both cut."""
+  assert _markov_law_check(sampling) > 1e-3
+
+
+def test_the_deterministic_tree_fails_the_law_check(monkeypatch):
+  """Planted bug: dyn grows the deterministic top-K tree at T > 0 (its q still the exact law at
+  each node), verified by the sampling rule."""
+  monkeypatch.setattr(growth, "perturbed_top_k", _top_k_without_noise)
+  assert _markov_law_check(Sampling(1.0), cls=_DeterministicTreeDrafter) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny transformers: an LM drafter (a perturbed copy of the verifier) and a feature drafter.
+
+PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
+
+
+def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
+  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and an LM drafter (its perturbed copy)
+  or a feature drafter (its block 1, perturbed)."""
+  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  if kind == "lm":
+    return v_cfg, v_params, v_cfg, testing.perturbed(v_params, 0.1 * sigma)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
+  return v_cfg, v_params, d_cfg, testing.perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
+
+
+def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(0),
+      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
+      sampling=sampling, max_new_tokens=n, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def greedy_reference():
+  """(padded prompts, stop ids, the verifier's greedy output with them): two stop tokens taken
+  from the free-running output cut two rows early. Both drafters share the verifier."""
+  v_cfg, v_params = _models("lm")[:2]
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  free = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
+                               sampling=Sampling(), max_new_tokens=14).new_tokens()
+  stops = (free[0][5], free[2][3])
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=14, stop_ids=stops)
+  assert min(map(len, ar.new_tokens())) < 14
+  return prompts, stops, ar.new_tokens()
+
+
+@pytest.mark.parametrize("kind", ["lm", "feature"])
+def test_greedy_dyn_equals_verifier_greedy(kind, greedy_reference):
+  """A ragged batch (one prompt of one token) with stop tokens."""
+  prompts, stops, want = greedy_reference
+  v_cfg, v_params, d_cfg, d_params = _models(kind)
+  drafter = features.for_model(d_cfg, dyn.shape((2, 5), 3, None, 3))
+  out = _decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
+  assert out.new_tokens() == want
+  accepted = np.asarray(out.stats.accepted)
+  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
+
+
+def test_dyn_over_a_feature_drafter_is_lossless():
+  """dyn:3-4@2 over a feature drafter on a tiny verifier, the first two tokens against its exact
+  law (the Markov tests above check both samplings and the planted bug with more rows; an LM
+  drafter shares everything but its feed, which the greedy and cache tests cover)."""
+  v_cfg, v_params, d_cfg, d_params = _models("feature", vocab_size=6, sharpness=3.0, sigma=0.5)
+  drafter = features.FeatureDrafter(d_cfg, dyn.shape((3, 4), 2, None, 3))
+  assert testing.sd_law_pvalue(v_cfg, v_params, drafter, d_params, [1, 4, 2],
+                               sampling=Sampling(1.0)) > 1e-3
+
+
+def test_lm_drafter_cache_after_dyn_rounds():
+  """After dynamic rounds with random acceptance along the drafted tree, the LM drafter's cache
+  holds the committed text's K/V: its law of the next draft (catch-up window) equals a fresh
+  forward over the committed text. (With the frontier's K/V left in their drafting slots, no
+  `growth.relayout`, the commit moves the wrong slots and this fails.)"""
+  _, _, d_cfg, d_params = _models("lm")
+  spec = dyn.shape((4, 6), 3, None, 3)   # 9 drafting slots for a proposal of 7 nodes
+  drafter = lm.LMDrafter(d_cfg, spec)
+  padded = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  size = 64
+  cache = drafter.init(d_params, padded.tokens, padded.lengths, size, {})
+  assert cache.size == size + 2 == size + growth.extra_slots(spec)
+  tokens = np.zeros((len(PROMPTS), size), np.int32)
+  tokens[:, :8] = np.asarray(padded.tokens)
+  lengths = np.array(padded.lengths)
+  rng = np.random.default_rng(0)
+  propose = jax.jit(drafter.propose, static_argnames="sampling")
+  commit = jax.jit(drafter.commit)
+  depths = set()
+  for step in range(5):
+    proposal, cache = propose(d_params, cache, jnp.asarray(tokens), jnp.asarray(lengths),
+                              jax.random.key(step), sampling=Sampling(1.0))
+    verdict = testing.random_verdict(proposal, rng)
+    cache = commit(d_params, cache, proposal, verdict, jnp.asarray(lengths), {})
+    for b in range(len(PROMPTS)):
+      n = int(verdict.num_accepted[b])
+      depths.add(n)
+      path = np.asarray(proposal.tokens)[b, np.asarray(verdict.path)[b, :n]]
+      tokens[b, lengths[b]:lengths[b] + n + 1] = [*path, int(verdict.next_token[b])]
+      lengths[b] += n + 1
+  assert max(depths) == 3 and len(depths) >= 3  # paths of several depths, the deepest too
+  logits, _, _ = jax.jit(drafter._catch_up)(d_params, cache, jnp.asarray(tokens),  # noqa: SLF001
+                                            jnp.asarray(lengths))
+  longest = int(lengths.max())
+  fresh, _, _ = llama.make_apply(d_cfg)(d_params, jnp.asarray(tokens[:, :longest]),
+                                        jnp.arange(longest)[None].repeat(len(PROMPTS), 0))
+  fresh = jnp.take_along_axis(fresh, jnp.asarray(lengths - 1)[:, None, None], axis=1)[:, 0]
+  np.testing.assert_allclose(logits, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_entries_are_refused_before_loading():
+  entry = methods.parse("dyn:3-5@3", None)
+  assert entry.shape.describe() == "dyn K=3 M=5 L=3" and entry.tokens_per_call == 6
+  assert entry.shape.max_candidates == 3 and entry.shape.rule == "rrs_without"
+  assert methods.parse("dyn:2@3", None).shape.kept == 6
+  assert methods.parse("dyn@2", None, default_width=4).shape.width == 4
+  for bad, match in [("dyn:2-7@2", r"eval.methods entry dyn:2-7@2 keeps M=7 nodes, but K=2 over "
+                                   r"L=2 levels drafts K \+ \(L-1\)\*K\*K = 6"),
+                     ("dyn:2-3-4@2", "dyn takes K-M"), ("dyn:0-1@2", "K .* must be >= 1"),
+                     ("dyn:2-0@2", "keeps M=0 nodes")]:
+    with pytest.raises(ValueError, match=match):
+      methods.parse(bad, None)
+  # BPD heads cannot draft it; T > 0 is fine (exact), and every check runs before any model.
+  with pytest.raises(ValueError, match=r"eval.methods has dyn:3-5, which needs a language or "
+                                       r"feature drafter or a steered drafter"):
+    methods.check(entry, methods.Source(kind="bpd"), Sampling(1.0))
+  methods.check(entry, methods.Source(kind="lm"), Sampling(1.0))
+  cfg = llama.model_config("test-tiny", vocab_size=2)
+  with pytest.raises(ValueError, match="expands K=3 children per node, more than the drafter's 2"):
+    methods.build(entry, methods.Source(kind="lm", d_cfg=cfg))
