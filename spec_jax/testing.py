@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from spec_jax.decoding import protocols
+from spec_jax.decoding import loop, protocols
+from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding import sampling as sampling_lib
-from spec_jax.models import llama
+from spec_jax.models import draft_init, llama
 
 
 def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **overrides):
@@ -304,3 +305,20 @@ def random_verdict(proposal: protocols.Proposal, rng: np.random.Generator) -> pr
       num_accepted=jnp.asarray(n), next_token=jnp.asarray(rng.integers(0, 16, b), jnp.int32),
       path=jnp.asarray(path), reached=zeros.astype(bool), alpha=zeros,
       num_candidates=zeros.astype(jnp.int32))
+
+
+def tiny_feature_pair(vocab_size=16, sharpness=2.0, sigma=0.3):
+  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and a feature drafter made of its block
+  1, every drafter weight perturbed by N(0, sigma²)."""
+  v_cfg, v_params = tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
+  return v_cfg, v_params, d_cfg, perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
+
+
+def decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
+  """`loop.speculative_generate` of `drafter` against the LM verifier (v_cfg, v_params), key 0."""
+  return loop.speculative_generate(
+      v_params, d_params, prompts, jax.random.key(0),
+      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
+      sampling=sampling, max_new_tokens=n, **kwargs)

@@ -16,11 +16,10 @@ import pytest
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods, protocols
-from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.acceptance import tree as tree_rules
 from spec_jax.decoding.drafters import dyn, features, growth, lm, trees
 from spec_jax.decoding.sampling import Sampling, probs_from_logits
-from spec_jax.models import draft_init, llama
+from spec_jax.models import llama
 
 V = 5
 
@@ -165,21 +164,12 @@ PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
 
 
 def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
-  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and an LM drafter (its perturbed copy)
-  or a feature drafter (its block 1, perturbed)."""
-  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and a drafter, `kind` "lm" (the
+  verifier perturbed by N(0, (0.1 sigma)²)) or "feature" (`testing.tiny_feature_pair`)."""
   if kind == "lm":
+    v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
     return v_cfg, v_params, v_cfg, testing.perturbed(v_params, 0.1 * sigma)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
-  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
-  return v_cfg, v_params, d_cfg, testing.perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
-
-
-def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
-  return loop.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(0),
-      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
-      sampling=sampling, max_new_tokens=n, **kwargs)
+  return testing.tiny_feature_pair(vocab_size, sharpness, sigma)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +193,7 @@ def test_greedy_dyn_equals_verifier_greedy(kind, greedy_reference):
   prompts, stops, want = greedy_reference
   v_cfg, v_params, d_cfg, d_params = _models(kind)
   drafter = features.for_model(d_cfg, dyn.shape((2, 5), 3, None, 3))
-  out = _decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
+  out = testing.decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
   assert out.new_tokens() == want
   accepted = np.asarray(out.stats.accepted)
   assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()

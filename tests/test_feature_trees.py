@@ -13,11 +13,10 @@ import pytest
 
 from spec_jax import testing
 from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import dyn, features, standard, trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import draft_init, llama
+from spec_jax.models import llama
 
 
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
@@ -25,27 +24,11 @@ SHAPES = {"rsd_c": dict(branching=(2, 2)), "rsd_s": dict(width=2),
           "specinfer": dict(width=2), "spectr": dict(width=2)}
 
 
-def _models(vocab_size=16, sharpness=2.0, sigma=0.3):
-  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and a feature drafter made of its block
-  1, every weight perturbed by N(0, sigma²)."""
-  v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
-  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
-  return v_cfg, v_params, d_cfg, testing.perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
-
-
-def _decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
-  return loop.speculative_generate(
-      v_params, d_params, prompts, jax.random.key(0),
-      verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
-      sampling=sampling, max_new_tokens=n, **kwargs)
-
-
 @pytest.fixture(scope="module")
 def greedy_reference():
   """(models, padded prompts, stop ids, the verifier's greedy output with them): two stop tokens
   taken from the free-running output cut two rows early."""
-  models = _models()
+  models = testing.tiny_feature_pair()
   v_cfg, v_params = models[:2]
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   free = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
@@ -61,14 +44,15 @@ def greedy_reference():
 def test_greedy_feature_trees_equal_verifier_greedy(method, greedy_reference):
   (v_cfg, v_params, d_cfg, d_params), prompts, stops, want = greedy_reference
   drafter = features.FeatureDrafter(d_cfg, standard.tree(method, 3, **SHAPES[method]))
-  out = _decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
+  out = testing.decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
   assert out.new_tokens() == want
   accepted = np.asarray(out.stats.accepted)
   assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
 
 
 def _law_pvalue(spec, sampling, cls=features.FeatureDrafter):
-  v_cfg, v_params, d_cfg, d_params = _models(vocab_size=6, sharpness=3.0, sigma=0.5)
+  v_cfg, v_params, d_cfg, d_params = testing.tiny_feature_pair(vocab_size=6, sharpness=3.0,
+                                                                sigma=0.5)
   return testing.sd_law_pvalue(v_cfg, v_params, cls(d_cfg, spec), d_params, [1, 4, 2],
                                sampling=sampling)
 
@@ -131,7 +115,7 @@ def test_drafter_state_after_random_acceptance_is_a_fresh_forward():
   drafter's along its path (`_check_node_laws`). A dynamic tree, whose layout differs per row
   and whose frontier overflows the proposal's slots (7 drafting slots for 5 nodes); the fixed
   layouts share its feed and commit."""
-  v_cfg, v_params, d_cfg, d_params = _models()
+  v_cfg, v_params, d_cfg, d_params = testing.tiny_feature_pair()
   drafter = features.FeatureDrafter(d_cfg, dyn.shape((3, 4), 3, None, 3))
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   padded = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
