@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from experiments.dyn import config as dyn_config
 from experiments.specbench import config as specbench_config
 from spec_jax import loading, testing
 from spec_jax.data import pipeline, sharegpt, suite
@@ -166,6 +167,17 @@ def test_cache_room_and_bpd_runs_come_from_the_methods():
                                                    (1.0, ("bpd_neural",))]
 
 
+def test_dyn_experiment_is_the_suite_on_chat_with_trees_at_equal_depth():
+  config = dyn_config.get_config()
+  assert config.program == "specbench_experiment" and tuple(config.suite.categories) == ("chat",)
+  assert config.eval.methods == dyn_config.METHODS and config.eval.gammas == (4,)
+  assert config.drafter.checkpoint == dyn_config.SHAREGPT_DRAFTER
+  # dyn:8-32 verifies 33 tokens per call: 32 slots past the committed ones, + 96 new tokens.
+  assert specbench_experiment.cache_extra(config) == 32 + 96
+  smoke = dyn_config.get_config("smoke")
+  assert smoke.eval.methods == ("sd", "dyn:2-4") and not smoke.drafter.checkpoint
+
+
 @pytest.mark.parametrize("change, match", [
     (dict(categories=("chat", "nope")), "suite.categories=.*'nope' is not a category"),
     (dict(categories=("chat_turn2",), split="validation"),
@@ -227,3 +239,25 @@ def test_report_renders_table_mean_and_anchors_from_synthetic_rows(tmp_path):
   assert list(panels["T = 1, batch 1"]) == ["sd"]
   out.plots["tau_by_category.png"](str(tmp_path / "tau.png"))
   assert os.path.getsize(tmp_path / "tau.png") > 0
+
+
+def test_report_names_shapes_of_one_method_and_sets_trees_beside_the_chain():
+  config = specbench_config.get_config()
+  config.suite.categories = ("chat",)
+  config.eval.methods = ("sd", "dyn:4-16", "dyn:8-32")
+  tree = dict(verifier_tokens_per_call=17, verifier_cost_ratio_r=1.9, cost_ratio_c=0.1,
+              drafter_calls_per_round=4, theoretical_speedup=1.2)
+  rows = [_row("chat", "autoregressive", 0.0, 1.0, 1.0), _row("chat", "sd", 0.0, 2.0, 1.5),
+          _row("chat", "dyn", 0.0, 3.0, 1.2, tree="dyn K=4 M=16 L=4", **tree),
+          _row("chat", "dyn", 0.0, 3.3, 0.9, tree="dyn K=8 M=32 L=4",
+               **dict(tree, verifier_tokens_per_call=33, verifier_cost_ratio_r=3.3))]
+  md = specbench_report.report(
+      config, experiment.Collected(rows=rows, missing=[], by_run={}), "cmd").markdown
+  assert "| category | AR tokens/s | sd | dyn K=4 M=16 L=4 | dyn K=8 M=32 L=4 |" in md
+  assert ("| chat | 20.0 | 2.00 ± 0.10 · 1.50× | 3.00 ± 0.10 · 1.20× | "
+          "3.30 ± 0.10 · 0.90× |") in md
+  # τ / τ(sd) = 1.5 and the measured speedup over sd's 1.2 / 1.5 = 0.8.
+  assert ("| chat | dyn K=4 M=16 L=4 | 3.00 ± 0.10 · 1.20× | 1.50 | 17 | 1.90 | 0.10 | 4 | "
+          "1.20 | 0.80 |") in md
+  assert "| chat | dyn K=8 M=32 L=4 | 3.30 ± 0.10 · 0.90× | 1.65 | 33 | 3.30 |" in md
+  assert "Exactness: all 3 greedy speculative rows" in md

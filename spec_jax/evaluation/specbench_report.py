@@ -70,12 +70,23 @@ GLOSSARY_KEYS = ("method", "gamma", "temperature", "batch_size", "num_prompts", 
                  "speedup", "identical_to_greedy")
 
 
-def method_key(row: dict) -> str:
+def method_key(row: dict, shaped: frozenset = frozenset()) -> str:
   """A row's column: its method, marked when BPD heads drafted a method the LM drafter also
-  runs (e.g. sd from the heads)."""
+  runs (e.g. sd from the heads); a method of several shapes in one run (`shaped`, e.g. dyn:4-16
+  and dyn:8-32) is named by its tree (`dyn K=4 M=16 L=4`)."""
   m = row["method"]
+  if m in shaped and row.get("tree"):
+    return row["tree"]
   return f"{m} (BPD heads)" if row.get("drafter_source") == "bpd" and not m.startswith(
       "bpd") else m
+
+
+def shaped_methods(rows) -> frozenset:
+  """Methods whose rows carry more than one tree shape: their columns are per shape."""
+  trees: dict[str, set] = {}
+  for r in rows:
+    trees.setdefault(r["method"], set()).add(r.get("tree"))
+  return frozenset(m for m, t in trees.items() if len(t) > 1)
 
 
 def settings(rows) -> list[tuple[int, float]]:
@@ -86,13 +97,13 @@ def settings(rows) -> list[tuple[int, float]]:
 def grid(rows, batch_size: int, temperature: float) -> dict[str, dict[str, dict]]:
   """category -> method column -> row, at one (batch size, temperature); the autoregressive
   row of the main (LM drafter) run under AR."""
-  out = {}
+  out, shaped = {}, shaped_methods(rows)
   for r in rows:
     if int(r["batch_size"]) != batch_size or float(r["temperature"]) != temperature:
       continue
     if r["method"] == AR and r.get("drafter_source") == "bpd":
       continue  # the BPD runs' own baselines only serve their speedups
-    out.setdefault(r["category"], {})[method_key(r)] = r
+    out.setdefault(r["category"], {})[method_key(r, shaped)] = r
   return out
 
 
@@ -112,9 +123,14 @@ def _cell(tau: float, se: float | None, speedup: float) -> str:
 
 def columns(config, rows) -> list[str]:
   """Method columns: eval.methods' order (by name), then BPD's, then any other."""
+  shaped = shaped_methods(rows)
   names = [str(m).partition("@")[0].partition(":")[0] for m in config.eval.methods]
   names += [str(m).partition("@")[0].partition(":")[0] for m in config.get("bpd_methods", ())]
-  seen = {method_key(r) for r in rows if r["method"] != AR}
+  # A method of several shapes: its shapes in the order the rows list them, where its name is.
+  by_shape = {m: list(dict.fromkeys(method_key(r, shaped) for r in rows if r["method"] == m))
+              for m in shaped}
+  names = [k for m in names for k in by_shape.get(m, [m])]
+  seen = {method_key(r, shaped) for r in rows if r["method"] != AR}
   return [m for m in dict.fromkeys(names) if m in seen] + sorted(seen - set(names))
 
 
@@ -156,7 +172,8 @@ def position_table(config, rows, batch_size: int, temperature: float) -> list[st
 def exactness_line(rows) -> str:
   """Whether every greedy speculative row reproduced the verifier's greedy output."""
   greedy = [r for r in rows if float(r["temperature"]) == 0.0 and r["method"] != AR]
-  bad = [f"{r['category']}/{method_key(r)}/B={r['batch_size']}" for r in greedy
+  shaped = shaped_methods(rows)
+  bad = [f"{r['category']}/{method_key(r, shaped)}/B={r['batch_size']}" for r in greedy
          if r.get("identical_to_greedy") is not True]
   if not greedy:
     return "No greedy rows yet."
@@ -165,6 +182,33 @@ def exactness_line(rows) -> str:
             "verifier's greedy output, token for token.")
   return (f"**Exactness: {len(bad)} of {len(greedy)} greedy rows differ from the verifier's "
           f"greedy output**: {', '.join(bad)}.")
+
+
+def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
+  """Every tree row beside the chain (`sd`) of its category: τ and its ratio to the chain's,
+  the verifier tokens per call, the measured cost of that call r (in one-token steps), the
+  drafter's cost ratio c and calls per round, the theoretical speedup τ / (r + d·c) and the
+  measured speedup, each over the same run's autoregressive pass. Empty without tree rows."""
+  cells = grid(rows, batch_size, temperature)
+  md = []
+  for c in (c for c in config.suite.categories if c in cells):
+    chain = cells[c].get("sd")
+    for key, r in cells[c].items():
+      if not r.get("tree") or r["method"] == AR:
+        continue
+      ratio = (r["block_efficiency"] / chain["block_efficiency"]) if chain else None
+      md.append("| " + " | ".join([
+          c, key, _cell(r["block_efficiency"], r.get("tau_se"), r["speedup"]),
+          tables.format_value(ratio), str(r.get("verifier_tokens_per_call")),
+          tables.format_value(r.get("verifier_cost_ratio_r")),
+          tables.format_value(r.get("cost_ratio_c")), str(r.get("drafter_calls_per_round")),
+          tables.format_value(r.get("theoretical_speedup")),
+          tables.format_value(r["speedup"] / chain["speedup"] if chain else None)]) + " |")
+  if not md:
+    return []
+  return ["| category | tree | τ ± SE · speedup | τ / τ(sd) | tokens per call | r | c | "
+          "drafter calls per round | theoretical speedup | speedup / sd's |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
 
 
 def _ours(rows, method: str, cats: Sequence[str]) -> float | None:
@@ -250,6 +294,10 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
     md += [f"## Batch {b}, T = {t:g}", "", *suite_table(config, rows, b, t), "",
            f"Per-position acceptance (batch {b}, T = {t:g}):", "",
            *position_table(config, rows, b, t), ""]
+    trees = tree_table(config, rows, b, t)
+    if trees:
+      md += [f"Trees against the chain (batch {b}, T = {t:g}; sd at the same γ; r and c "
+             "measured in this run):", "", *trees, ""]
   md += [exactness_line(rows), ""]
   md += anchor_lines(config, rows)
   md += ["## Plot", "", "![τ by category](tau_by_category.png)", "", "## Categories", ""]
