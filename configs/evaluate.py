@@ -10,7 +10,10 @@ glossary in docs/design.md §3, the seed and the device), results.md and tau_vs_
 speedup_vs_gamma.png. Prompts: `num_prompts` prefixes of the Shakespeare test split (or
 --config.prompts_file=FILE, which then replaces them: one prompt per line or JSON lines with a
 "prompt" field; --config.data.name=spec_jax_pystdlib for code). `eval.num_prompts` is the one
-count (the dataset column of results.json says where the prompts came from).
+count (the dataset column of results.json says where the prompts came from). Each prompt batch
+is padded to the smallest width of eval.prompt_buckets, eval.prompt_buckets·2, ·4, ... (capped at
+eval.max_prompt_tokens) that holds its longest prompt; --config.eval.prompt_buckets=0 pads every
+batch to eval.max_prompt_tokens.
 Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
 Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens.
 One H100: γ ∈ {2, 4, 6} ×
@@ -19,6 +22,7 @@ T ∈ {0, 1} × batch {1, 8}, 8 prompts × 128 tokens, 3 timed passes each: 3.6 
 """
 
 from configs import common
+from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import methods
 
 
@@ -55,6 +59,11 @@ def get_config(arg=None):
       gammas=_ints(args.gammas), temperatures=_floats(args.temperatures),
       batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
+      # The smallest padded prompt width: a batch takes the smallest of 32, 64, ... (doubling,
+      # then max_prompt_tokens) that holds its longest prompt, one compiled program per width;
+      # 0 pads every batch to max_prompt_tokens. The padding is masked, so tokens do not depend
+      # on it (up to float rounding); timings do (prefill).
+      prompt_buckets=generate_lib.SMALLEST_BUCKET,
       rule="auto", lenience="lin", epsilon=1.0, stop_at_eos=False,
       relaxed_top_k=2,  # with rule='top_k_relaxed' (greedy, lossy): keep drafts in the top k
       epsilons=(),  # with rule='lenient': sweep these ε (one row each) instead of epsilon

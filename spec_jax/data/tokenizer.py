@@ -306,22 +306,29 @@ def tokenizer_from_json(path: str | pathlib.Path, eos_token: str) -> HFTokenizer
   return HFTokenizer(tokenizers.Tokenizer.from_file(str(path)), name=str(path), eos_token=eos_token)
 
 
+def _raise_exception(message):
+  raise ValueError(f"The chat template refused the messages: {message}")
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_chat_template(template: str):
+  """The Jinja template compiled once per template string: compiling costs far more than a
+  render, and chat datasets render tens of thousands of conversations."""
+  import jinja2.sandbox  # local: only chat prompts need it
+  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+  env.globals["raise_exception"] = _raise_exception
+  return env.from_string(template)
+
+
 def render_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True,
                          **special_tokens) -> str:
   """Render an HF chat template (Jinja) the way transformers does: sandboxed, trim_blocks,
   lstrip_blocks, `raise_exception`."""
-  import jinja2.sandbox  # local: only chat prompts need it
-
-  def raise_exception(message):
-    raise ValueError(f"The chat template refused the messages: {message}")
-
-  env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-  env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-  env.globals["raise_exception"] = raise_exception
-  return env.from_string(template).render(messages=messages,
-                                          add_generation_prompt=add_generation_prompt,
-                                          **special_tokens)
+  return _compiled_chat_template(template).render(messages=messages,
+                                                  add_generation_prompt=add_generation_prompt,
+                                                  **special_tokens)
 
 
 # SmolLM2-Instruct's template adds this system turn when a conversation has none.

@@ -1,9 +1,11 @@
 """Autoregressive generation: one jitted `lax.while_loop`, batch > 1 with ragged prompts.
 
-Cache layout (docs/design.md §2): slot = absolute position. Prompts are right-padded to a fixed
-`P = max_prompt_tokens`, so one compiled program serves every batch of the same (B, P, O). The
-padding's K/V land in slots >= length[b]; the causal mask hides them and the next real token in
-that row overwrites them before any query can see them.
+Cache layout (docs/design.md §2): slot = absolute position. Prompts are right-padded to a width
+P (`max_prompt_tokens`, or with `buckets` the smallest of a few widths that holds the batch's
+longest prompt), so one compiled program serves every batch of the same (B, P, O). The padding's
+K/V land in slots >= length[b]; the causal mask hides them and the next real token in that row
+overwrites them before any query can see them, so the width changes no token (up to the float
+rounding of attention sums over more masked slots).
 
 Stopping (shared with speculative decoding so both emit identical text): a row stops after it
 emits a stop token (kept in the output) or after `max_new_tokens` new tokens.
@@ -31,18 +33,44 @@ class Prompts:
   lengths: jax.Array
 
 
+# eval.prompt_buckets' default: batches padded to 32, 64, 128, ... tokens (capped at the field's
+# max_prompt_tokens), so a short batch's prefill is not that of the longest prompt allowed.
+SMALLEST_BUCKET = 32
+
+
+def bucket_widths(max_prompt_tokens: int, smallest: int = 0,
+                  field: str = "eval.prompt_buckets") -> tuple[int, ...]:
+  """The widths a prompt batch may be padded to: smallest, 2·smallest, 4·smallest, ... below
+  max_prompt_tokens, then max_prompt_tokens (always the widest). smallest = 0: max_prompt_tokens
+  alone (every batch padded alike). Each width is its own compiled program per decoding setting;
+  doubling keeps them to about log2(max_prompt_tokens / smallest) + 1."""
+  if isinstance(smallest, bool) or not isinstance(smallest, (int, np.integer)) or smallest < 0:
+    raise ValueError(f"{field}={smallest!r} is not a width. Fix: set it to the smallest padded "
+                     f"prompt width, an integer >= 1 (e.g. {SMALLEST_BUCKET}: widths double up to "
+                     "max_prompt_tokens), or 0 to pad every batch to max_prompt_tokens.")
+  widths, width = [], int(smallest)
+  while 0 < width < max_prompt_tokens:
+    widths.append(width)
+    width *= 2
+  return (*widths, int(max_prompt_tokens))
+
+
 def encode_prompts(tokenizer, texts: Sequence[str], max_prompt_tokens: int,
-                   field: str = "generation.max_prompt_tokens") -> Prompts:
-  """Tokenize and right-pad prompts to `max_prompt_tokens`, with clear errors for bad input."""
+                   field: str = "generation.max_prompt_tokens", buckets: int = 0) -> Prompts:
+  """Tokenize and right-pad prompts to `max_prompt_tokens` (or, with `buckets`, to the smallest
+  `bucket_widths(max_prompt_tokens, buckets)` entry that holds the longest), with clear errors
+  for bad input."""
   if not texts:
     raise ValueError("No prompts given.")
   ids = tokenizer.encode_batch(list(texts))
-  return pad_prompts(ids, max_prompt_tokens, tokenizer.pad_id, field)
+  return pad_prompts(ids, max_prompt_tokens, tokenizer.pad_id, field, buckets)
 
 
 def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: int,
-                field: str = "generation.max_prompt_tokens") -> Prompts:
-  tokens = np.full((len(ids), max_prompt_tokens), pad_id, np.int32)
+                field: str = "generation.max_prompt_tokens", buckets: int = 0) -> Prompts:
+  """Prompts right-padded with pad_id to width P: max_prompt_tokens, or with buckets > 0 the
+  smallest `bucket_widths` entry >= the longest prompt (its field named like `field`'s sibling
+  prompt_buckets). A prompt longer than max_prompt_tokens is an error naming `field`."""
   for i, row in enumerate(ids):
     if len(row) == 0:
       raise ValueError(f"Prompt {i} is empty: generation needs at least one prompt token.")
@@ -50,6 +78,11 @@ def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: in
       raise ValueError(
           f"Prompt {i} has {len(row)} tokens but {field}={max_prompt_tokens} (the KV cache holds "
           f"max_prompt_tokens + max_new_tokens). Raise {field} or shorten the prompt.")
+  longest = max((len(row) for row in ids), default=0)
+  buckets_field = ".".join([*field.split(".")[:-1], "prompt_buckets"])
+  width = min(w for w in bucket_widths(max_prompt_tokens, buckets, buckets_field) if w >= longest)
+  tokens = np.full((len(ids), width), pad_id, np.int32)
+  for i, row in enumerate(ids):
     tokens[i, :len(row)] = row
   return Prompts(jnp.asarray(tokens), jnp.asarray([len(r) for r in ids], jnp.int32))
 

@@ -9,10 +9,11 @@ measure through here.
   r = bench.verifier_cost_ratio(v_cfg, v_params, work, m)        # r(M) for M tokens per call
   row = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c, r_m=r)
 
-Timings exclude compilation (each pass compiles on the first batch's shapes, decoding nothing,
-then runs every batch `repeats` times; per batch the median counts). Batches are padded to one
-size by repeating their last prompt; `Workload.batches` carries each batch's real rows and padded
-rows never count.
+Timings exclude compilation (each pass first compiles one program per distinct batch shape,
+decoding nothing, then runs every batch `repeats` times; per batch the median counts). Batches
+are padded to one size by repeating their last prompt; `Workload.batches` carries each batch's
+real rows and padded rows never count. Their prompt widths may differ (evaluate pads each batch
+to its bucket width, `generate.bucket_widths`): each width is its own compiled program.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from spec_jax.models import llama
 class Workload:
   """What every pass of one setting decodes.
 
-  batches: [(Prompts, real rows)], every batch of one size. sampling: the decoding law.
+  batches: [(Prompts, real rows)], all of one batch size (prompt widths may differ).
+  sampling: the decoding law.
   new_tokens: per row. stop_ids: tokens that end a row (empty: decode new_tokens).
   seed: batch i decodes with fold_in(key(seed), i). repeats: timed runs per batch (median).
   max_cache_len: the speculative loop's cache bound (None: what the prompts need)."""
@@ -60,6 +62,16 @@ class Workload:
   @property
   def batch_size(self) -> int:
     return int(self.batches[0][0].tokens.shape[0])
+
+  @property
+  def widths(self) -> list[int]:
+    """The distinct padded prompt widths P of the batches, ascending."""
+    return sorted({int(p.tokens.shape[1]) for p in self.prompts})
+
+  @property
+  def prompt_width(self) -> int:
+    """The widest batch's P: the cache size the cost ratios (c, r(M)) are measured at."""
+    return self.widths[-1]
 
   def key(self, i: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(self.seed), i)
@@ -125,6 +137,7 @@ class Row:
   lenience: str | None = None
   epsilon: float | None = None
   relaxed_top_k: int | None = None
+  prompt_widths: list | None = None  # the batches' distinct padded prompt widths P, ascending
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -153,11 +166,23 @@ def _loglik(v_cfg, v_params, outputs, work: Workload, law=None, **lenient) -> di
       for out, real in zip(outputs, work.reals))
 
 
+def _timed_pass(fn, work: Workload, desc: str | None, usage: dict | None):
+  """`timing.timed_pass` of fn(prompts, i, [compile_only=True]) over the workload's batches.
+  timed_pass compiles on the first batch only; a batch of another shape (another bucket width)
+  is another program, compiled here first so that no compilation lands in a timed call."""
+  seen = {work.prompts[0].tokens.shape}
+  for i, prompts in enumerate(work.prompts):
+    if prompts.tokens.shape not in seen:
+      seen.add(prompts.tokens.shape)
+      fn(prompts, i, compile_only=True)
+  return timing.timed_pass(fn, work.prompts, desc=desc, compile_only=True, usage=usage,
+                           repeats=work.repeats)
+
+
 def _ar_pass(cfg, params, work: Workload, desc: str | None, usage: dict | None = None):
   fn = lambda prompts, i, **kw: generate_lib.generate(  # noqa: E731
       params, prompts, work.key(i), cfg=cfg, **work.common(), **kw)
-  return timing.timed_pass(fn, work.prompts, desc=desc, compile_only=True, usage=usage,
-                           repeats=work.repeats)
+  return _timed_pass(fn, work, desc, usage)
 
 
 def autoregressive(v_cfg, v_params, work: Workload, *, desc: str | None = None) -> Baseline:
@@ -186,15 +211,14 @@ def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
              speedup=1.0, cost_ratio_c=0.0, verifier_cost_ratio_r=1.0, theoretical_speedup=1.0,
              speedup_vs_theory=None, verifier_tokens_per_call=1,
              identical_to_greedy=True if s.greedy else None,
-             verifier_loglik=round(base.verifier_loglik, 4))
+             verifier_loglik=round(base.verifier_loglik, 4), prompt_widths=work.widths)
 
 
 def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload) -> float:
   """c of a feature drafter, which cannot decode alone (it reads the verifier's features): its
   one-token forward over the verifier's, timed taking turns (median of 5), at the loop's cache
-  size and halfway through the new tokens."""
-  prompts = work.prompts[0]
-  b, p = prompts.tokens.shape
+  size for the widest batch and halfway through the new tokens."""
+  b, p = work.batch_size, work.prompt_width
   size = p + work.new_tokens + 1
   calls = {}
   for name, cfg, params in (("v", v_cfg, v_params), ("d", d_cfg, d_params)):
@@ -219,9 +243,10 @@ def drafter_cost(cost: methods.Cost, v_cfg, v_params, work: Workload, base: Base
 
 
 def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int) -> float:
-  """r(M) of the verifier at this workload's batch size, with the loop's cache size (prompt + new
-  tokens + the last round's overhang of M) and the M tokens halfway through the new tokens."""
-  b, p = work.prompts[0].tokens.shape
+  """r(M) of the verifier at this workload's batch size, with the loop's cache size (the widest
+  batch's prompt + new tokens + the last round's overhang of M) and the M tokens halfway through
+  the new tokens."""
+  b, p = work.batch_size, work.prompt_width
   size = p + work.new_tokens + m
   return timing.verifier_cost_ratio(llama.make_apply(v_cfg), v_params,
                                     lambda: llama.init_cache(v_cfg, b, size), batch_size=b, m=m,
@@ -241,8 +266,7 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       v_params, built.params, prompts, work.key(i), verifier=verifier, drafter=drafter,
       decode=decode, max_cache_len=work.max_cache_len, **work.common(), **kw)
   usage = {}
-  outputs, seconds = timing.timed_pass(fn, work.prompts, desc=desc, compile_only=True,
-                                       usage=usage, repeats=work.repeats)
+  outputs, seconds = _timed_pass(fn, work, desc, usage)
   tokens = metrics.token_lists(outputs, work.reals)
   summary = metrics.summarize(outputs, work.reals)
   tau, calls, d = summary["block_efficiency"], summary["verifier_calls"], built.cost.calls
@@ -279,5 +303,6 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       rule=rule_name, tree=None if shape.is_chain else shape.describe(),
       lenience=decode.lenience if lenient else None,
       epsilon=decode.epsilon if lenient else None,
-      relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None)
+      relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None,
+      prompt_widths=work.widths)
   return row, tokens

@@ -61,6 +61,9 @@ GLOSSARY: dict[str, str] = {
             "K=i.i.d. chains; L = depth",
     "identical_to_greedy": "exactness check: greedy speculative output equals the verifier's "
                            "greedy output token for token (none when sampling)",
+    "prompt_widths": "padded prompt widths P the run's batches took (each batch: the smallest "
+                     "eval.prompt_buckets width holding its longest prompt); prefill processes "
+                     "P tokens per row",
     "lenience": "lossy lenience function (f_lin = p/ε, f_sq = p/ε², f_exp = p^ε); none is "
                 "lossless",
     "epsilon": "ε, the lenience parameter",

@@ -6,6 +6,9 @@ verifier's autoregressive decoding (the speedup baseline) and every run of `eval
 `spec_jax.decoding.methods`), through `spec_jax.evaluation.bench`: one row per run with τ, α,
 per-position acceptance, tokens/s, the speedup, c, the measured r(M) and the theoretical speedup
 τ / (r(M) + d·c). Writes results.json, results.md and PNG plots (τ and speedup vs γ).
+Each prompt batch is padded to the smallest of `generate.bucket_widths(eval.max_prompt_tokens,
+eval.prompt_buckets)` that holds its longest prompt (0: all to eval.max_prompt_tokens), so a
+short batch's prefill stays short and a few compiled widths serve every batch.
 Every field, method and option is validated, and the cache room of the actual prompts checked,
 before any model loads. Each finished row goes to rows.jsonl as it completes; a rerun reads
 finished rows back while the digest of the fields that change them (`row_digest`) matches.
@@ -98,6 +101,7 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
                "timing_repeats"):
     if int(ev.get(name, 1)) < 1:
       raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  generate_lib.bucket_widths(int(ev.max_prompt_tokens), _buckets(ev), "eval.prompt_buckets")
   for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
     for e in values:
       if not 0.0 < float(e) <= 1.0:
@@ -118,7 +122,7 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
 
 
 def check_room(ev, batches, entries) -> None:
-  """The cache must hold the longest padded prompt + eval.new_tokens + the widest proposal's
+  """The cache must hold the widest padded batch + eval.new_tokens + the widest proposal's
   overhang; the error names the numbers and the fields to change."""
   longest = max(p.tokens.shape[1] for p, _ in batches)
   overhang = max([e.shape.num_nodes - 1 for e in entries], default=0)
@@ -131,16 +135,21 @@ def check_room(ev, batches, entries) -> None:
         "largest γ / tree, or raise eval.max_cache_len if the model's context allows.")
 
 
-def _batches(tokenizer, texts, batch_size, max_prompt_tokens):
+def _buckets(ev) -> int:
+  """eval.prompt_buckets, or its default where a config lacks it (both digest alike)."""
+  return ev.get("prompt_buckets", generate_lib.SMALLEST_BUCKET)
+
+
+def _batches(tokenizer, texts, batch_size, ev):
   """Prompt batches of exactly batch_size rows (the last one padded by repeating its last prompt;
-  padded rows are dropped from every count)."""
+  padded rows are dropped from every count), each padded to its bucket width."""
   out = []
   for start in range(0, len(texts), batch_size):
     chunk = texts[start:start + batch_size]
     real = len(chunk)
     chunk = chunk + [chunk[-1]] * (batch_size - real)
-    out.append((generate_lib.encode_prompts(tokenizer, chunk, max_prompt_tokens,
-                                            field="eval.max_prompt_tokens"), real))
+    out.append((generate_lib.encode_prompts(tokenizer, chunk, int(ev.max_prompt_tokens),
+                                            "eval.max_prompt_tokens", _buckets(ev)), real))
   return out
 
 
@@ -152,7 +161,7 @@ def prompt_batches(config, tokenizer, entries) -> tuple[list[str], dict[int, lis
   texts = prompts_lib.take(
       prompts_lib.read_prompts(config, tokenizer, num_data_prompts=max(int(ev.num_prompts), extra)
                                if extra else None), int(ev.num_prompts), "eval.num_prompts")
-  all_batches = {b: _batches(tokenizer, texts, b, ev.max_prompt_tokens) for b in ev.batch_sizes}
+  all_batches = {b: _batches(tokenizer, texts, b, ev) for b in ev.batch_sizes}
   for batches in all_batches.values():
     check_room(ev, batches, entries)
   return texts, all_batches

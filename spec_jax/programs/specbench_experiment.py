@@ -14,8 +14,8 @@ resumes, `render_only` reports what has finished and runs nothing), in order:
    (each at the temperatures it takes).
 A category's prompts go to a JSON-lines file in its run's directory, named by the digest of its
 text (so a changed prompt set changes the run's config and is decoded again), and evaluate reads
-them through `prompts_file`; its `eval.max_prompt_tokens` is the longest prompt rounded up to
-`suite.prompt_multiple` tokens. Every category's prompts, and that they fit eval.max_cache_len
+them through `prompts_file`; its `eval.max_prompt_tokens` (the widest of the batches' bucket
+widths, eval.prompt_buckets) is the longest prompt rounded up to `suite.prompt_multiple` tokens. Every category's prompts, and that they fit eval.max_cache_len
 with the new tokens and the largest draft, are checked before any model loads.
 Rows are evaluate's (bench.Row: τ, tau_se, per-position acceptance, tokens/s, speedup over the
 same run's autoregressive pass, identical_to_greedy, ...) tagged `category`, `part`,
