@@ -24,12 +24,14 @@ one batch per step, generated 8 batches per call, cached in data.cache_dir):
       --workdir runs/sharegpt_verifier_t1
 Every steps/10 steps metrics.jsonl logs eval/tau_T0 and eval/tau_T1 (γ = 4, 16 prompts of the
 validation split's chat rows, 64 new tokens) beside the held-out divergences (4 batches of
-validation rows with the corpus's responses): τ vs training steps. Time (estimated from the
-quickstart's feature stage, rows twice as long): ~2-2.5 s per step on 2 CPU cores, ~10 steps/s
-on one H100; the rows of ShareGPT's train split are built once (~2 min on 2 CPU cores, then
-cached beside the token caches); verifier responses cost 500 × 8 × <= 128 generated tokens
-(~30-40 min on 2 CPU cores: there, --config.data.verifier_batches=64 cycles a pool of 64 batches,
-~5 min; ~1 min on one H100).
+validation rows with the corpus's responses): τ vs training steps. Time: a step is dominated by
+the verifier's forward over 8 × 256 tokens (~0.55 TFLOP); 12 s per step on 2 idle cores of a
+VM that multiplies float32 matrices at ~67 GFLOP/s, where the quickstart's feature step (8 × 128
+tokens) takes 5.5 s, so ~2.3 s on a VM where that one takes 1.05 s; one H100 not measured
+(~10 steps/s expected). The rows of ShareGPT's train split are built once (~2 min on 2 CPU
+cores, then cached beside the token caches); verifier responses cost 500 × 8 × <= 128
+generated tokens (~30-40 min on 2 CPU cores: there, --config.data.verifier_batches=64 cycles
+a pool of 64 batches, ~5 min; ~1 min on one H100).
 
 Evaluate the result with
   python launch.py --config configs/evaluate.py --workdir runs/eval_distilled \
@@ -106,7 +108,11 @@ def get_config(arg: str | None = None):
       # verifier's with this weight (EAGLE's feature loss; training/features.py).
       feature_weight=1.0,
       # ... and trains on its own predicted features: pass k + 1 reads what pass k predicted.
-      feature_passes=1)
+      feature_passes=1,
+      # Pass j's losses weigh pass_decay**j (normalised; 1 = every pass alike, EAGLE-3: 0.8).
+      # A multi-layer drafter (size '...:features=2+15+27', EAGLE-3) trains on the laws alone
+      # (feature_weight ignored) and needs feature_passes >= 2.
+      pass_decay=1.0)
   config.train = common.train(num_steps=arg.steps, batch_size=arg.batch)
   config.train.update(lr=arg.lr, warmup_steps=max(min(10, arg.steps // 10), 1), log_every=5,
                       eval_every=arg.steps, checkpoint_every=20, keep_checkpoints=1)

@@ -82,7 +82,7 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
           f"{size_field}={model_cfg.size!r} makes a feature drafter from a pretrained model's "
           f"blocks, but {field} is empty. Fix: {field}=smollm2 (the verifier's checkpoint) with "
           "layers=... .")
-    cfg, params = draft_init.feature_drafter(cfg, params)
+    cfg, params = draft_init.feature_drafter(cfg, params, size.feature_layers)
   if size.vocab is not None:
     if token_counts is None:
       raise ValueError(

@@ -322,3 +322,14 @@ def decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
       v_params, d_params, prompts, jax.random.key(0),
       verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
       sampling=sampling, max_new_tokens=n, **kwargs)
+
+
+def tiny_eagle3_pair(vocab_size=16, sharpness=2.0, sigma=0.2, depths=(0, 1, 2)):
+  """(v_cfg, v_params, d_cfg, d_params): a tiny verifier (`tiny_model`, 2 layers) and a
+  multi-layer feature drafter (EAGLE-3) made of its block 1, reading its residual at `depths`
+  through feature_fc, every drafter weight (feature_fc's too, so every depth counts) perturbed
+  by N(0, sigma²)."""
+  v_cfg, v_params = tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params), depths)
+  return v_cfg, v_params, d_cfg, perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)

@@ -9,6 +9,11 @@ A model section's `size` names a variant and, after colons, what to keep of the 
   smollm2-135m:layers=29:features=1
                                 a feature drafter (EAGLE, Li et al. 2024): block 29 reading
                                 the verifier's final residual beside each token
+  smollm2-135m:layers=29:features=2+15+27
+                                a multi-layer feature drafter (EAGLE-3, Li et al. 2025): the
+                                verifier's residual at depths 2, 15 and 27 (low, middle, high:
+                                EAGLE-3's 2, L/2, L − 3; d = the input of verifier block d)
+                                through one fc layer
 
 A layer subset keeps the embedding, the final norm and the output head: with every layer it is
 the verifier itself (logits bit for bit). `distill` then closes the gap the missing layers leave.
@@ -46,16 +51,21 @@ class Size:
   first: int | None = None
   every: int | None = None
   vocab: int | None = None
-  features: int | None = None
+  features: int | None = None  # 1: a feature drafter (either kind), 0 / None: an ordinary model
+  feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
 
   @property
   def selects_layers(self) -> bool:
     return self.layers is not None or self.first is not None or self.every is not None
 
 
+def _ints(value: str) -> tuple[int, ...]:
+  return tuple(int(x) for x in value.replace("+", ",").split(",") if x.strip())
+
+
 def parse_size(size: str, field: str = "model.size") -> Size:
-  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1]` → Size; ValueError
-  naming `field`."""
+  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]` →
+  Size; ValueError naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -63,11 +73,13 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     key = key.strip()
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
-                       "0+1+2), first=K, every=M, vocab=N, features=1, e.g. "
-                       "'smollm2-135m:layers=0,14,29'.")
+                       "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
+                       "e.g. 'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
-        kwargs[key] = tuple(int(x) for x in value.replace("+", ",").split(",") if x.strip())
+        kwargs[key] = _ints(value)
+      elif key == "features" and ("+" in value or "," in value):
+        kwargs.update(features=1, feature_layers=_ints(value))
       else:
         kwargs[key] = int(value)
     except ValueError:
@@ -82,7 +94,15 @@ def parse_size(size: str, field: str = "model.size") -> Size:
       raise ValueError(f"{field}={size!r}: {key} must be >= 1.")
   if out.features not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
-                     "verifier's final residual), features=0 an ordinary one.")
+                     "verifier's final residual), features=0 an ordinary one, features=2+15+27 "
+                     "one reading those verifier depths (EAGLE-3).")
+  depths = out.feature_layers
+  if "feature_layers" in kwargs and (len(depths) < 2 or min(depths) < 0
+                                     or len(set(depths)) < len(depths)):
+    raise ValueError(f"{field}={size!r}: features= lists two or more distinct verifier depths "
+                     ">= 0 (d = the input of verifier block d, d = its layer count the final "
+                     "residual), e.g. features=2+15+27 for a 30-layer verifier; features=1 "
+                     "reads the final residual alone.")
   return out
 
 
@@ -119,30 +139,47 @@ def select_layers(cfg: llama.LlamaConfig, params, layers, field: str = "model.si
   return new_cfg, new_params
 
 
-def feature_drafter(cfg: llama.LlamaConfig, params):
+def feature_drafter(cfg: llama.LlamaConfig, params, layers=()):
   """(cfg, params) of a feature drafter (EAGLE) made of a model's blocks: it reads, beside each
   token, the verifier's final residual one position back, through fc([f / rms; e / rms])
   initialised to the sum [I; I]. The verifier must be as wide as the model the blocks came from
-  (`check_feature_width`)."""
+  (`check_feature_width`).
+
+  layers (EAGLE-3, `Size.feature_layers`): the verifier's residual at these depths, each at unit
+  RMS, concatenated and mapped to f by one more fc, `feature_fc` [n·D, D], initialised to the
+  identity on the deepest depth's slot and zeros elsewhere (`llama.feature_fc_kernel`): the
+  drafter starts as a final-residual drafter reading that depth in place of the final residual
+  (exactly today's drafter, to float rounding, when the deepest depth is the final one)."""
   if cfg.feature_width:
     return cfg, params
-  new_cfg = dataclasses.replace(cfg, feature_width=cfg.d_model)
+  new_cfg = dataclasses.replace(cfg, feature_width=cfg.d_model, feature_layers=tuple(layers))
   if params is None:
     return new_cfg, None
+  dtype = np.asarray(params["embed"]["embedding"]).dtype
   eye = np.eye(cfg.d_model, dtype=np.float32)
-  kernel = np.concatenate([eye, eye], axis=0).astype(np.asarray(params["embed"]["embedding"]).dtype)
-  return new_cfg, {**params, "fc": {"kernel": kernel}}
+  kernel = np.concatenate([eye, eye], axis=0).astype(dtype)
+  params = {**params, "fc": {"kernel": kernel}}
+  if layers:
+    params["feature_fc"] = {"kernel": llama.feature_fc_kernel(new_cfg).astype(dtype)}
+  return new_cfg, params
 
 
 def check_feature_width(verifier_cfg, drafter_cfg, field: str = "drafter.checkpoint") -> None:
   """ValueError naming `field` when a feature drafter reads features of another width than the
-  verifier's residual stream (a drafter built for another verifier)."""
+  verifier's residual stream, or (multi-layer) depths the verifier lacks: a drafter built for
+  another verifier."""
   width = drafter_cfg.feature_width
   if width and width != verifier_cfg.d_model:
     raise ValueError(f"{field} is a feature drafter reading the verifier's residual stream of "
                      f"width {width}, but the verifier's is {verifier_cfg.d_model}. Fix: use a "
                      "feature drafter built from this verifier's blocks (size "
                      "'<verifier>:layers=...:features=1').")
+  n = verifier_cfg.n_layers
+  if any(d > n for d in getattr(drafter_cfg, "feature_layers", ())):
+    raise ValueError(f"{field} is a feature drafter reading the verifier's residual at depths "
+                     f"{list(drafter_cfg.feature_layers)}, but the verifier has {n} layers "
+                     f"(depths 0..{n}). Fix: build it from this verifier with depths in "
+                     f"0..{n} (size '<verifier>:layers=...:features=a+b+c').")
 
 
 def count_tokens(tokens, vocab_size: int) -> np.ndarray:

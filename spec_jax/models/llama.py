@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spec_jax.models import decoder
@@ -32,6 +34,10 @@ class LlamaConfig:
     `decoding/drafters/features.py`): the forward also reads a feature vector per token (the
     verifier's final residual one position back) of this width, and its first layer's input is
     fc([features / rms; embedding / rms]). 0 = an ordinary language model.
+  feature_layers: a multi-layer feature drafter (EAGLE-3; `draft_init.feature_drafter`): the
+    verifier's residual depths it reads (l = the input of verifier block l, -1 or n_layers the
+    final residual), mapped to the feature_width-wide feature by `feature_fc` ([n·F, F], a
+    param beside the decoder's). () = the final residual alone, as it is.
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -56,6 +62,7 @@ class LlamaConfig:
   layer_windows: tuple[int, ...] = ()
   head_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
   feature_width: int = 0
+  feature_layers: tuple[int, ...] = ()
   family: str = "llama"
 
   FAMILY = "llama"
@@ -86,6 +93,12 @@ class LlamaConfig:
     if self.feature_width < 0:
       raise ValueError(f"feature_width must be >= 0 (0: no feature input), got "
                        f"{self.feature_width}.")
+    if not isinstance(self.feature_layers, tuple):  # a list from JSON meta
+      object.__setattr__(self, "feature_layers", tuple(int(x) for x in self.feature_layers))
+    if self.feature_layers and (not self.feature_width or min(self.feature_layers) < -1
+                                or len(set(self.feature_layers)) < len(self.feature_layers)):
+      raise ValueError(f"feature_layers={self.feature_layers} needs a feature drafter "
+                       "(feature_width > 0) and distinct verifier depths >= -1.")
     if self.layer_windows and (len(self.layer_windows) != self.n_layers
                                or min(self.layer_windows) < 0):
       raise ValueError(f"layer_windows needs one window >= 0 per layer ({self.n_layers}), got "
@@ -140,7 +153,8 @@ class LlamaConfig:
       attn += 2 * self.head_dim
     per_layer = attn + 3 * d * f + self.norms_per_layer * d
     emb = self.vocab_size * d + (0 if self.tie_embeddings else self.head_size * d)
-    return self.n_layers * per_layer + emb + d + 2 * self.feature_width * d
+    return (self.n_layers * per_layer + emb + d + 2 * self.feature_width * d
+            + len(self.feature_layers) * self.feature_width ** 2)
 
   norms_per_layer = 2
 
@@ -214,8 +228,33 @@ rope = L.rope
 RMSNorm = L.RMSNorm
 Llama = decoder.Decoder
 make_apply = decoder.make_apply
-init_params = decoder.init_params
-param_shapes = decoder.param_shapes
+
+
+def init_params(cfg, rng):
+  """`decoder.init_params`, and a multi-layer feature drafter's `feature_fc` (which the
+  drafter applies to the verifier's layers before the decoder reads them) at
+  `feature_fc_kernel`."""
+  params = decoder.init_params(cfg, rng)
+  if getattr(cfg, "feature_layers", ()):
+    kernel = jnp.asarray(feature_fc_kernel(cfg), cfg.param_dtype)
+    params = {**params, "feature_fc": {"kernel": kernel}}
+  return params
+
+
+def param_shapes(cfg):
+  """Parameter shapes/dtypes without allocating (for sharding and checkpoint restore)."""
+  return jax.eval_shape(lambda rng: init_params(cfg, rng), jax.random.key(0))
+
+
+def feature_fc_kernel(cfg) -> np.ndarray:
+  """f32[n·F, F] for n = len(cfg.feature_layers): the identity on the deepest depth's slot (the
+  final residual, -1, deepest of all) and zeros elsewhere, so the drafter first reads that layer
+  alone, as a final-residual drafter reads its one."""
+  layers, width = cfg.feature_layers, cfg.feature_width
+  deepest = max(range(len(layers)), key=lambda i: (layers[i] == -1, layers[i]))
+  kernel = np.zeros((len(layers) * width, width), np.float32)
+  kernel[deepest * width:(deepest + 1) * width] = np.eye(width, dtype=np.float32)
+  return kernel
 
 
 def check_head_ids(ids, vocab_size: int, field: str) -> None:

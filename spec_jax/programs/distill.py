@@ -116,7 +116,9 @@ def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_pa
   if spec.needs_verifier_data:
     # Everything the responses depend on. A random-init verifier (tests) is named by its seed.
     key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
-                         dataclasses.asdict(v_cfg),
+                         # a field at its default (feature_layers=()) keeps old caches' keys
+                         {k: v for k, v in dataclasses.asdict(v_cfg).items()
+                          if k != "feature_layers" or v},
                          None if config.verifier.checkpoint else config.seed),
                tokenizer=tokenizer.fingerprint,
                data=(dc.name, dc.train_split, dc.text_key, *blend),

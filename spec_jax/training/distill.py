@@ -122,17 +122,30 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
   """A Llama-family drafter trained whole (DistillSpec). A steered checkpoint (train_steering)
   contributes its drafter; its steering module is left out. A feature drafter (EAGLE,
   `draft_init.feature_drafter`) reads the teacher's final residual and also learns to predict
-  it (`training/features.py`, weight distill.feature_weight)."""
+  it (`training/features.py`, weight distill.feature_weight), or reads several of its layers
+  (EAGLE-3, size '...:features=2+15+27'); distill.feature_passes and distill.pass_decay set
+  its training on its own predicted features."""
   if d_params is not None and "steering" in d_params:
     d_params = d_params["drafter"]
+  asked = draft_init.parse_size(config.drafter.size, "drafter.size").feature_layers
+  if asked and tuple(getattr(d_cfg, "feature_layers", ())) != asked:
+    # A checkpoint's own config wins over size: never train another drafter than the one asked.
+    raise ValueError(f"drafter.size={config.drafter.size!r} asks for a feature drafter reading "
+                     f"verifier depths {list(asked)}, but drafter.checkpoint="
+                     f"{config.drafter.checkpoint!r} gives one reading "
+                     f"{list(getattr(d_cfg, 'feature_layers', ())) or 'the final residual'}. "
+                     "Fix: drafter.size naming the checkpoint's own depths, or the verifier's "
+                     "checkpoint to build from.")
   if d_cfg.feature_width:
     draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
     apply, context_fn = features_train.make_student(
         d_cfg, float(config.distill.get("feature_weight", 1.0)),
-        int(config.distill.get("feature_passes", 1)))
+        int(config.distill.get("feature_passes", 1)),
+        float(config.distill.get("pass_decay", 1.0)))
+    drafter = features.FeatureDrafter(d_cfg)
     return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
                    params=d_params, apply=apply, context_fn=context_fn,
-                   teacher_layers=(features.FEATURE_LAYER,),
+                   teacher_layers=drafter.verifier_layers,
                    drafter=functools.partial(features.FeatureDrafter, d_cfg))
   # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
   return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
@@ -168,6 +181,9 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   outside the differentiated function. A student whose forward returns {"aux_loss": f32[],
   "extra_logits": [f32[B,T,V], ...]} in place of its hidden states adds that term and the
   objective on each extra law (their sum reported as aux_loss; "loss" stays the first law's).
+  With "pass_weights" (a multiplier per law, first law first: `features.feature_apply` at
+  distill.pass_decay != 1) each law's objective is weighted by it, the first law's too (the
+  first's unweighted value stays "loss"; aux_loss holds the others' weighted terms).
   Only α rides along as a metric: on 2 CPU cores every
   extra pass over the [B, T, 49k] logits costs ~0.1-0.3 s, as much as a drafter layer; the full
   set of metrics is computed on held-out data (`eval_step`)."""
@@ -185,12 +201,14 @@ def distill_loss(student_params, teacher_log_p: jax.Array, batch: Mapping[str, j
   if isinstance(aux, dict):
     # A student's own extra terms (a feature drafter, training/features): a loss, and further
     # teacher-forced laws of the same tokens to match with the same objective.
+    weights = aux.get("pass_weights")
     extra = aux.get("aux_loss", 0.0)
-    for more in aux.get("extra_logits", ()):
-      extra = extra + divergences.masked_mean(divergences.DIVERGENCES[objective.divergence](
+    for j, more in enumerate(aux.get("extra_logits", ()), 1):
+      term = divergences.masked_mean(divergences.DIVERGENCES[objective.divergence](
           teacher_log_p, divergences.log_law(more, objective.sampling), objective.beta), w)
+      extra = extra + (term if weights is None else weights[j] * term)
     if "aux_loss" in aux or aux.get("extra_logits"):
-      loss = loss + extra
+      loss = (loss if weights is None else weights[0] * loss) + extra
       metrics["aux_loss"] = extra
   return loss, metrics
 

@@ -1,5 +1,6 @@
 """A feature drafter (EAGLE, Li et al. 2024): a small decoder that reads, beside each token, the
-verifier's final residual one position back, and drafts chains and trees from there.
+verifier's final residual (or several of its layers: EAGLE-3, below) one position back, and
+drafts chains and trees from there.
 
 Shape letters (repo legend): B batch, P padded prompt length, M proposal nodes, A draft depth,
 W level width, D the verifier's width, V vocabulary, S cache slots.
@@ -28,6 +29,15 @@ With L committed tokens (root x_{L−1}), a round
 So a round costs γ drafter calls (a tree: its depth), as an LM drafter's catch-up window + γ − 1
 steps does. `init` prefills the prompt's pairs (f_{−1} = 0) and keeps the output at the last
 prompt token. q is exactly the law each draft was drawn from, so every exact rule stays lossless.
+
+Multi-layer features (EAGLE-3, Li et al. 2025; `cfg.feature_layers`, size `...:features=2+15+27`):
+the verifier hands its residual at those depths (`verifier_layers`) at every prompt position and
+scored node, and f is g = feature_fc([h_a / rms; h_b / rms; h_c / rms]) (`verifier_features`),
+computed where the verifier's features are read (init, commit). A draft after the first reads
+the drafter's own final residual f̂ as it is, in the same slot: the two spaces meet only in the
+decoder's input fc([f / rms; e / rms]), which sees both at unit RMS. Nothing regresses f̂ onto g
+(there is no fixed target in the drafter's output space); training on its own features
+(`distill.feature_passes` >= 2, `training/features.py`) teaches the drafter to read f̂ there.
 """
 
 from __future__ import annotations
@@ -50,6 +60,17 @@ FEATURE_LAYER = -1
 def shift(features: jax.Array) -> jax.Array:
   """f32[B, T, D] → the features one position back (f_{t−1} at t; zeros at t = 0)."""
   return jnp.concatenate([jnp.zeros_like(features[:, :1]), features[:, :-1]], axis=1)
+
+
+def verifier_features(cfg: llama.LlamaConfig, params, v_hidden) -> jax.Array:
+  """The feature the drafter reads from the verifier's hidden states {depth: [..., D]} (the
+  verifier's dtype): the final residual v_hidden[-1] as it is, or for a multi-layer drafter
+  (cfg.feature_layers) f32 feature_fc([h_a / rms; h_b / rms; ...]). Each depth at unit RMS:
+  the residual's scale grows by orders of magnitude with depth."""
+  if not cfg.feature_layers:
+    return v_hidden[FEATURE_LAYER]
+  both = jnp.concatenate([decoder.unit_rms(v_hidden[d]) for d in cfg.feature_layers], axis=-1)
+  return jnp.dot(both, params["feature_fc"]["kernel"].astype(jnp.float32))
 
 
 def _rows(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -80,7 +101,7 @@ class FeatureDrafter:
 
   @property
   def verifier_layers(self) -> tuple[int, ...]:
-    return (FEATURE_LAYER,)
+    return self.cfg.feature_layers or (FEATURE_LAYER,)
 
   def _apply(self):
     return llama.make_apply(self.cfg, (FEATURE_LAYER,))
@@ -97,7 +118,7 @@ class FeatureDrafter:
     # A dynamic tree's drafting slots can reach past the proposal's M (`growth.extra_slots`).
     cache = llama.init_cache(self.cfg, b, size + growth.extra_slots(self.shape))
     _, hidden, cache = self._apply()(params, prompt_tokens, positions, cache,
-                                     features=shift(v_hidden[FEATURE_LAYER]))
+                                     features=shift(verifier_features(self.cfg, params, v_hidden)))
     logits, feature = self._last(params, hidden[FEATURE_LAYER], prompt_lengths - 1)
     return {"cache": cache, "logits": logits, "feature": feature}
 
@@ -148,7 +169,6 @@ class FeatureDrafter:
     return proposal, {**state, "cache": cache}
 
   def commit(self, params, state, proposal, verdict, lengths, v_hidden):
-    features = v_hidden[FEATURE_LAYER]                                    # [B, M, D]
     n = verdict.num_accepted
     b, depth = verdict.path.shape
     j = jnp.arange(depth + 1, dtype=jnp.int32)[None]                      # [1, A + 1]
@@ -161,8 +181,10 @@ class FeatureDrafter:
     positions = lengths[:, None] + j
     cache = state["cache"]
     slots = jnp.where(j <= n[:, None], positions, cache.size)
+    # The path's rows of every depth first ([B, A + 1, D] each): a multi-layer fc maps those.
+    path_hidden = {d: _rows(v_hidden[d], nodes) for d in self.verifier_layers}
     _, hidden, cache = self._apply()(params, tokens, positions, cache, None, slots,
-                                     features=_rows(features, nodes))
+                                     features=verifier_features(self.cfg, params, path_hidden))
     logits, feature = self._last(params, hidden[FEATURE_LAYER], n)
     return {"cache": cache, "logits": logits, "feature": feature}
 
