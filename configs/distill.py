@@ -22,6 +22,10 @@ one batch per step, generated 8 batches per call, cached in data.cache_dir):
       --workdir runs/sharegpt_verifier_t0
   python launch.py --config configs/distill.py:data=sharegpt,source=verifier,temp=1 \
       --workdir runs/sharegpt_verifier_t1
+EAGLE-3's variant (verifier depths 2, 15, 27 through one fc; three training-time-test passes):
+  python launch.py --config configs/distill.py:data=sharegpt,size=smollm2-135m:layers=29:\
+features=2+15+27:vocab=8192 --config.distill.feature_passes=3 --config.distill.pass_decay=0.8 \
+      --workdir runs/sharegpt_eagle3
 Every steps/10 steps metrics.jsonl logs eval/tau_T0 and eval/tau_T1 (γ = 4, 16 prompts of the
 validation split's chat rows, 64 new tokens) beside the held-out divergences (4 batches of
 validation rows with the corpus's responses): τ vs training steps. Time: a step is dominated by
