@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, protocols
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.decoding.drafters import features as features_lib
 from spec_jax.models import draft_init, llama
 
 
@@ -333,3 +335,96 @@ def tiny_eagle3_pair(vocab_size=16, sharpness=2.0, sigma=0.2, depths=(0, 1, 2)):
   d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
   d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params), depths)
   return v_cfg, v_params, d_cfg, perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared checks of drafters against a tiny verifier (tests of trees, dyn and EAGLE-3 features).
+
+RAGGED_PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]  # one prompt of one token
+
+
+def greedy_reference(v_cfg, v_params, prompts=RAGGED_PROMPTS, n: int = 14):
+  """(padded prompts, stop ids, the verifier's greedy output with them) for a ragged batch: two
+  stop tokens taken from the free-running output cut two rows early."""
+  padded = generate_lib.pad_prompts(prompts, 8, pad_id=0)
+  greedy = sampling_lib.Sampling()
+  free = generate_lib.generate(v_params, padded, jax.random.key(0), cfg=v_cfg, sampling=greedy,
+                               max_new_tokens=n).new_tokens()
+  stops = (free[0][5], free[2][3])
+  ar = generate_lib.generate(v_params, padded, jax.random.key(0), cfg=v_cfg, sampling=greedy,
+                             max_new_tokens=n, stop_ids=stops)
+  assert min(map(len, ar.new_tokens())) < n
+  return padded, stops, ar.new_tokens()
+
+
+def assert_greedy_equal(v_cfg, v_params, drafter, d_params, reference, n: int = 14):
+  """Greedy speculative decoding with `drafter` emits `reference`'s verifier greedy output token
+  for token, and its drafts were partly accepted, partly not (a drafter that never agrees, or
+  always does, would test nothing)."""
+  prompts, stops, want = reference
+  out = decode(v_cfg, v_params, drafter, d_params, prompts, sampling_lib.Sampling(), n,
+               stop_ids=stops)
+  assert out.new_tokens() == want
+  accepted = np.asarray(out.stats.accepted)
+  depth = drafter.shape.depth
+  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * depth).any()
+
+
+def feature_rounds(v_cfg, v_params, drafter, d_params, prompts=RAGGED_PROMPTS, steps: int = 5,
+                   size: int = 48, on_propose=None):
+  """Rounds of propose (T = 1) / verifier score / a random accepted path and next token
+  (`random_verdict`) / both commits, for a feature drafter. `on_propose(step, state_before,
+  proposal, lengths)` runs after each proposal. Returns (drafter state, committed tokens
+  int32[B, size], lengths, the set of accepted depths)."""
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
+  padded = generate_lib.pad_prompts(prompts, 8, pad_id=0)
+  v_cache, v_hidden = verifier.init(v_params, padded.tokens, size)
+  state = drafter.init(d_params, padded.tokens, padded.lengths, size, v_hidden)
+  tokens = np.zeros((len(prompts), size), np.int32)
+  tokens[:, :8] = np.asarray(padded.tokens)
+  lengths = np.array(padded.lengths)
+  rng = np.random.default_rng(0)
+  propose = jax.jit(drafter.propose, static_argnames="sampling")
+  score, v_commit, commit = (jax.jit(verifier.score), jax.jit(verifier.commit),
+                             jax.jit(drafter.commit))
+  depths = set()
+  for step in range(steps):
+    lens = jnp.asarray(lengths)
+    before = state
+    proposal, state = propose(d_params, state, jnp.asarray(tokens), lens, jax.random.key(step),
+                              sampling=sampling_lib.Sampling(1.0))
+    if on_propose is not None:
+      on_propose(step, before, proposal, lengths)
+    _, hidden, v_cache = score(v_params, v_cache, proposal, lens)
+    verdict = random_verdict(proposal, rng)
+    v_cache = v_commit(v_cache, lens, verdict)
+    state = commit(d_params, state, proposal, verdict, lens, hidden)
+    for b in range(len(prompts)):
+      n = int(verdict.num_accepted[b])
+      depths.add(n)
+      path = np.asarray(proposal.tokens)[b, np.asarray(verdict.path)[b, :n]]
+      tokens[b, lengths[b]:lengths[b] + n + 1] = [*path, int(verdict.next_token[b])]
+      lengths[b] += n + 1
+  return state, tokens, lengths, depths
+
+
+def assert_fresh_feature_state(v_cfg, v_params, drafter, d_params, state, tokens, lengths):
+  """The feature drafter's K/V at every committed slot, and the law and predicted feature it
+  keeps for the next round, equal a fresh forward over the committed text reading the
+  verifier's features (`features.verifier_features` at the drafter's depths)."""
+  d_cfg = drafter.cfg
+  longest = int(lengths.max())
+  x = jnp.asarray(tokens[:, :longest])
+  positions = jnp.arange(longest)[None].repeat(len(lengths), 0)
+  _, v_fresh, _ = jax.jit(llama.make_apply(v_cfg, drafter.verifier_layers))(v_params, x,
+                                                                             positions)
+  feature_in = features_lib.shift(features_lib.verifier_features(d_cfg, d_params, v_fresh))
+  _, d_fresh, fresh = jax.jit(llama.make_apply(d_cfg, (-1,)))(
+      d_params, x, positions, llama.init_cache(d_cfg, len(lengths), longest), features=feature_in)
+  for b, length in enumerate(lengths):
+    for name in ("k", "v"):
+      np.testing.assert_allclose(getattr(state["cache"], name)[:, b, :length],
+                                 getattr(fresh, name)[:, b, :length], atol=1e-4, rtol=1e-4)
+  logits, feature = drafter._last(d_params, d_fresh[-1], jnp.asarray(lengths - 1))  # noqa: SLF001
+  np.testing.assert_allclose(state["logits"], logits, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(state["feature"], feature, atol=1e-4, rtol=1e-4)

@@ -174,29 +174,16 @@ def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
 
 @pytest.fixture(scope="module")
 def greedy_reference():
-  """(padded prompts, stop ids, the verifier's greedy output with them): two stop tokens taken
-  from the free-running output cut two rows early. Both drafters share the verifier."""
-  v_cfg, v_params = _models("lm")[:2]
-  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  free = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
-                               sampling=Sampling(), max_new_tokens=14).new_tokens()
-  stops = (free[0][5], free[2][3])
-  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
-                             max_new_tokens=14, stop_ids=stops)
-  assert min(map(len, ar.new_tokens())) < 14
-  return prompts, stops, ar.new_tokens()
+  """Both drafters share the verifier."""
+  return testing.greedy_reference(*_models("lm")[:2])
 
 
 @pytest.mark.parametrize("kind", ["lm", "feature"])
 def test_greedy_dyn_equals_verifier_greedy(kind, greedy_reference):
   """A ragged batch (one prompt of one token) with stop tokens."""
-  prompts, stops, want = greedy_reference
   v_cfg, v_params, d_cfg, d_params = _models(kind)
   drafter = features.for_model(d_cfg, dyn.shape((2, 5), 3, None, 3))
-  out = testing.decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
-  assert out.new_tokens() == want
-  accepted = np.asarray(out.stats.accepted)
-  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
+  testing.assert_greedy_equal(v_cfg, v_params, drafter, d_params, greedy_reference)
 
 
 def test_dyn_over_a_feature_drafter_is_lossless():

@@ -12,42 +12,29 @@ import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.decoding import generate as generate_lib
-from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import dyn, features, standard, trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import llama
 
 
-PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
 SHAPES = {"rsd_c": dict(branching=(2, 2)), "rsd_s": dict(width=2),
           "specinfer": dict(width=2), "spectr": dict(width=2)}
 
 
 @pytest.fixture(scope="module")
-def greedy_reference():
-  """(models, padded prompts, stop ids, the verifier's greedy output with them): two stop tokens
-  taken from the free-running output cut two rows early."""
-  models = testing.tiny_feature_pair()
-  v_cfg, v_params = models[:2]
-  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  free = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
-                               sampling=Sampling(), max_new_tokens=14).new_tokens()
-  stops = (free[0][5], free[2][3])
-  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
-                             max_new_tokens=14, stop_ids=stops)
-  assert min(map(len, ar.new_tokens())) < 14
-  return models, prompts, stops, ar.new_tokens()
+def models():
+  return testing.tiny_feature_pair()
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(models):
+  return testing.greedy_reference(*models[:2])
 
 
 @pytest.mark.parametrize("method", sorted(SHAPES))
-def test_greedy_feature_trees_equal_verifier_greedy(method, greedy_reference):
-  (v_cfg, v_params, d_cfg, d_params), prompts, stops, want = greedy_reference
+def test_greedy_feature_trees_equal_verifier_greedy(method, models, greedy_reference):
+  v_cfg, v_params, d_cfg, d_params = models
   drafter = features.FeatureDrafter(d_cfg, standard.tree(method, 3, **SHAPES[method]))
-  out = testing.decode(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 14, stop_ids=stops)
-  assert out.new_tokens() == want
-  accepted = np.asarray(out.stats.accepted)
-  assert accepted.sum() > 0 and (accepted < np.asarray(out.stats.verifier_calls) * 3).any()
+  testing.assert_greedy_equal(v_cfg, v_params, drafter, d_params, greedy_reference)
 
 
 def _law_pvalue(spec, sampling, cls=features.FeatureDrafter):
@@ -117,48 +104,12 @@ def test_drafter_state_after_random_acceptance_is_a_fresh_forward():
   layouts share its feed and commit."""
   v_cfg, v_params, d_cfg, d_params = testing.tiny_feature_pair()
   drafter = features.FeatureDrafter(d_cfg, dyn.shape((3, 4), 3, None, 3))
-  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
-  padded = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
-  size = 48
-  v_cache, v_hidden = verifier.init(v_params, padded.tokens, size)
-  state = drafter.init(d_params, padded.tokens, padded.lengths, size, v_hidden)
-  tokens = np.zeros((len(PROMPTS), size), np.int32)
-  tokens[:, :8] = np.asarray(padded.tokens)
-  lengths = np.array(padded.lengths)
-  rng = np.random.default_rng(0)
-  propose = jax.jit(drafter.propose, static_argnames="sampling")
-  score, v_commit, commit = jax.jit(verifier.score), jax.jit(verifier.commit), jax.jit(
-      drafter.commit)
-  depths = set()
-  for step in range(5):
-    lens = jnp.asarray(lengths)
-    before = state
-    proposal, state = propose(d_params, state, jnp.asarray(tokens), lens, jax.random.key(step),
-                              sampling=Sampling(1.0))
+
+  def check_laws(step, before, proposal, lengths):
     if step == 1:  # a round after a commit of a tree's path
       _check_node_laws(drafter, d_params, before, proposal, lengths)
-    _, hidden, v_cache = score(v_params, v_cache, proposal, lens)
-    verdict = testing.random_verdict(proposal, rng)
-    v_cache = v_commit(v_cache, lens, verdict)
-    state = commit(d_params, state, proposal, verdict, lens, hidden)
-    for b in range(len(PROMPTS)):
-      n = int(verdict.num_accepted[b])
-      depths.add(n)
-      path = np.asarray(proposal.tokens)[b, np.asarray(verdict.path)[b, :n]]
-      tokens[b, lengths[b]:lengths[b] + n + 1] = [*path, int(verdict.next_token[b])]
-      lengths[b] += n + 1
+
+  state, tokens, lengths, depths = testing.feature_rounds(v_cfg, v_params, drafter, d_params,
+                                                          on_propose=check_laws)
   assert max(depths) == 3 and len(depths) >= 3  # paths of several depths, the deepest too
-  longest = int(lengths.max())
-  x = jnp.asarray(tokens[:, :longest])
-  positions = jnp.arange(longest)[None].repeat(len(PROMPTS), 0)
-  _, v_fresh, _ = llama.make_apply(v_cfg, (-1,))(v_params, x, positions)
-  _, d_fresh, fresh = llama.make_apply(d_cfg, (-1,))(
-      d_params, x, positions, llama.init_cache(d_cfg, len(PROMPTS), longest),
-      features=features.shift(v_fresh[-1]))
-  for b, length in enumerate(lengths):
-    for name in ("k", "v"):
-      np.testing.assert_allclose(getattr(state["cache"], name)[:, b, :length],
-                                 getattr(fresh, name)[:, b, :length], atol=1e-4, rtol=1e-4)
-  logits, feature = drafter._last(d_params, d_fresh[-1], jnp.asarray(lengths - 1))  # noqa: SLF001
-  np.testing.assert_allclose(state["logits"], logits, atol=1e-4, rtol=1e-4)
-  np.testing.assert_allclose(state["feature"], feature, atol=1e-4, rtol=1e-4)
+  testing.assert_fresh_feature_state(v_cfg, v_params, drafter, d_params, state, tokens, lengths)
