@@ -172,8 +172,8 @@ def test_dyn_experiment_is_the_suite_on_chat_with_trees_at_equal_depth():
   assert config.program == "specbench_experiment" and tuple(config.suite.categories) == ("chat",)
   assert config.eval.methods == dyn_config.METHODS and config.eval.gammas == (4,)
   assert config.drafter.checkpoint == dyn_config.SHAREGPT_DRAFTER
-  # dyn:8-32 verifies 33 tokens per call: 32 slots past the committed ones, + 96 new tokens.
-  assert specbench_experiment.cache_extra(config) == 32 + 96
+  # dyn:8-64 verifies 65 tokens per call: 64 slots past the committed ones, + 96 new tokens.
+  assert specbench_experiment.cache_extra(config) == 64 + 96
   smoke = dyn_config.get_config("smoke")
   assert smoke.eval.methods == ("sd", "dyn:2-4") and not smoke.drafter.checkpoint
 

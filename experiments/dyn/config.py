@@ -8,17 +8,18 @@
 The task suite's program (experiments/specbench/config.py,
 spec_jax/programs/specbench_experiment.py) on its `chat` category, with a ShareGPT feature drafter
 (`drafter.checkpoint`, distilled by the first command) drafting the chain `sd` and the trees at the
-same depth L = γ = 4: EAGLE-2's dynamic tree `dyn:K-M` at three budgets M = 8, 16, 32 verified
-tokens (K = 2, 4, 8 nodes expanded per level), and RSD's stochastic-beam tree `rsd_s:4` (16 nodes:
-the budget of dyn:4-16, drawn without the rerank), greedy and at T = 1, batch 1. Every method is
-exact at both temperatures (spec_jax/decoding/drafters/dyn.py proves dyn's T > 0 rule;
-tests/test_dyn.py checks it). results.md sets each tree beside the chain: τ / τ(sd), the verifier
-tokens per call, the measured cost r of that call in one-token steps, the drafter cost c and calls
-per round, the theoretical speedup τ / (r + d·c) and the measured one, so the best budget for the
-machine can be read off (r grows fast with the tokens per call on a CPU, slowly on a GPU).
+same depth L = γ = 4: EAGLE-2's dynamic tree `dyn:K-M` at four budgets M = 8, 16, 32, 64 verified
+tokens (K = 2, 4, 8, 8 nodes expanded per level; EAGLE-2 verifies ~60), and RSD's stochastic-beam
+tree `rsd_s:4` (16 nodes: the budget of dyn:4-16, drawn without the rerank), greedy and at T = 1,
+batch 1. Every method is exact at both temperatures (spec_jax/decoding/drafters/dyn.py proves dyn's
+T > 0 rule; tests/test_dyn.py checks it). results.md sets each tree beside the chain: τ / τ(sd),
+the verifier tokens per call, the measured cost r of that call in one-token steps, the drafter cost
+c and calls per round, the theoretical speedup τ / (r + d·c) and the measured one, so the best
+budget for the machine can be read off (r grows fast with the tokens per call on a CPU, slowly
+on a GPU).
 
 Time on 2 CPU cores: about 5 min per method and temperature at 16 prompts × 96 new tokens (the
-autoregressive baseline included), ~40-50 min in all, plus the drafter's distillation (~12 s per
+autoregressive baseline included), ~50-60 min in all, plus the drafter's distillation (~12 s per
 step at batch 8 × 256 tokens on a slow 2-core VM). Measured rows: experiments/dyn/results.md.
 """
 
@@ -26,7 +27,7 @@ from configs import common
 from experiments.specbench import config as specbench
 
 SHAREGPT_DRAFTER = "runs/sharegpt_fixed"  # configs/distill.py:data=sharegpt's feature drafter
-METHODS = ("sd", "dyn:2-8", "dyn:4-16", "dyn:8-32", "rsd_s:4")
+METHODS = ("sd", "dyn:2-8", "dyn:4-16", "dyn:8-32", "dyn:8-64", "rsd_s:4")
 
 
 def get_config(arg=None):
