@@ -19,7 +19,7 @@ from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding.acceptance import chain as chain_rules
 from spec_jax.evaluation import quality
-from spec_jax.models import llama
+from spec_jax.models import draft_init, llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.training import checkpoints, distill, divergences, metrics as metrics_lib, optim
 from spec_jax.training import losses, train
@@ -332,6 +332,116 @@ def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
   assert metrics_lib.read_jsonl(cut_dir) == metrics_lib.read_jsonl(full_dir)
 
 
+def _pool_config(data_dir, **data):
+  """distill:smoke on a cycled pool of 2 verifier batches (6 steps: each batch used 3 times)."""
+  config = smoke_config(data_dir, eval_every=0)
+  config.data.update(source="verifier", verifier_batches=2, **data)
+  return config
+
+
+@pytest.fixture(scope="module")
+def pool_runs(data_dir, tmp_path_factory):
+  """(config, {name: workdir}, {name: TeacherCache | None}) of three distill:smoke runs on a pool:
+  with the teacher cache (`cached`), without it (`uncached`: teacher_cache_gib = 0) and with it,
+  killed at step 3 and resumed from the checkpoint at step 2 (`resumed`)."""
+  made, dirs = {}, {}
+
+  def run(name, config, **kwargs):
+    dirs[name] = str(tmp_path_factory.mktemp(name))
+    real = distill_program.teacher_cache
+
+    def spy(*args, **kw):
+      made[name] = real(*args, **kw)
+      return made[name]
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(distill_program, "teacher_cache", spy)
+      return distill_program.run(config, dirs[name], **kwargs)
+
+  config = _pool_config(data_dir)
+  run("cached", config)
+  run("uncached", _pool_config(data_dir, teacher_cache_gib=0))
+
+  def kill_at_3(step):
+    if step == 3:
+      raise Killed()
+  with pytest.raises(Killed):
+    run("resumed", config, step_hook=kill_at_3)
+  first = made["resumed"]
+  run("resumed", config)
+  made["killed"] = first
+  return config, dirs, made
+
+
+def test_teacher_cache_runs_each_pool_batch_once_and_trains_as_without(pool_runs):
+  """A cycled verifier pool: the teacher's blocks run once per pool batch (2 passes for 6
+  steps), and the drafter trains as when every step runs the whole teacher (the same updates
+  up to float rounding: only the split of the compiled program differs)."""
+  _, dirs, made = pool_runs
+  assert made["uncached"] is None
+  assert made["cached"].period == 2 and made["cached"].computed == 2
+  cached = checkpoints.load_model(dirs["cached"])[1]
+  uncached = checkpoints.load_model(dirs["uncached"])[1]
+  for a, b in zip(jax.tree.leaves(cached), jax.tree.leaves(uncached)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+  losses_of = lambda d: [r["train/loss"] for r in metrics_lib.read_jsonl(d) if "train/loss" in r]
+  np.testing.assert_allclose(losses_of(dirs["cached"]), losses_of(dirs["uncached"]), rtol=1e-4)
+
+
+def test_teacher_cache_resumes_bit_identical(pool_runs):
+  """Killed at step 3 (cache filled for both pool batches) and resumed at the checkpoint of
+  step 2 with an empty cache: the refilled teacher passes are the same, so the run ends
+  bit-identical to the uninterrupted one."""
+  _, dirs, made = pool_runs
+  assert made["killed"].computed == 2 and made["resumed"].computed == 2
+  assert leaves_equal(checkpoints.load_model(dirs["cached"])[1],
+                      checkpoints.load_model(dirs["resumed"])[1])
+  assert metrics_lib.read_jsonl(dirs["cached"]) == metrics_lib.read_jsonl(dirs["resumed"])
+
+
+def test_teacher_cache_step_never_runs_the_teachers_blocks(pair):
+  """A batch carrying its teacher pass (TEACHER_HIDDEN) makes the same update as the whole
+  teacher's forward, and it never reads the teacher's blocks: with their weights scrambled the
+  update is unchanged. A cache that hands a batch another batch's pass raises."""
+  v_cfg, v_params, d_cfg, d_params = pair
+  objective = distill.Objective("jsd", beta=0.5, sampling=T1)
+  train_cfg = distill_config.get_config("smoke").train
+  tx, _ = optim.make_optimizer(train_cfg)
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  abstract, shardings = train.abstract_state(functools.partial(llama.init_params, d_cfg), tx,
+                                             jax.random.key(0), mesh)
+  v_sh = parallel.param_shardings(mesh, v_params)
+  body, head = draft_init.teacher_parts(d_cfg, v_cfg)
+  steps = {name: distill.jit_distill_step(llama.make_apply(d_cfg), llama.make_apply(v_cfg), tx,
+                                          objective, shardings, v_sh, mesh, teacher_head=h)
+           for name, h in (("whole", None), ("cached", head))}
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (4, 17), 0, 257), np.int32)
+  batch = distill_data.make_batch(seqs, np.full((4,), 8), prompt_tokens=9)
+  cache = distill.TeacherCache(body, v_params, 2, teacher_shardings=v_sh, mesh=mesh)
+  cached_batch = cache.batch(4, batch)
+  assert set(cached_batch[distill.TEACHER_HIDDEN]) == {draft_init.FINAL}
+  scrambled = {**v_params, "layers": jax.tree.map(lambda x: -3.0 * x, v_params["layers"])}
+  params, metrics = {}, {}
+  for name, step, teacher, b in (("whole", steps["whole"], v_params, batch),
+                                 ("cached", steps["cached"], v_params, cached_batch),
+                                 ("scrambled", steps["cached"], scrambled, cached_batch),
+                                 ("whole_scrambled", steps["whole"], scrambled, batch)):
+    state, m = step(train.state_from_params(d_params, tx, abstract), b, jax.random.key(0),
+                    teacher)
+    params[name] = jax.device_get(state.params)
+    metrics[name] = np.asarray([float(m[k]) for k in ("loss", "alpha", "grad_norm")])
+  # Gradients, not Adam's first update, are compared: that update is ±lr wherever a gradient
+  # is nonzero, so float rounding of a near-zero gradient flips it.
+  np.testing.assert_allclose(metrics["cached"], metrics["whole"], rtol=1e-5)
+  assert leaves_equal(params["cached"], params["scrambled"])
+  # The scrambled blocks do change a whole pass.
+  assert not np.allclose(metrics["whole_scrambled"], metrics["whole"], rtol=1e-2)
+  assert cache.batch(6, batch)[distill.TEACHER_HIDDEN] is cached_batch[distill.TEACHER_HIDDEN]
+  assert cache.computed == 1
+  other = distill_data.make_batch(seqs[::-1].copy(), np.full((4,), 8), prompt_tokens=9)
+  with pytest.raises(RuntimeError, match="batch 2 is not pool batch 0"):
+    cache.batch(2, other)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"distill.divergence": "kl"}, r"distill.divergence='kl' is not known; choose one of"),
     ({"distill.beta": 1.5}, r"distill.beta must be in \[0, 1\]"),
@@ -344,6 +454,7 @@ def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):
     ({"data.source": "verifier", "data.generate_batch": 12},
      r"data.generate_batch=12 must be a multiple of the 8 verifier rows"),
     ({"data.verifier_batches": -1}, r"data.verifier_batches must be an integer >= 0"),
+    ({"data.teacher_cache_gib": -1.0}, r"data.teacher_cache_gib=-1.0 must be a number >= 0"),
     ({"data.blend": (("spec_jax_general/x", 0.01),)},
      r"data.blend gives 'spec_jax_general/x' the fraction 0.01, which is 0 of the 8 rows"),
     ({"data.blend": (("a", 0.75), ("b", 0.5))}, r"data.blend's fractions take 10 of the 8 rows"),

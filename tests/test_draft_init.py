@@ -109,6 +109,27 @@ def test_restricted_teacher_is_the_full_teacher_at_the_reduced_ids(tied):
   np.testing.assert_array_equal(got_hidden[1], hidden[1])
 
 
+@pytest.mark.parametrize("tied, reduced", [(True, True), (False, True), (True, False)])
+def test_teacher_parts_compose_to_the_restricted_teacher(tied, reduced):
+  """distill's teacher cache stores body's hidden states and later runs head alone: head(body)
+  is restrict's forward (logits at the student's rows, hidden at the asked layers)."""
+  cfg, params = testing.tiny_model(seed=3, vocab_size=61, tie_embeddings=tied)
+  student = draft_init.reduce_vocab(cfg, None, [2, 7, 30, 44, 60])[0] if reduced else cfg
+  tokens = jnp.asarray([[1, 5, 9, 2, 7, 7, 30], [3, 3, 8, 0, 59, 1, 2]], jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(7), tokens.shape)
+  want, want_hidden, _ = draft_init.restrict(student, cfg, (1,))(params, tokens, positions)
+  body, head = draft_init.teacher_parts(student, cfg, (1,))
+  hidden = body(params, tokens, positions)
+  assert set(hidden) == {1, draft_init.FINAL}
+  got, got_hidden = head(params, hidden)
+  assert got.shape == want.shape == (2, 7, 5 if reduced else 61)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert list(got_hidden) == [1]
+  np.testing.assert_array_equal(got_hidden[1], want_hidden[1])
+  if reduced:  # a teacher with a reduced vocabulary of its own has no such split
+    assert draft_init.teacher_parts(cfg, student, (1,)) is None
+
+
 def test_reduced_vocabulary_is_lossless():
   law, samples, out = _first_two_tokens(lm.LMDrafter)
   # The verifier puts mass on the tokens the drafter cannot draft, and they are emitted.

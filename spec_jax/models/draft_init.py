@@ -33,7 +33,7 @@ q = p restricted and renormalised.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ import numpy as np
 from spec_jax.models import decoder, llama
 
 OPTIONS = ("layers", "first", "every", "vocab", "features")
+FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,8 +246,8 @@ def restrict(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()):
   layers = tuple(layers)
   if not cfg.head_ids:
     return llama.make_apply(teacher_cfg, layers)
-  ids = np.asarray(cfg.head_ids, np.int32)
   if teacher_cfg.head_ids:  # a reduced teacher: gather its spread logits
+    ids = np.asarray(cfg.head_ids, np.int32)
     teacher_apply = llama.make_apply(teacher_cfg, layers)
 
     def gathered(*args, **kwargs):
@@ -254,16 +255,48 @@ def restrict(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()):
       return logits[..., ids], hidden, cache
 
     return gathered
-  teacher_apply = llama.make_apply(teacher_cfg, tuple(dict.fromkeys((*layers, -1))))
+  teacher_apply = llama.make_apply(teacher_cfg, _with_final(layers))
+  head = teacher_parts(cfg, teacher_cfg, layers)[1]
 
   def apply(params, *args, **kwargs):
     _, hidden, cache = teacher_apply(params, *args, **kwargs)
-    rows = {"final_norm": params["final_norm"]}
-    if teacher_cfg.tie_embeddings:
-      rows["embed"] = {"embedding": params["embed"]["embedding"][ids]}
-    else:
-      rows["lm_head"] = {"kernel": params["lm_head"]["kernel"][:, ids]}
-    logits = decoder.output_logits(teacher_cfg, rows, hidden[-1])
-    return logits, {k: v for k, v in hidden.items() if k in layers}, cache
+    return (*head(params, hidden), cache)
 
   return apply
+
+
+def _with_final(layers: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(dict.fromkeys((*layers, FINAL)))
+
+
+def teacher_parts(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()
+                  ) -> tuple[Callable, Callable] | None:
+  """`restrict`'s teacher in two parts, so that its pass over a batch can be computed once and
+  reused (training/distill.py's TeacherCache):
+    body(params, tokens[B,T], positions[B,T]) -> hidden {layer: [B,T,D]} at `layers` and FINAL
+      (the final pre-norm residual): every block, no output layer;
+    head(params, hidden) -> (logits [B,T,V'], hidden at `layers`): the final norm and the output
+      layer, at the student's rows when it has a reduced vocabulary.
+  head(params, body(params, tokens, positions)) is restrict's forward. None for a teacher with a
+  reduced vocabulary of its own (its logits are then not the output layer of FINAL here)."""
+  if teacher_cfg.head_ids:
+    return None
+  layers = tuple(layers)
+  forward = llama.make_apply(teacher_cfg, _with_final(layers))
+  ids = np.asarray(cfg.head_ids, np.int32) if cfg.head_ids else None
+
+  def body(params, tokens, positions):
+    return forward(params, tokens, positions)[1]  # the unused logits are compiled away
+
+  def head(params, hidden):
+    rows = params
+    if ids is not None:
+      rows = {"final_norm": params["final_norm"]}
+      if teacher_cfg.tie_embeddings:
+        rows["embed"] = {"embedding": params["embed"]["embedding"][ids]}
+      else:
+        rows["lm_head"] = {"kernel": params["lm_head"]["kernel"][:, ids]}
+    logits = decoder.output_logits(teacher_cfg, rows, hidden[FINAL])
+    return logits, {k: v for k, v in hidden.items() if k in layers}
+
+  return body, head

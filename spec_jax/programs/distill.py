@@ -179,6 +179,34 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   return eval_fn
 
 
+def teacher_cache(config, spec: distill_data.Spec, data: distill_data.DistillData, v_cfg,
+                  v_params, d_cfg, student: Student, *, v_shardings, mesh
+                  ) -> distill.TeacherCache | None:
+  """A TeacherCache when every batch is a batch of the verifier pool (data.source = verifier,
+  verifier_share = 1, no on-policy rows), the run cycles that pool (more steps than pool
+  batches) and the pool's hidden states fit data.teacher_cache_gib; None otherwise (every step
+  then runs the teacher's whole forward). Logs which, and why."""
+  gib = float(config.data.get("teacher_cache_gib", 0.0))
+  if not (spec.source == "verifier" and spec.verifier_share == 1.0 and not spec.onpolicy_rows):
+    return None  # batch s is not a function of s mod the pool size
+  period = data.verifier_data.num_batches
+  parts = draft_init.teacher_parts(d_cfg, v_cfg, student.teacher_layers)
+  if gib <= 0 or period >= config.train.num_steps or parts is None:
+    return None
+  cache = distill.TeacherCache(parts[0], v_params, period, teacher_shardings=v_shardings,
+                               mesh=mesh)
+  need = period * cache.bytes_per_batch(np.shape(data.get(0)["inputs"]))
+  if need > gib * 2**30:
+    logging.warning("The teacher's hidden states of the %d pool batches need %.2f GiB, over "
+                    "data.teacher_cache_gib=%g: every step runs the teacher's whole forward. "
+                    "Fix: raise data.teacher_cache_gib.", period, need / 2**30, gib)
+    return None
+  logging.info("Teacher cache: the teacher's pass over each of the %d pool batches is computed "
+               "once (%.2f GiB of hidden states) and reused for %d steps.", period, need / 2**30,
+               config.train.num_steps)
+  return cache
+
+
 def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
         student_fn: Callable[..., Student] = plain_student) -> dict:
   """Distill `config.train.num_steps` steps in `workdir`; returns {"step", "train_loss",
@@ -196,6 +224,10 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   distill_data.check_schedule(tc, spec)
   distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
   chat_data.check_config(dc, spec.needs_verifier_data or spec.onpolicy_rows > 0)
+  gib = dc.get("teacher_cache_gib", 0.0)
+  if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib >= 0:
+    raise ValueError(f"data.teacher_cache_gib={gib!r} must be a number >= 0 (GiB of host memory "
+                     "for the verifier's cached hidden states; 0 = no cache).")
   tokenizer = get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
@@ -239,8 +271,12 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
       eval_fn = _eval_fn(config, spec, tokenizer, objective, **models, mesh=mesh,
                          d_shardings=shardings.params, v_shardings=v_shardings)
 
-    step = distill.jit_distill_step(student.apply, v_apply, tx, objective, shardings,
-                                    v_shardings, mesh, student.context_fn)
+    cache = teacher_cache(config, spec, data, v_cfg, v_params, d_cfg, student,
+                          v_shardings=v_shardings, mesh=mesh)
+    step = distill.jit_distill_step(
+        student.apply, v_apply, tx, objective, shardings, v_shardings, mesh, student.context_fn,
+        teacher_head=draft_init.teacher_parts(d_cfg, v_cfg, student.teacher_layers)[1]
+        if cache else None)
     live = {"state": state}
 
     def step_fn(state, batch, rng):
@@ -251,8 +287,9 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
       return state, metrics
 
     def get_batch(s):
-      return draft_init.map_batch(
+      batch = draft_init.map_batch(
           d_cfg, data.get(s, live["state"].params if spec.onpolicy_rows else None))
+      return batch if cache is None else cache.batch(s, batch)
 
     if start == 0 and eval_fn is not None and ec.at_start:
       writer.write_scalars(0, {f"eval/{k}": v for k, v in eval_fn(state).items()})

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from spec_jax import parallel
@@ -36,6 +38,7 @@ from spec_jax.training import features as features_train
 
 XENT = "xent"
 OBJECTIVES = (*divergences.DIVERGENCES, XENT)
+TEACHER_HIDDEN = "teacher_hidden"  # a batch's teacher pass, {layer: [B,T,D]} (TeacherCache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,18 +230,23 @@ def _student_with_context(student_apply: Callable, context_fn: Callable | None, 
 def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: jax.Array,
                  teacher_params, *, student_apply: Callable, teacher_apply: Callable,
                  tx: optax.GradientTransformation, objective: Objective,
-                 context_fn: Callable | None = None
+                 context_fn: Callable | None = None, teacher_head: Callable | None = None
                  ) -> tuple[train.TrainState, dict[str, jax.Array]]:
   """One optimizer update of the student. Pure: jit it once (`jit_distill_step`).
 
   The teacher runs forward only, under stop_gradient (belt and braces: the gradient is taken
-  w.r.t. the student's params alone anyway). rng has the step folded in, like `train_step`;
-  only a `context_fn` uses it (the objective is deterministic).
+  w.r.t. the student's params alone anyway). A batch holding TEACHER_HIDDEN (its teacher pass,
+  from a TeacherCache) runs only `teacher_head` on it (`draft_init.teacher_parts`). rng has the
+  step folded in, like `train_step`; only a `context_fn` uses it (the objective is
+  deterministic).
   Metrics (f32[]): loss, alpha (Σ min(p, q) on the batch's response tokens), weight_sum,
   grad_norm (before clipping), param_norm (after the update).
   """
-  teacher_logits, teacher_hidden, _ = teacher_apply(teacher_params, batch["inputs"],
-                                                    _positions(batch["inputs"]))
+  if TEACHER_HIDDEN in batch:
+    teacher_logits, teacher_hidden = teacher_head(teacher_params, batch[TEACHER_HIDDEN])
+  else:
+    teacher_logits, teacher_hidden, _ = teacher_apply(teacher_params, batch["inputs"],
+                                                      _positions(batch["inputs"]))
   log_p = jax.lax.stop_gradient(divergences.log_law(teacher_logits, objective.sampling))
   student = _student_with_context(student_apply, context_fn, teacher_hidden, batch, rng)
   grad_fn = jax.value_and_grad(
@@ -278,14 +286,16 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
 
 def jit_distill_step(student_apply: Callable, teacher_apply: Callable, tx, objective: Objective,
                      state_shardings: train.TrainState, teacher_shardings, mesh,
-                     context_fn: Callable | None = None):
+                     context_fn: Callable | None = None, teacher_head: Callable | None = None):
   """distill_step jitted once: the student's state in/out in its shardings and donated (dead
   after the update), the teacher's params in theirs and *not* donated (reused every step),
-  batch over (data, fsdp), rng and metrics replicated."""
+  batch over (data, fsdp), rng and metrics replicated. teacher_head: for batches that carry
+  their teacher pass (TEACHER_HIDDEN)."""
   rep = parallel.replicated(mesh)
   return jax.jit(
       functools.partial(distill_step, student_apply=student_apply, teacher_apply=teacher_apply,
-                        tx=tx, objective=objective, context_fn=context_fn),
+                        tx=tx, objective=objective, context_fn=context_fn,
+                        teacher_head=teacher_head),
       in_shardings=(state_shardings, parallel.batch_sharding(mesh), rep, teacher_shardings),
       out_shardings=(state_shardings, rep),
       donate_argnums=(0,))
@@ -298,3 +308,43 @@ def jit_eval_step(student_apply: Callable, teacher_apply: Callable, objective: O
                         objective=objective, context_fn=context_fn),
       in_shardings=(student_shardings, teacher_shardings, parallel.batch_sharding(mesh)),
       out_shardings=parallel.replicated(mesh))
+
+
+class TeacherCache:
+  """The teacher's pass over each batch of a cycled pool, computed at the batch's first step and
+  reused at every later one (EAGLE trains on the target's hidden states stored once; the same
+  saving): batch s is pool batch s mod `period`, and `batch(s, host_batch)` returns the batch
+  with its TEACHER_HIDDEN, the hidden states of `draft_init.teacher_parts`' body, so the step
+  runs only the teacher's output layer (`jit_distill_step(..., teacher_head=)`). The body is a
+  pure function of the batch's tokens, so a resumed run refills the cache with the same states.
+  The tokens of a cached batch are kept and compared at each reuse: a batch that is not its pool
+  batch raises instead of training on another batch's teacher. Host memory: `period` batches'
+  hidden states (`bytes_per_batch`)."""
+
+  def __init__(self, body: Callable, teacher_params, period: int, *, teacher_shardings, mesh):
+    self.period = int(period)
+    self._params = teacher_params
+    self._sharding = parallel.batch_sharding(mesh)
+    self._body = jax.jit(lambda params, tokens: body(params, tokens, _positions(tokens)),
+                         in_shardings=(teacher_shardings, self._sharding),
+                         out_shardings=self._sharding)
+    self._store: dict[int, tuple[np.ndarray, dict]] = {}
+    self.computed = 0  # teacher passes run (tests, logs)
+
+  def bytes_per_batch(self, batch_shape: tuple[int, int]) -> int:
+    tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
+    out = jax.eval_shape(self._body, self._params, tokens)
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(out))
+
+  def batch(self, s: int, batch: Mapping[str, np.ndarray]) -> dict:
+    key = int(s) % self.period
+    tokens = np.asarray(batch["inputs"])
+    if key not in self._store:
+      hidden = self._body(self._params, parallel.shard_batch(tokens, self._sharding))
+      self._store[key] = (tokens, {k: parallel.to_host(v) for k, v in hidden.items()})
+      self.computed += 1
+    kept, hidden = self._store[key]
+    if not np.array_equal(kept, tokens):
+      raise RuntimeError(f"TeacherCache: batch {s} is not pool batch {key} (its tokens differ); "
+                         "this data source cannot reuse teacher passes.")
+    return {**batch, TEACHER_HIDDEN: hidden}
