@@ -27,11 +27,14 @@ Sizes (`:size=`): `cpu` (default) 16 prompts per category × 96 new tokens, batc
 tokens (tests; chat_turn2 builds the ShareGPT dataset on first use).
 Needs the quickstart's feature drafter (`runs/quickstart/drafter`: python launch.py --config
 configs/quickstart.py --workdir runs/quickstart).
-Time on 2 CPU cores, size=cpu: an estimate, not yet measured: ~1.5-3 h. It scales from
-evaluate's measured autoregressive speed here (20-50 tokens/s): 9 categories × 2 temperatures ×
-(the baseline + 4 methods) over 16 × 96 tokens each is ~90 timed passes of 0.5-1.5 min, plus
-each category's prefills (its prompts are padded to its longest: 128-512 tokens at this size,
-more for chat_turn2) and compiling each category's prompt length anew. GPU not measured.
+Time on 2 CPU cores, size=cpu, not yet measured whole: ~7 h where SmolLM2 decodes ~10 tokens/s
+alone (the VM of experiments/dyn/notes.md), ~2-3 h where it decodes 20-50. Per category and
+temperature, 16 × 96 = 1,536 tokens per pass at the chat category's measured rates there
+(experiments/dyn/results.json: autoregressive 10 tokens/s, sd 6, trees 3-6) is ~2.5 min for the
+baseline, ~4 min for sd, 3-6 min for each other method, plus ~4 min of compiling, prefills and
+cost timing: ~24 min, so ~48 min per category for both temperatures (9 categories). Each
+category is its own run, read back once finished, so the experiment can be run in pieces
+(`--config.suite.categories='("chat", "code")'`, then the rest into the same workdir).
 Timed passes include the prefill, which every method shares: speedups are of whole requests.
 Reference numbers: experiments/specbench/results.md (the first command writes it).
 """
