@@ -416,7 +416,7 @@ def test_teacher_cache_step_never_runs_the_teachers_blocks(pair):
            for name, h in (("whole", None), ("cached", head))}
   seqs = np.asarray(jax.random.randint(jax.random.key(2), (4, 17), 0, 257), np.int32)
   batch = distill_data.make_batch(seqs, np.full((4,), 8), prompt_tokens=9)
-  cache = distill.TeacherCache(body, v_params, 2, teacher_shardings=v_sh, mesh=mesh)
+  cache = distill.TeacherCache(body, head, v_params, 2, teacher_shardings=v_sh, mesh=mesh)
   cached_batch = cache.batch(4, batch)
   assert set(cached_batch[distill.TEACHER_HIDDEN]) == {draft_init.FINAL}
   scrambled = {**v_params, "layers": jax.tree.map(lambda x: -3.0 * x, v_params["layers"])}

@@ -185,7 +185,7 @@ def teacher_cache(config, spec: distill_data.Spec, data: distill_data.DistillDat
   """A TeacherCache when every batch is a batch of the verifier pool (data.source = verifier,
   verifier_share = 1, no on-policy rows), the run cycles that pool (more steps than pool
   batches) and the pool's hidden states fit data.teacher_cache_gib; None otherwise (every step
-  then runs the teacher's whole forward). Logs which, and why."""
+  then runs the teacher's whole forward). A pool logs whether it runs cached."""
   gib = float(config.data.get("teacher_cache_gib", 0.0))
   if not (spec.source == "verifier" and spec.verifier_share == 1.0 and not spec.onpolicy_rows):
     return None  # batch s is not a function of s mod the pool size
@@ -193,7 +193,7 @@ def teacher_cache(config, spec: distill_data.Spec, data: distill_data.DistillDat
   parts = draft_init.teacher_parts(d_cfg, v_cfg, student.teacher_layers)
   if gib <= 0 or period >= config.train.num_steps or parts is None:
     return None
-  cache = distill.TeacherCache(parts[0], v_params, period, teacher_shardings=v_shardings,
+  cache = distill.TeacherCache(*parts, v_params, period, teacher_shardings=v_shardings,
                                mesh=mesh)
   need = period * cache.bytes_per_batch(np.shape(data.get(0)["inputs"]))
   if need > gib * 2**30:
@@ -275,8 +275,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
                           v_shardings=v_shardings, mesh=mesh)
     step = distill.jit_distill_step(
         student.apply, v_apply, tx, objective, shardings, v_shardings, mesh, student.context_fn,
-        teacher_head=draft_init.teacher_parts(d_cfg, v_cfg, student.teacher_layers)[1]
-        if cache else None)
+        teacher_head=cache.head if cache else None)
     live = {"state": state}
 
     def step_fn(state, batch, rng):

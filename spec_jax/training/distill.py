@@ -315,14 +315,15 @@ class TeacherCache:
   reused at every later one (EAGLE trains on the target's hidden states stored once; the same
   saving): batch s is pool batch s mod `period`, and `batch(s, host_batch)` returns the batch
   with its TEACHER_HIDDEN, the hidden states of `draft_init.teacher_parts`' body, so the step
-  runs only the teacher's output layer (`jit_distill_step(..., teacher_head=)`). The body is a
-  pure function of the batch's tokens, so a resumed run refills the cache with the same states.
+  runs only its head, the output layer (`jit_distill_step(..., teacher_head=cache.head)`). The
+  body is a pure function of the batch's tokens: a resumed run refills the same states.
   The tokens of a cached batch are kept and compared at each reuse: a batch that is not its pool
   batch raises instead of training on another batch's teacher. Host memory: `period` batches'
   hidden states (`bytes_per_batch`)."""
 
-  def __init__(self, body: Callable, teacher_params, period: int, *, teacher_shardings, mesh):
-    self.period = int(period)
+  def __init__(self, body: Callable, head: Callable, teacher_params, period: int, *,
+               teacher_shardings, mesh):
+    self.head, self.period = head, int(period)
     self._params = teacher_params
     self._sharding = parallel.batch_sharding(mesh)
     self._body = jax.jit(lambda params, tokens: body(params, tokens, _positions(tokens)),
