@@ -166,17 +166,71 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
   summary = json.load(open(os.path.join(workdir, "quickstart.json")))
   assert summary["generate"]["prompts"] == 4
   assert summary["drafter"]["step"] == 20
-  rows = json.load(open(os.path.join(workdir, "evaluate", "results.json")))
+  # The table's prompts: the suite's math category, written before any work and read by
+  # every drafter's evaluate run.
+  assert summary["prompts"]["categories"] == ["math"]
+  (prompts_file,) = os.listdir(os.path.join(workdir, "prompts"))
+  rows = json.load(open(os.path.join(workdir, "evaluate_math", "results.json")))
   assert {r["method"] for r in rows} == {"autoregressive", "sd"}
+  assert {r["dataset"] for r in rows} == {f"file:{prompts_file}"}
   assert os.path.isdir(os.path.join(workdir, "drafter", "checkpoints", "20"))
   # The second stage starts from the first: one of its blocks, 64 tokens of its vocabulary.
   assert summary["reduced"]["step"] == 4 and summary["reduced"]["program"] == "distill"
   from spec_jax.training import checkpoints  # noqa: PLC0415
   model = checkpoints.read_meta(os.path.join(workdir, "reduced"))["model"]
   assert model["n_layers"] == 1 and len(model["head_ids"]) == 64
-  rows = json.load(open(os.path.join(workdir, "evaluate_reduced", "results.json")))
+  rows = json.load(open(os.path.join(workdir, "evaluate_reduced_math", "results.json")))
   assert {r["method"] for r in rows} == {"autoregressive", "sd"}
   assert summary["best"]["drafter"] in ("drafter", "reduced")
+  assert summary["best_by_category"]["math"] == summary["best"]
+  assert "\nmath:\n" in result.stdout and "math: best measured speedup" in result.stdout
+
+
+def test_quickstart_default_is_the_sharegpt_drafter_on_chat_and_code():
+  from configs import distill as distill_config  # noqa: PLC0415
+  from configs import quickstart as quickstart_config  # noqa: PLC0415
+  config = quickstart_config.get_config()
+  data = config.drafter.data
+  assert (data.name, data.source, data.temperature, data.verifier_batches) == (
+      "spec_jax_sharegpt", "verifier", 1.0, 64)
+  assert config.drafter.drafter.size == distill_config.FEATURE_DRAFTER
+  assert config.drafter.train.num_steps == 400
+  assert tuple(config.suite.categories) == ("chat", "code")
+  # Shakespeare stays a recipe, with evaluate's own (Shakespeare) prompts.
+  shakespeare = quickstart_config.get_config("recipe=shakespeare")
+  assert shakespeare.drafter.data.name == "spec_jax_shakespeare"
+  assert tuple(shakespeare.suite.categories) == ()
+  assert tuple(quickstart_config.get_config("categories=chat+math").suite.categories) == (
+      "chat", "math")
+
+
+@pytest.mark.parametrize("categories, message", [
+    (("chat", "poetry"), r"suite.categories=\('chat', 'poetry'\): 'poetry' is not a category"),
+    (("chat_turn2",), "chat_turn2 needs the verifier's first answers"),
+])
+def test_quickstart_refuses_bad_categories_before_any_work(tmp_path, monkeypatch, categories,
+                                                           message):
+  from configs import quickstart as quickstart_config  # noqa: PLC0415
+  from spec_jax import testing  # noqa: PLC0415
+  from spec_jax.programs import quickstart  # noqa: PLC0415
+  config = quickstart_config.get_config("smoke")
+  config.suite.categories = categories
+  monkeypatch.setattr(generate, "run", testing.refuse)
+  with pytest.raises(ValueError, match=message):
+    quickstart.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "prompts")
+
+
+def test_quickstart_refuses_a_prompt_the_cache_cannot_hold(tmp_path, monkeypatch):
+  from configs import quickstart as quickstart_config  # noqa: PLC0415
+  from spec_jax import testing  # noqa: PLC0415
+  from spec_jax.programs import quickstart  # noqa: PLC0415
+  config = quickstart_config.get_config("smoke")
+  config.evaluate.eval.max_cache_len = 64
+  monkeypatch.setattr(generate, "run", testing.refuse)
+  with pytest.raises(ValueError, match=r"evaluate.eval.max_cache_len=64 is too small: .*math "
+                                       r"prompt.*Fix: --config.evaluate.eval.max_cache_len="):
+    quickstart.run(config, str(tmp_path))
 
 
 @pytest.mark.parametrize("args, message", [

@@ -25,8 +25,8 @@ tau_by_category.png.
 Sizes (`:size=`): `cpu` (default) 16 prompts per category × 96 new tokens, batch 1; `full` 80 ×
 256, batch 1 and 8, for a GPU. `:smoke`: tiny random models, 2 categories × 2 prompts, a few
 tokens (tests; chat_turn2 builds the ShareGPT dataset on first use).
-Needs the quickstart's feature drafter (`runs/quickstart/drafter`: python launch.py --config
-configs/quickstart.py --workdir runs/quickstart).
+Needs the quickstart's feature drafter, distilled on ShareGPT (`runs/quickstart/drafter`:
+python launch.py --config configs/quickstart.py --workdir runs/quickstart).
 Time on 2 CPU cores, size=cpu, not yet measured whole: ~7 h where SmolLM2 decodes ~10 tokens/s
 alone (the VM of experiments/dyn/notes.md), ~2-3 h where it decodes 20-50. Per category and
 temperature, 16 × 96 = 1,536 tokens per pass at the chat category's measured rates there
@@ -48,7 +48,7 @@ SIZES = {  # num_prompts per category, new tokens per prompt, batch sizes
     "cpu": (16, 96, (1,)),
     "full": (80, 256, (1, 8)),
 }
-# The default drafter: the quickstart's feature drafter (configs/quickstart.py, recipe features,
+# The default drafter: the quickstart's feature drafter (configs/quickstart.py, recipe sharegpt,
 # trained into <its workdir>/drafter).
 QUICKSTART_DRAFTER = "runs/quickstart/drafter"
 

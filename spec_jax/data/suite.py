@@ -37,6 +37,8 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
+import os
 import textwrap
 from typing import Callable, NamedTuple, Sequence
 
@@ -361,3 +363,29 @@ def encode_category(category: str, tokenizer, count: int, *, cache_len: int,
     prompts = [t.first_messages() for t in prompts]
   return encode_messages(tokenizer, prompts, cache_len=cache_len, new_tokens=new_tokens,
                          margin=margin, field=field, label=f"{category} prompt")
+
+
+def write_prompt_file(tokenizer, messages: Sequence[Sequence[Message]], directory: str, *,
+                      cache_len: int, new_tokens: int, multiple: int, field: str,
+                      label: str = "prompt") -> tuple[str, int]:
+  """(path, prompt room) of a prompt set written as JSON lines {"prompt": chat text} into
+  `directory`, for evaluate's `prompts_file`. The file is named by the digest of its text (a
+  changed set is a new file, so a run reading it is a new run); the room (evaluate's
+  eval.max_prompt_tokens) is the longest prompt rounded up to `multiple` tokens, within what
+  `cache_len` leaves after `new_tokens`. The texts encode exactly as `encode_messages` encodes
+  the messages (the same rendered text through the same encode_batch: no second BOS), which
+  refuses a prompt that does not fit, naming `field`."""
+  ids = encode_messages(tokenizer, messages, cache_len=cache_len, new_tokens=new_tokens,
+                        field=field, label=label)
+  text = "".join(json.dumps({"prompt": tokenizer_lib.chat_text(tokenizer, m)}) + "\n"
+                 for m in messages)
+  path = os.path.join(directory, f"prompts-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+                                 ".jsonl")
+  if not os.path.exists(path):
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # one per process: hosts sharing a disk write alike
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)  # whole or absent: a killed write is not read back
+  longest = max(len(row) for row in ids)
+  return path, min(-(-longest // multiple) * multiple, cache_len - new_tokens)

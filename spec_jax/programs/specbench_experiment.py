@@ -26,8 +26,6 @@ results.md and tau_by_category.png (evaluation/specbench_report.py).
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 from typing import Iterator
 
@@ -113,14 +111,6 @@ def cache_extra(config) -> int:
        for e in evaluate.method_runs(c.eval)], default=0)
 
 
-def _room(config, ids, extra: int) -> int:
-  """eval.max_prompt_tokens of a prompt set: its longest prompt rounded up to
-  suite.prompt_multiple, within what the cache leaves after `extra` slots."""
-  multiple = int(config.suite.prompt_multiple)
-  longest = max(len(row) for row in ids)
-  return min(-(-longest // multiple) * multiple, int(config.eval.max_cache_len) - extra)
-
-
 def _check_fields(config) -> None:
   suite.check_categories(config.suite.categories)
   if len(set(config.suite.categories)) != len(config.suite.categories):
@@ -172,23 +162,12 @@ def check(config, workdir: str) -> None:
 
 def write_prompts(config, tokenizer, directory: str, messages, extra: int, label: str
                   ) -> tuple[str, int]:
-  """(path, eval.max_prompt_tokens) of a prompt set written as JSON lines {"prompt": chat text}
-  into `directory`, the file named by the digest of its text. The texts encode exactly as
-  `suite.encode_messages` encodes the messages (the same tokenizer.encode_batch of the same
-  rendered text: no second BOS), which also checks the cache room again."""
-  ids = suite.encode_messages(tokenizer, messages, cache_len=int(config.eval.max_cache_len),
-                              new_tokens=extra, field=CACHE_FIELD, label=label)
-  text = "".join(json.dumps({"prompt": tokenizer_lib.chat_text(tokenizer, m)}) + "\n"
-                 for m in messages)
-  path = os.path.join(directory, f"prompts-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-                                 ".jsonl")
-  if not os.path.exists(path):
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"  # one per process: hosts sharing a disk write alike
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)  # whole or absent: a killed write is not read back
-  return path, _room(config, ids, extra)
+  """(path, eval.max_prompt_tokens) of a prompt set written into `directory`
+  (suite.write_prompt_file: rounded up to suite.prompt_multiple, `extra` cache slots after it)."""
+  return suite.write_prompt_file(tokenizer, messages, directory,
+                                 cache_len=int(config.eval.max_cache_len), new_tokens=extra,
+                                 multiple=int(config.suite.prompt_multiple), field=CACHE_FIELD,
+                                 label=label)
 
 
 def runs(config, workdir: str) -> Iterator[experiment.Run]:
