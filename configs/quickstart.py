@@ -141,7 +141,7 @@ def get_config(arg=None):
     config.drafter.train.update(eval_every=100, checkpoint_every=100, log_every=10)
     config.distilled = distill_config.get_config(f"{distill_args},steps={args.distill_steps}")
     config.distilled.train.update(checkpoint_every=10)
-  if args.vocab and not args.smoke and args.recipe != "features":
+  if args.vocab and not args.smoke and args.recipe in ("vinit", "scratch"):
     config.stages += ("reduced",)
     config.reduced = distill_config.get_config(
         f"{distill_args},steps={args.vocab_steps},lr=0.003,size=drafter:vocab={args.vocab}")

@@ -195,11 +195,15 @@ def test_quickstart_default_is_the_sharegpt_drafter_on_chat_and_code():
       "spec_jax_sharegpt", "verifier", 1.0, 64)
   assert config.drafter.drafter.size == distill_config.FEATURE_DRAFTER
   assert config.drafter.train.num_steps == 400
+  # One stage: the feature drafter's vocabulary is reduced from the start.
+  assert tuple(config.stages) == ("drafter",)
   assert tuple(config.suite.categories) == ("chat", "code")
   # Shakespeare stays a recipe, with evaluate's own (Shakespeare) prompts.
   shakespeare = quickstart_config.get_config("recipe=shakespeare")
   assert shakespeare.drafter.data.name == "spec_jax_shakespeare"
   assert tuple(shakespeare.suite.categories) == ()
+  assert tuple(shakespeare.stages) == ("drafter",)
+  assert tuple(quickstart_config.get_config("recipe=vinit").stages) == ("drafter", "reduced")
   assert tuple(quickstart_config.get_config("categories=chat+math").suite.categories) == (
       "chat", "math")
 
