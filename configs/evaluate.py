@@ -14,6 +14,10 @@ count (the dataset column of results.json says where the prompts came from). Eac
 is padded to the smallest width of eval.prompt_buckets, eval.prompt_buckets·2, ·4, ... (capped at
 eval.max_prompt_tokens) that holds its longest prompt; --config.eval.prompt_buckets=0 pads every
 batch to eval.max_prompt_tokens.
+The default drafter, the quickstart's, is distilled on ShareGPT chat: the task suite
+(experiments/specbench, or `configs/quickstart.py`'s table) decodes chat and code prompts with it;
+for these Shakespeare prompts, `configs/quickstart.py:recipe=shakespeare` builds the drafter
+distilled on Shakespeare (--config.drafter.checkpoint=<its workdir>/drafter).
 Decoding on several devices: --config.mesh.data / fsdp / tensor (see configs/common.py: mesh).
 Time on 2 CPU cores: ~1 min per (temperature, batch size, γ) with 8 prompts × 64 tokens.
 One H100: γ ∈ {2, 4, 6} ×
