@@ -35,9 +35,10 @@ tokens) takes 5.5 s, so ~2.3 s on a VM where that one takes 1.05 s; one H100 not
 (~10 steps/s expected). The rows of ShareGPT's train split are built once (~2 min on 2 CPU
 cores, then cached beside the token caches); verifier responses cost 500 × 8 × <= 128
 generated tokens (~30-40 min on 2 CPU cores: there, --config.data.verifier_batches=64 cycles
-a pool of 64 batches, ~22 min on that VM; ~1 min on one H100). Steps after the first pass over
-a pool reuse the verifier's stored hidden states (data.teacher_cache_gib): 3.5 s per step there
-instead of 13 (experiments/specbench/notes.md).
+a pool of 64 batches, ~22 min on that VM; ~1 min on one H100). The generation keeps the
+verifier's hidden states over the pool, and every step reuses them (data.teacher_cache_gib):
+3.5 s per step there instead of 13 (experiments/specbench/notes.md); a pool file written
+without them costs one teacher pass per pool batch.
 
 Evaluate the result with
   python launch.py --config configs/evaluate.py --workdir runs/eval_distilled \

@@ -19,7 +19,7 @@ from the one before it:
                    plus the feature regression) on ShareGPT train prompts (<= 128 tokens) with
                    the verifier's own answers (<= 128 tokens) sampled at `sharegpt_temp`: a pool
                    of `sharegpt_pool` batches of 8, generated once and cycled, whose verifier
-                   hidden states are kept after the first pass (configs/distill.py, recipe
+                   hidden states the generation keeps (no teacher pass; configs/distill.py, recipe
                    `verifier`; experiments/specbench/notes.md compares the recipes);
   shakespeare      `drafter`: the same feature drafter distilled `features_steps` steps on
                    Shakespeare (rows of 16 + 112 tokens of the corpus, every position trained;

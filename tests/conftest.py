@@ -31,7 +31,7 @@ os.environ.setdefault("SPEC_JAX_DATA_DIR", tempfile.mkdtemp(prefix="spec_jax_tes
 # jax version, so reuse across runs is safe. (XLA:CPU's rare worker crashes while compiling or
 # serializing are rerun once: pytest.ini.)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), "spec_jax_test_jax_cache"))
+                      os.path.join(tempfile.gettempdir(), "spec_jax_test_jax_cache_locked"))
 # Only programs that took 0.1 s or more to compile are written (~500 entries instead of ~2,500
 # in a cold run, 36 s less of pytest): the small ones (eager ops, key splits) compile again about
 # as fast as an entry is read, and every write is a chance for XLA:CPU's rare crash in executable

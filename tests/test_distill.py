@@ -341,9 +341,11 @@ def _pool_config(data_dir, **data):
 
 @pytest.fixture(scope="module")
 def pool_runs(data_dir, tmp_path_factory):
-  """(config, {name: workdir}, {name: TeacherCache | None}) of three distill:smoke runs on a pool:
-  with the teacher cache (`cached`), without it (`uncached`: teacher_cache_gib = 0) and with it,
-  killed at step 3 and resumed from the checkpoint at step 2 (`resumed`)."""
+  """(config, {name: workdir}, {name: TeacherCache | None}) of distill:smoke runs on a pool:
+  with the teacher cache (`cached`: the pool's generation keeps the states), without it
+  (`uncached`: teacher_cache_gib = 0, its pool file has no states), with it on that pool file
+  (`plain_pool`: the teacher's pass fills it), and with it, killed at step 3 and resumed from
+  the checkpoint at step 2 (`resumed`: the states come back from its pool file)."""
   made, dirs = {}, {}
 
   def run(name, config, **kwargs):
@@ -359,7 +361,9 @@ def pool_runs(data_dir, tmp_path_factory):
 
   config = _pool_config(data_dir)
   run("cached", config)
-  run("uncached", _pool_config(data_dir, teacher_cache_gib=0))
+  shared = str(tmp_path_factory.mktemp("plain_pool_cache"))
+  run("uncached", _pool_config(data_dir, teacher_cache_gib=0, cache_dir=shared))
+  run("plain_pool", _pool_config(data_dir, cache_dir=shared))
 
   def kill_at_3(step):
     if step == 3:
@@ -373,26 +377,32 @@ def pool_runs(data_dir, tmp_path_factory):
 
 
 def test_teacher_cache_runs_each_pool_batch_once_and_trains_as_without(pool_runs):
-  """A cycled verifier pool: the teacher's blocks run once per pool batch (2 passes for 6
-  steps), and the drafter trains as when every step runs the whole teacher (the same updates
-  up to float rounding: only the split of the compiled program differs)."""
+  """A cycled verifier pool: the teacher's states over each pool batch are kept from the pool's
+  generation (no teacher pass at all), or where its pool file has none computed once per pool
+  batch (2 passes for 6 steps); either way the drafter trains as when every step runs the
+  whole teacher (the same updates up to float rounding: only where the states were computed
+  differs)."""
   _, dirs, made = pool_runs
   assert made["uncached"] is None
-  assert made["cached"].period == 2 and made["cached"].computed == 2
-  cached = checkpoints.load_model(dirs["cached"])[1]
+  assert made["cached"].period == 2
+  assert (made["cached"].computed, made["cached"].reused) == (0, 2)
+  assert (made["plain_pool"].computed, made["plain_pool"].reused) == (2, 0)
   uncached = checkpoints.load_model(dirs["uncached"])[1]
-  for a, b in zip(jax.tree.leaves(cached), jax.tree.leaves(uncached)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
   losses_of = lambda d: [r["train/loss"] for r in metrics_lib.read_jsonl(d) if "train/loss" in r]
-  np.testing.assert_allclose(losses_of(dirs["cached"]), losses_of(dirs["uncached"]), rtol=1e-4)
+  for name in ("cached", "plain_pool"):
+    params = checkpoints.load_model(dirs[name])[1]
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(uncached)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(losses_of(dirs[name]), losses_of(dirs["uncached"]), rtol=1e-4)
 
 
 def test_teacher_cache_resumes_bit_identical(pool_runs):
   """Killed at step 3 (cache filled for both pool batches) and resumed at the checkpoint of
-  step 2 with an empty cache: the refilled teacher passes are the same, so the run ends
-  bit-identical to the uninterrupted one."""
+  step 2 with an empty cache: the states come back from the pool file as the generation kept
+  them, so the run ends bit-identical to the uninterrupted one."""
   _, dirs, made = pool_runs
-  assert made["killed"].computed == 2 and made["resumed"].computed == 2
+  assert made["killed"].reused == 2 and made["resumed"].reused == 2
+  assert made["killed"].computed == 0 and made["resumed"].computed == 0
   assert leaves_equal(checkpoints.load_model(dirs["cached"])[1],
                       checkpoints.load_model(dirs["resumed"])[1])
   assert metrics_lib.read_jsonl(dirs["cached"]) == metrics_lib.read_jsonl(dirs["resumed"])

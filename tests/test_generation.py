@@ -1,5 +1,7 @@
 """Autoregressive generation: sampling laws, ragged batches, EOS, static shapes, bad input."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -67,6 +69,54 @@ def test_stop_token_ends_only_its_row():
   want1 = free[1][:free[1].index(stop) + 1] if stop in free[1] else free[1]
   assert rows[1] == want1
   np.testing.assert_array_equal(out.num_new, [len(rows[0]), len(rows[1])])
+
+
+@pytest.mark.parametrize("where", ["kept", "prefill_one_slot_late", "step_other_row"])
+def test_kept_hidden_states_are_the_forward_over_the_finished_rows(where, monkeypatch):
+  """hidden_layers: the states the loop computed (prefill for the prompt, each step for the
+  token it fed) equal one forward pass over the finished rows at every slot before a row's last
+  token, ragged prompts and a stop token included, and are zero from there on. A loop that
+  keeps the prefill's states one slot late, or a step's state in another row, fails."""
+  cfg, params = testing.tiny_model(seed=3, sharpness=4.0)
+  prompts = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102]]
+  batch = generate_lib.pad_prompts(prompts, 8, pad_id=0)
+  kwargs = dict(cfg=cfg, sampling=Sampling(1.0), max_new_tokens=6)
+  free = generate_lib.generate(params, batch, jax.random.key(1), **kwargs).new_tokens()
+  stop = free[1][2]  # row 1 stops at its third new token, the others run to 6 or stop earlier
+  layers = (0, -1)
+  if where != "kept":
+    real = generate_lib.llama.make_apply
+
+    def late(cfg, hidden_layers=(), **kw):
+      apply = real(cfg, hidden_layers, **kw)
+
+      def shifted(params, tokens, positions, cache=None, *args, **kws):
+        logits, hidden, cache = apply(params, tokens, positions, cache, *args, **kws)
+        step = tokens.shape[1] == 1
+        if step == (where == "step_other_row"):
+          hidden = {k: jnp.roll(v, 1, axis=0 if step else 1) for k, v in hidden.items()}
+        return logits, hidden, cache
+      return shifted
+    monkeypatch.setattr(generate_lib.llama, "make_apply", late)
+    # A new function object: jit's trace cache is keyed by it, and the kept run traced this one.
+    monkeypatch.setattr(generate_lib, "_generate_jit", jax.jit(
+        functools.partial(generate_lib._generate), static_argnames=generate_lib.STATIC))
+  out = generate_lib.generate(params, batch, jax.random.key(1), stop_ids=(stop,),
+                              hidden_layers=layers, **kwargs)
+  monkeypatch.undo()
+  assert set(out.hidden) == set(layers)
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  tokens = np.where(np.arange(tokens.shape[1])[None] < lengths[:, None], tokens, 0)
+  positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+  _, want, _ = generate_lib.llama.make_apply(cfg, layers)(params, tokens, positions)
+  ok = True
+  for k in layers:
+    got = np.asarray(out.hidden[k])
+    for b, n in enumerate(lengths):
+      ok &= np.allclose(got[b, :n - 1], np.asarray(want[k])[b, :n - 1], rtol=1e-4, atol=1e-4)
+      assert not got[b, n - 1:].any()
+  assert lengths[1] == len(prompts[1]) + 3
+  assert ok == (where == "kept")
 
 
 def test_no_recompile_across_calls_of_the_same_shapes(monkeypatch):

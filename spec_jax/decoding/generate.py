@@ -9,6 +9,12 @@ rounding of attention sums over more masked slots).
 
 Stopping (shared with speculative decoding so both emit identical text): a row stops after it
 emits a stop token (kept in the output) or after `max_new_tokens` new tokens.
+
+`hidden_layers` also returns the model's hidden states at those layers (decoder.make_apply's
+keys) for every position the loop fed: the prompt's from the prefill, each new token's from the
+step that fed it. A teacher pass over the finished rows computes the same states (up to float
+rounding), so distillation keeps these instead of running it (training/distill.py's
+TeacherCache).
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ class GenerateState:
   step: jax.Array        # int32[]: decode steps taken (verifier-only forward calls after prefill)
   law_error: jax.Array   # int32[B]: `sampling.law_status` of the first broken law (0: none)
   law_error_at: jax.Array  # int32[B]: new tokens the row had emitted when it broke
+  hidden: dict           # {layer: [B, S, D]} at `hidden_layers` (empty without)
 
 
 @flax.struct.dataclass
@@ -119,6 +126,9 @@ class GenerateOutput:
   steps: jax.Array       # int32[]: forward calls, prefill included
   law_error: jax.Array   # int32[B]: 0, or the `sampling.law_status` code that stopped the row
   law_error_at: jax.Array  # int32[B]: new tokens emitted before it
+  # {layer: [B, S, D]}: the hidden states at `hidden_layers` of positions < lengths[b] - 1 (each
+  # token that has a successor in the row), zero elsewhere; empty without hidden_layers.
+  hidden: dict = flax.struct.field(default_factory=dict)
 
   def new_tokens(self) -> list[list[int]]:
     """Generated ids per row (host side), stop token included when one was emitted."""
@@ -139,36 +149,46 @@ def commit(tokens, lengths, num_new, done, new, stop_ids, max_new_tokens):
   return tokens, lengths, num_new, done
 
 
-STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh")
+STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh", "hidden_layers")
 
 
 def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
-              stop_ids, mesh=None):
-  apply = llama.make_apply(cfg)
+              stop_ids, mesh=None, hidden_layers=()):
+  apply = llama.make_apply(cfg, hidden_layers)
   b, p = prompt_tokens.shape
   size = p + max_new_tokens
+  rows = jnp.arange(b)
   cache = parallel.constrain_caches(llama.init_cache(cfg, b, size), mesh)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  logits, _, cache = apply(params, prompt_tokens, positions, cache)
+  logits, hidden, cache = apply(params, prompt_tokens, positions, cache)
+  # The prefill's states fill slots [0, P); slots past a prompt's length hold the padding's
+  # until the step that feeds the row's real token there overwrites them.
+  hidden = {k: jnp.pad(v, ((0, 0), (0, max_new_tokens), (0, 0))) for k, v in hidden.items()}
   last = jnp.take_along_axis(logits, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   rng, key = jax.random.split(rng)
   zeros = jnp.zeros_like(prompt_lengths)
   state = GenerateState(jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), prompt_lengths,
-                        zeros, jnp.zeros((b,), bool), cache, rng, jnp.int32(1), zeros, zeros)
+                        zeros, jnp.zeros((b,), bool), cache, rng, jnp.int32(1), zeros, zeros,
+                        hidden)
   state = _append(state, *sampling_lib.draw(key, last, sampling), stop_ids, max_new_tokens)
 
   def body(s: GenerateState) -> GenerateState:
     pos = (s.lengths - 1)[:, None]
     current = jnp.take_along_axis(s.tokens, pos, axis=1)
-    logits, _, cache = apply(params, current, pos, s.cache)
+    logits, fed, cache = apply(params, current, pos, s.cache)
     cache = parallel.constrain_caches(cache, mesh)
+    # A finished row feeds its last token again at the same slot: the same state.
+    hidden = {k: v.at[rows, pos[:, 0]].set(fed[k][:, 0]) for k, v in s.hidden.items()}
     new, status = sampling_lib.draw(jax.random.fold_in(s.rng, s.step), logits[:, 0], sampling)
-    s = _append(s.replace(cache=cache), new, status, stop_ids, max_new_tokens)
+    s = _append(s.replace(cache=cache, hidden=hidden), new, status, stop_ids, max_new_tokens)
     return s.replace(step=s.step + 1)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  # Slots from lengths - 1 on were not all fed (a row's last token, its prefill padding): zero.
+  fed = (jnp.arange(size)[None, :] < (state.lengths - 1)[:, None])[:, :, None]
+  hidden = {k: jnp.where(fed, v, jnp.zeros((), v.dtype)) for k, v in state.hidden.items()}
   return GenerateOutput(state.tokens, state.lengths, prompt_lengths, state.num_new, state.step,
-                        state.law_error, state.law_error_at)
+                        state.law_error, state.law_error_at, hidden)
 
 
 def _append(s: GenerateState, new, status, stop_ids, max_new_tokens) -> GenerateState:
@@ -188,7 +208,7 @@ _generate_jit = jax.jit(_generate, static_argnames=STATIC)
 
 def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
              sampling: sampling_lib.Sampling, max_new_tokens: int,
-             stop_ids: Sequence[int] = (), mesh=None,
+             stop_ids: Sequence[int] = (), mesh=None, hidden_layers: Sequence[int] = (),
              compile_only: bool = False) -> GenerateOutput | None:
   """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
 
@@ -197,6 +217,8 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   and the call raises `sampling.LawError` naming it (waiting for the result to check).
   mesh: decode on a `parallel.make_mesh` Mesh (batch over ('data', 'fsdp'), parameters by the
   training rule, KV cache rows and heads sharded), or None for one device.
+  hidden_layers: also return `GenerateOutput.hidden`, the states at these layers
+  (decoder.make_apply's keys; draft_init.FINAL is the final pre-norm residual).
   compile_only: compile the program for these shapes and return None without decoding (a later
   call with the same shapes runs it at once: how timing warms up without a discarded decode).
   """
@@ -208,7 +230,8 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
     prompts = on_mesh(prompts, mesh)
   args = (params, prompts.tokens, prompts.lengths, rng)
   kwargs = dict(cfg=cfg, sampling=sampling, max_new_tokens=int(max_new_tokens),
-                stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh)
+                stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh,
+                hidden_layers=tuple(int(k) for k in hidden_layers))
   if compile_only:
     _generate_jit.lower(*args, **kwargs).compile()
     return None

@@ -102,10 +102,19 @@ def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
       **{"seed": config.seed, "batch_size": spec.batch_size, **kwargs})
 
 
+def _pool(config, spec: distill_data.Spec) -> tuple[int, int]:
+  """(batches, per_call) of the verifier pool: `data.verifier_batches` (0: one per step) rounded
+  up to whole generation calls of `per_call` batches (distill_data.VerifierData)."""
+  per_call = max(1, spec.generate_batch // spec.verifier_rows)
+  n = spec.verifier_batches or config.train.num_steps
+  return -(-n // per_call) * per_call, per_call
+
+
 def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
-               student: Student | None = None) -> distill_data.DistillData:
+               student: Student | None = None, hidden_layers=()) -> distill_data.DistillData:
   """Batches of the train split from config.data.source (verifier responses generated now,
-  or read from the cache; on-policy ones later, from the live params of `student`)."""
+  or read from the cache; on-policy ones later, from the live params of `student`).
+  hidden_layers: the verifier's states the pool's generation keeps (the teacher cache's)."""
   dc = config.data
   blend = tuple((str(n), float(w)) for n, w in dc.get("blend", ()))
   train_windows = _windows(config, spec, tokenizer, dc.train_split, blend=blend)
@@ -128,14 +137,14 @@ def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_pa
     if chat_data.is_chat(dc.name):  # the rows' rules
       key.update(chat=chat_data.VERSION)
     rows = spec.verifier_rows
-    per_call = max(1, spec.generate_batch // rows)
+    num_batches, per_call = _pool(config, spec)
     if rows != spec.batch_size or per_call > 1:  # old caches keep their key
       key.update(rows=rows, per_call=per_call)
     verifier_data = distill_data.VerifierData(
-        lambda prompts, r: gen(v_params, v_cfg, prompts, r), train_windows,
-        num_batches=spec.verifier_batches or config.train.num_steps, spec=spec, key=key,
+        lambda prompts, r: gen(v_params, v_cfg, prompts, r, hidden_layers=hidden_layers),
+        train_windows, num_batches=num_batches, spec=spec, key=key,
         cache_dir=dc.cache_dir or os.path.join(workdir, "data_cache"), rows=rows,
-        per_call=per_call)
+        per_call=per_call, hidden_layers=hidden_layers)
   onpolicy = None if student is None else (
       lambda params, prompts, r: gen(params, student.cfg, prompts, r))
   return distill_data.DistillData(spec, train_windows, verifier_data=verifier_data,
@@ -179,31 +188,34 @@ def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Obje
   return eval_fn
 
 
-def teacher_cache(config, spec: distill_data.Spec, data: distill_data.DistillData, v_cfg,
-                  v_params, d_cfg, student: Student, *, v_shardings, mesh
-                  ) -> distill.TeacherCache | None:
+def teacher_cache(config, spec: distill_data.Spec, v_cfg, v_params, d_cfg, student: Student, *,
+                  v_shardings, mesh) -> distill.TeacherCache | None:
   """A TeacherCache when every batch is a batch of the verifier pool (data.source = verifier,
   verifier_share = 1, no on-policy rows), the run cycles that pool (more steps than pool
   batches) and the pool's hidden states fit data.teacher_cache_gib; None otherwise (every step
-  then runs the teacher's whole forward). A pool logs whether it runs cached."""
+  then runs the teacher's whole forward). A pool logs whether it runs cached. The pool's
+  generation keeps the states (`train_data(..., hidden_layers=cache.layers)`); set
+  `cache.stored = data.verifier_data.hidden` to use them."""
   gib = float(config.data.get("teacher_cache_gib", 0.0))
   if not (spec.source == "verifier" and spec.verifier_share == 1.0 and not spec.onpolicy_rows):
     return None  # batch s is not a function of s mod the pool size
-  period = data.verifier_data.num_batches
+  period, _ = _pool(config, spec)
   parts = draft_init.teacher_parts(d_cfg, v_cfg, student.teacher_layers)
   if gib <= 0 or period >= config.train.num_steps or parts is None:
     return None
   cache = distill.TeacherCache(*parts, v_params, period, teacher_shardings=v_shardings,
                                mesh=mesh)
-  need = period * cache.bytes_per_batch(np.shape(data.get(0)["inputs"]))
+  # A batch's inputs: prompt and response without the last position (distill_data.make_batch).
+  need = period * cache.bytes_per_batch(
+      (spec.batch_size, spec.prompt_tokens + spec.response_tokens - 1))
   if need > gib * 2**30:
     logging.warning("The teacher's hidden states of the %d pool batches need %.2f GiB, over "
                     "data.teacher_cache_gib=%g: every step runs the teacher's whole forward. "
                     "Fix: raise data.teacher_cache_gib.", period, need / 2**30, gib)
     return None
-  logging.info("Teacher cache: the teacher's pass over each of the %d pool batches is computed "
-               "once (%.2f GiB of hidden states) and reused for %d steps.", period, need / 2**30,
-               config.train.num_steps)
+  logging.info("Teacher cache: the teacher's states over each of the %d pool batches (%.2f "
+               "GiB), kept from the pool's generation (or one pass where it has none), reused "
+               "for %d steps.", period, need / 2**30, config.train.num_steps)
   return cache
 
 
@@ -265,14 +277,17 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
         verifier=config.verifier.checkpoint or config.verifier.size), **student.meta)
 
     models = dict(v_params=v_params, v_cfg=v_cfg, student=student)
-    data = train_data(config, spec, tokenizer, workdir, **models)
+    cache = teacher_cache(config, spec, v_cfg, v_params, d_cfg, student,
+                          v_shardings=v_shardings, mesh=mesh)
+    data = train_data(config, spec, tokenizer, workdir, **models,
+                      hidden_layers=cache.layers if cache else ())
+    if cache is not None:
+      cache.stored = data.verifier_data.hidden
     eval_fn = None
     if tc.eval_every:
       eval_fn = _eval_fn(config, spec, tokenizer, objective, **models, mesh=mesh,
                          d_shardings=shardings.params, v_shardings=v_shardings)
 
-    cache = teacher_cache(config, spec, data, v_cfg, v_params, d_cfg, student,
-                          v_shardings=v_shardings, mesh=mesh)
     step = distill.jit_distill_step(
         student.apply, v_apply, tx, objective, shardings, v_shardings, mesh, student.context_fn,
         teacher_head=cache.head if cache else None)

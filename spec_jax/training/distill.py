@@ -316,21 +316,31 @@ class TeacherCache:
   saving): batch s is pool batch s mod `period`, and `batch(s, host_batch)` returns the batch
   with its TEACHER_HIDDEN, the hidden states of `draft_init.teacher_parts`' body, so the step
   runs only its head, the output layer (`jit_distill_step(..., teacher_head=cache.head)`). The
-  body is a pure function of the batch's tokens: a resumed run refills the same states.
+  body is a pure function of the batch's tokens, and `stored` hands back what it stored: a
+  resumed run refills the same states.
   The tokens of a cached batch are kept and compared at each reuse: a batch that is not its pool
   batch raises instead of training on another batch's teacher. Host memory: `period` batches'
-  hidden states (`bytes_per_batch`)."""
+  hidden states (`bytes_per_batch`).
+
+  `stored(key) -> {layer: [B,T,D]} | None` (an attribute, None by default): the states of pool
+  batch `key` computed elsewhere (the generation that sampled the pool keeps them:
+  distill_data.VerifierData.hidden), used in place of the body's pass. They must have the
+  body's keys (`layers`), shapes and dtypes."""
 
   def __init__(self, body: Callable, head: Callable, teacher_params, period: int, *,
                teacher_shardings, mesh):
     self.head, self.period = head, int(period)
+    self.stored: Callable[[int], dict | None] | None = None
+    self.reused = 0  # pool batches whose states came from `stored` (tests, logs)
     self._params = teacher_params
     self._sharding = parallel.batch_sharding(mesh)
-    self._body = jax.jit(lambda params, tokens: body(params, tokens, _positions(tokens)),
-                         in_shardings=(teacher_shardings, self._sharding),
+    self._pass = lambda params, tokens: body(params, tokens, _positions(tokens))
+    self._body = jax.jit(self._pass, in_shardings=(teacher_shardings, self._sharding),
                          out_shardings=self._sharding)
     self._store: dict[int, tuple[np.ndarray, dict]] = {}
     self.computed = 0  # teacher passes run (tests, logs)
+    probe = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    self.layers = tuple(jax.eval_shape(self._pass, teacher_params, probe))  # the body's keys
 
   def bytes_per_batch(self, batch_shape: tuple[int, int]) -> int:
     tokens = jax.ShapeDtypeStruct(batch_shape, jnp.int32)
@@ -341,11 +351,25 @@ class TeacherCache:
     key = int(s) % self.period
     tokens = np.asarray(batch["inputs"])
     if key not in self._store:
-      hidden = self._body(self._params, parallel.shard_batch(tokens, self._sharding))
-      self._store[key] = (tokens, {k: parallel.to_host(v) for k, v in hidden.items()})
-      self.computed += 1
+      hidden = self.stored(key) if self.stored is not None else None
+      if hidden is not None:
+        self._check_stored(key, tokens, hidden)
+        self.reused += 1
+      else:
+        hidden = self._body(self._params, parallel.shard_batch(tokens, self._sharding))
+        hidden = {k: parallel.to_host(v) for k, v in hidden.items()}
+        self.computed += 1
+      self._store[key] = (tokens, hidden)
     kept, hidden = self._store[key]
     if not np.array_equal(kept, tokens):
       raise RuntimeError(f"TeacherCache: batch {s} is not pool batch {key} (its tokens differ); "
                          "this data source cannot reuse teacher passes.")
     return {**batch, TEACHER_HIDDEN: hidden}
+
+  def _check_stored(self, key: int, tokens: np.ndarray, hidden: dict) -> None:
+    want = jax.eval_shape(self._pass, self._params, jax.ShapeDtypeStruct(tokens.shape, jnp.int32))
+    got = {k: (tuple(np.shape(v)), np.asarray(v).dtype) for k, v in hidden.items()}
+    need = {k: (tuple(v.shape), v.dtype) for k, v in want.items()}
+    if got != need:
+      raise ValueError(f"TeacherCache: the stored states of pool batch {key} are {got}, the "
+                       f"teacher's pass gives {need}; they cannot stand in for it.")

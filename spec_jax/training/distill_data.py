@@ -254,25 +254,32 @@ def make_batch(seqs: np.ndarray, num_new: np.ndarray, prompt_tokens) -> dict[str
 
 def generate_responses(params, cfg: llama.LlamaConfig, prompts, rng: jax.Array, *,
                        sampling: sampling_lib.Sampling, response_tokens: int,
-                       stop_ids=()) -> tuple[np.ndarray, np.ndarray]:
+                       stop_ids=(), hidden_layers=()) -> tuple:
   """(seqs int32[B, P+O], num_new int32[B]) on the host: O tokens sampled after each prompt
   (int32[B, P], or right-padded `generate.Prompts` whose responses start at their lengths) by
   the jitted batched `generate` (one compiled program per shape). Positions past a row's stop
-  are zero (and carry zero weight in `make_batch`)."""
+  are zero (and carry zero weight in `make_batch`). With `hidden_layers`, a third element:
+  {layer: [B, P+O-1, D]}, the generating model's states over the batch's inputs
+  (`make_batch(...)["inputs"]`, seqs without the last position) at those layers, zero where no
+  target carries weight (`generate.GenerateOutput.hidden`)."""
   if not isinstance(prompts, generate_lib.Prompts):
     prompts = np.asarray(prompts, np.int32)
     prompts = generate_lib.Prompts(prompts, np.full((len(prompts),), prompts.shape[1], np.int32))
   out = generate_lib.generate(
       params, generate_lib.Prompts(jax.numpy.asarray(prompts.tokens, np.int32),
                                    jax.numpy.asarray(prompts.lengths, np.int32)),
-      rng, cfg=cfg, sampling=sampling, max_new_tokens=response_tokens, stop_ids=stop_ids)
+      rng, cfg=cfg, sampling=sampling, max_new_tokens=response_tokens, stop_ids=stop_ids,
+      hidden_layers=hidden_layers)
   # One host transfer per batch: the batch goes back to the host anyway (train_loop shards host
   # batches), and blocking here means the params it read are free to be donated next step.
-  seqs, num_new, lengths = jax.device_get((out.tokens, out.num_new, out.lengths))
+  seqs, num_new, lengths, hidden = jax.device_get((out.tokens, out.num_new, out.lengths,
+                                                   out.hidden))
   # Positions past a row's stop carry zero weight; pin them to 0 whatever the loop left there,
   # so a batch is a function of (seed, s, params) alone.
   seqs = np.where(np.arange(seqs.shape[1])[None] < lengths[:, None], seqs, 0).astype(np.int32)
-  return seqs, np.asarray(num_new, np.int32)
+  if not hidden_layers:
+    return seqs, np.asarray(num_new, np.int32)
+  return seqs, np.asarray(num_new, np.int32), {k: np.asarray(v[:, :-1]) for k, v in hidden.items()}
 
 
 def source_key(seed: int, source: str) -> jax.Array:
@@ -291,14 +298,22 @@ class VerifierData:
   (on 2 CPU cores, SmolLM2 samples ~100 tokens/s at 8 rows per call and ~230 at 32-64). The key
   names the verifier by its config, not its weights: clear `cache_dir` after changing a
   checkpoint in place.
+
+  `generate_fn` may also return the verifier's hidden states over each batch's inputs
+  (`generate_responses(..., hidden_layers=...)`): they are kept beside the responses, in memory
+  and in the cache file (`hidden_<layer>`, float32[n, B, P+O-1, D]), and `hidden(s)` hands them
+  to the teacher cache in place of a teacher pass. A cache file written without them (or with
+  other layers) serves its responses, and its batches' `hidden` is None.
   """
 
   SAVE_EVERY_S = 30.0
 
   def __init__(self, generate_fn: Callable[[np.ndarray, jax.Array], tuple], window_ds, *,
                num_batches: int, spec: Spec, key: dict, cache_dir: str | None,
-               rows: int | None = None, per_call: int = 1):
+               rows: int | None = None, per_call: int = 1, hidden_layers=()):
     self.seqs, self.num_new = None, None
+    names = [f"hidden_{int(k)}" for k in hidden_layers]
+    hidden = []  # per batch: {layer: [B, P+O-1, D]}, or None where the cache had none
     rows = spec.batch_size if rows is None else rows
     num_batches = -(-num_batches // per_call) * per_call  # whole calls
     self.num_batches = num_batches
@@ -310,10 +325,16 @@ class VerifierData:
       if os.path.exists(path):
         with np.load(path) as f:
           self.seqs, self.num_new = f["seqs"], f["num_new"]
+          stored = ({int(n[len("hidden_"):]): f[n] for n in names}
+                    if names and all(n in f.files for n in names) else {})
+        hidden = [{k: v[s] for k, v in stored.items()} if stored else None
+                  for s in range(len(self.seqs))]
     # Batch s depends on (key, s) only, so a shorter cache is a valid prefix of a longer one.
     have = 0 if self.seqs is None else len(self.seqs) // per_call * per_call
+    self._hidden = hidden[:have]
     if have >= num_batches:
-      logging.info("Verifier responses for %d batches from %s.", num_batches, path)
+      logging.info("Verifier responses for %d batches from %s%s.", num_batches, path,
+                   " with their hidden states" if self.hidden(0) is not None else "")
       return
     t0 = time.perf_counter()
     rng = source_key(spec.seed, "verifier")
@@ -326,27 +347,38 @@ class VerifierData:
                        unit="call", disable=jax.process_index() != 0):
       prompts = chat_data.prompts_of([window_ds[t] for t in range(s, s + per_call)], rows,
                                      spec.prompt_tokens)
-      seq, n = generate_fn(prompts, jax.random.fold_in(rng, s))
+      seq, n, *h = generate_fn(prompts, jax.random.fold_in(rng, s))
       seqs.extend(np.split(np.asarray(seq), per_call))
       num_new.extend(np.split(np.asarray(n), per_call))
+      parts = {k: np.split(v, per_call) for k, v in h[0].items()} if h else {}
+      self._hidden.extend({k: v[i] for k, v in parts.items()} if parts else None
+                          for i in range(per_call))
       if path and (time.perf_counter() - last_save > self.SAVE_EVERY_S
                    or s + per_call == num_batches):
-        self._save(path, cache_dir, seqs, num_new, key)
+        self._save(path, cache_dir, seqs, num_new, key, self._hidden)
         last_save = time.perf_counter()
     self.seqs, self.num_new = np.stack(seqs), np.stack(num_new)
     logging.info("Generated verifier responses for batches %d..%d in %.1f s.", have,
                  num_batches - 1, time.perf_counter() - t0)
 
   @staticmethod
-  def _save(path: str, cache_dir: str, seqs, num_new, key: dict) -> None:
+  def _save(path: str, cache_dir: str, seqs, num_new, key: dict, hidden) -> None:
     os.makedirs(cache_dir, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp.npz"  # atomic: a killed run leaves no truncated cache
-    np.savez(tmp, seqs=np.stack(seqs), num_new=np.stack(num_new), key=json.dumps(key, default=str))
+    # Hidden states are kept only when every batch has them (a file is one prefix of batches).
+    states = ({f"hidden_{k}": np.stack([h[k] for h in hidden]) for k in hidden[0]}
+              if hidden and all(h is not None for h in hidden) else {})
+    np.savez(tmp, seqs=np.stack(seqs), num_new=np.stack(num_new), key=json.dumps(key, default=str),
+             **states)
     os.replace(tmp, path)
 
   def __getitem__(self, s: int) -> tuple[np.ndarray, np.ndarray]:
     s = int(s) % self.num_batches
     return self.seqs[s], self.num_new[s]
+
+  def hidden(self, s: int) -> dict[int, np.ndarray] | None:
+    """The verifier's hidden states over batch s's inputs ({layer: [B, P+O-1, D]}), or None."""
+    return self._hidden[int(s) % self.num_batches]
 
 
 class DistillData:
