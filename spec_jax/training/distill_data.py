@@ -260,8 +260,8 @@ def generate_responses(params, cfg: llama.LlamaConfig, prompts, rng: jax.Array, 
   the jitted batched `generate` (one compiled program per shape). Positions past a row's stop
   are zero (and carry zero weight in `make_batch`). With `hidden_layers`, a third element:
   {layer: [B, P+O-1, D]}, the generating model's states over the batch's inputs
-  (`make_batch(...)["inputs"]`, seqs without the last position) at those layers, zero where no
-  target carries weight (`generate.GenerateOutput.hidden`)."""
+  (`make_batch(...)["inputs"]`, seqs without the last position) at those layers, zero from
+  each row's last token on, where no target carries weight (`generate.GenerateOutput.hidden`)."""
   if not isinstance(prompts, generate_lib.Prompts):
     prompts = np.asarray(prompts, np.int32)
     prompts = generate_lib.Prompts(prompts, np.full((len(prompts),), prompts.shape[1], np.int32))
