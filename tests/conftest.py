@@ -40,8 +40,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # A size bound turns on the cache's file lock (jax/_src/lru_cache.py, package filelock), held
 # around every read and write. Unbounded, an entry is written in place without it, and a worker
-# that reads an entry another worker is still writing deserializes a truncated executable: the
-# rare worker crash seen inside compilation_cache.get_executable_and_time. 16 GiB never evicts.
+# could read an entry another worker is still writing. 16 GiB never evicts. (XLA:CPU's rare
+# worker crash while reading an entry, compilation_cache.get_executable_and_time, comes with
+# the lock too: pytest.ini reruns it.)
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 
 
