@@ -101,8 +101,8 @@ def get_config(arg: str | None = None):
       # generation call (0 = one batch's; 64 samples ~2x faster than 8 on 2 CPU cores).
       verifier_batches=0, verifier_share=1.0, generate_batch=0,
       # Host memory for the verifier's hidden states over a cycled pool (verifier_share = 1):
-      # each pool batch's teacher pass runs once and later steps reuse it (0 = run it every
-      # step; training/distill.py TeacherCache).
+      # the pool's generation keeps them and every step reuses them (0 = run the teacher's
+      # pass every step; training/distill.py TeacherCache).
       teacher_cache_gib=4.0,
       stop_at_eos=False,        # False: responses always have response_tokens tokens
       cache_dir="",             # verifier responses; '' = <workdir>/data_cache

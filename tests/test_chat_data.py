@@ -312,7 +312,9 @@ def test_distill_trains_a_feature_drafter_on_verifier_chat_responses(chat_dir, v
   for r in evals:
     assert 1.0 <= r["eval/tau_T1"] <= 5.0 and np.isfinite(r["eval/fkl"])
   assert any("train/aux_loss" in r for r in rows)  # the feature regression trained
-  assert list((tmp_path / "data_cache").glob("verifier_responses_*.npz"))
+  pool, = (tmp_path / "data_cache").glob("verifier_responses_*.npz")
+  with np.load(pool) as f:  # the main job's path: the generation kept the teacher's states
+    assert f["hidden_-1"].shape[:2] == f["seqs"].shape[:2] and f["hidden_-1"].any()
 
 
 def test_train_bpd_on_chat_rows(chat_dir, tmp_path):
