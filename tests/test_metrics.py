@@ -260,3 +260,22 @@ def test_verifier_cost_ratio_runs_the_forward():
   with pytest.raises(ValueError, match="m >= 1"):
     timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=0,
                                position=10)
+
+
+def test_memory_reads_spread_one_wait_over_several_passes():
+  """A timed call of `MemoryReads` dispatches `passes` reads and waits once, and the bandwidth
+  counts every pass: on a GPU one 512 MiB read lasts about as long as a dispatch and its wait, so
+  a single read per call reported a fraction of the bandwidth."""
+  reads = timing.MemoryReads(nbytes=64 * 4 * 16, rows=16, passes=4)
+  assert reads.nbytes == 4096 and reads.passes == 4
+  sums, gemvs = reads.calls["read_sum"](), reads.calls["read_gemv"]()
+  assert len(sums) == len(gemvs) == 4
+  assert all(float(s) == 1024.0 for s in sums)
+  assert all(g.shape == (64,) and float(g[0]) == 16.0 for g in gemvs)
+  # The faster median carries the bandwidth: 4 passes × 4,096 bytes in 0.25 s.
+  times = {"read_sum": {"median_s": 0.5}, "read_gemv": {"median_s": 0.25}}
+  assert reads.bandwidth(times) == 4 * 4096 / 0.25
+  assert timing.MemoryReads(nbytes=4096, rows=16).passes == 1  # the CPU: one pass a call
+  with pytest.raises(ValueError, match="passes=0 must be >= 1"):
+    timing.MemoryReads(nbytes=4096, passes=0)
+  assert timing.memory_bandwidth(4096, repeats=1, passes=2) > 0

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# The GPU rows of experiments/scale in one short run (about 9 minutes) on one lent GPU: decode
-# steps against the memory roofline for the presets that fit it (bfloat16, batch 1, 8, 32), the
-# 135M-shape step with and without XLA command buffers for the loop body, and r(T) with the
-# one-block feature drafter's c for Llama 3.1 8B. Random weights, seeds 0 (verifier) and 1
-# (drafter). Every step is a launch.py command of configs/scale.py; the most important run first,
-# and no step starts after 8 minutes, so what finished comes back even when the time runs out.
+# The GPU rows of experiments/scale on one lent GPU, each mode one short run (about 8 minutes):
+#   bash experiments/scale/gpu.sh           presets: decode steps against the memory roofline for
+#       the presets that fit one GPU (bfloat16, batch 1, 8, 32), the 135M-shape step with and
+#       without XLA command buffers for the loop body, r(T) and the one-block feature drafter's c
+#       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
+#   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
+#       each beside its default: XLA's dynamic-slice fusion and the layer loop unrolled, on the
+#       8B and 135M steps, with the 8B runs' optimized HLO (experiments/scale/gpu_levers/<run>/).
+# Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
+# configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
+# finished comes back even when the time runs out.
 #
 # Prepare here, once (the GPU image has JAX with CUDA, flax's dependencies and tokenizers; it
 # lacks ml-collections, and flax is pinned as requirements.txt pins it):
 #   echo /.whl/ >> "$(git rev-parse --git-dir)/info/exclude"
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp -d .whl ml-collections==1.1.0 flax==0.12.8
-# Run with the device tool: command "bash experiments/scale/gpu.sh", carry [".whl"],
-# timeout_s 600. $OUT/scale_gpu.tar.gz brings back experiments/scale/gpu/<run>/ (results.json,
-# results.md, config.json) and $OUT/log.txt the output; unpack it here with
+# Run with the device tool: command "bash experiments/scale/gpu.sh [levers]", carry [".whl"],
+# timeout_s 600. $OUT/scale_gpu.tar.gz brings back the runs (results.json, results.md,
+# config.json, log.txt), $OUT/hlo*.tar.gz the optimized HLO of the dumped runs and $OUT/log.txt
+# the output; unpack it here with
 #   tar -xzf <files_at>/scale_gpu.tar.gz
-# then add the rows to experiments/scale/results.md (one table per device kind).
+# then `python experiments/scale/collect.py` gathers the rows into results.json and prints the
+# table for experiments/scale/results.md (one table per device kind).
 set -u
 OUT=${OUT:-/tmp/scale_gpu_out}
 mkdir -p "$OUT"
@@ -54,19 +61,50 @@ SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
 # Command buffers (CUDA graphs) for the loop body's kernels, the while loop included, or none.
 CMDBUF="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 
-step llama3.1-8b gpu,preset=llama3.1-8b
-step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
-XLA_FLAGS="$CMDBUF" step smollm2-135m-f32-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
-XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-  step smollm2-135m-f32-no-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
-step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
-step llama3.2-1b gpu,preset=llama3.2-1b
-step smollm2-135m gpu "${SMOL[@]}"
-step qwen3-8b gpu,preset=qwen3-8b
-step gemma3-4b gpu,preset=gemma3-4b
-step llama3.2-3b gpu,preset=llama3.2-3b
-step gemma3-1b gpu,preset=gemma3-1b
-step qwen3-0.6b gpu,preset=qwen3-0.6b
+dump() {  # dump NAME: $OUT/NAME.tar.gz, the optimized HLO of the step just run (at most 16 MiB)
+  (cd "/tmp/$1" 2>/dev/null && tar -czf "$OUT/$1.tar.gz" ./*after_optimizations.txt) 2>>"$LOG"
+}
+DUMP="--xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*generate.*"
+# Dynamic-slice fusion: cuBLAS reads each layer's slice of the stacked weights in place instead
+# of XLA copying it out first (read, write, read again: 3× the weight bytes of a decode step).
+DSF="--xla_gpu_enable_dynamic_slice_fusion=true"
+# The layer scan (a while loop of known trip count) unrolled into straight-line code.
+UNROLL="--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
+
+if [ "${1:-presets}" = levers ]; then
+  # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
+  # on an H200) and the launch-bound 135M shape, each beside its default in the same run.
+  W=experiments/scale/gpu_levers
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b gpu,preset=llama3.1-8b
+  dump hlo8b
+  XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
+    step llama3.1-8b-dsf gpu,preset=llama3.1-8b
+  dump hlo8b-dsf
+  XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll gpu,preset=llama3.1-8b
+  XLA_FLAGS="$DSF $UNROLL" step llama3.1-8b-dsf-unroll gpu,preset=llama3.1-8b
+  step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$UNROLL" step smollm2-135m-f32-unroll gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$DSF" step smollm2-135m-f32-dsf gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$DSF $UNROLL" step smollm2-135m-f32-dsf-unroll gpu,dtype=float32 "${SMOL[@]}"
+  step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+else
+  step llama3.1-8b gpu,preset=llama3.1-8b
+  # The default run also dumps XLA's optimized HLO, so the kernels per decode step can be
+  # counted here at no device time ($OUT/hlo135.tar.gz).
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo135 $DUMP" step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
+  dump hlo135
+  XLA_FLAGS="$CMDBUF" step smollm2-135m-f32-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
+    step smollm2-135m-f32-no-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
+  step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+  step llama3.2-1b gpu,preset=llama3.2-1b
+  step smollm2-135m gpu "${SMOL[@]}"
+  step qwen3-8b gpu,preset=qwen3-8b
+  step gemma3-4b gpu,preset=gemma3-4b
+  step llama3.2-3b gpu,preset=llama3.2-3b
+  step gemma3-1b gpu,preset=gemma3-1b
+  step qwen3-0.6b gpu,preset=qwen3-0.6b
+fi
 
 tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 echo "done at ${SECONDS}s" >>"$LOG"

@@ -6,7 +6,8 @@ one row, prefill included: the per-token latency a user of one row sees), prefil
 call with one new token: prefill and the first token, the time to first token) and
 ms_per_decode_step ((call − prefill call) / (new_tokens − 1): one decode step, the time per
 output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
-(`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB), roofline_ms_per_step
+(`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB, 16 reads per timed call
+on accelerators so that dispatch does not hide the bandwidth), roofline_ms_per_step
 (parameter bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step /
 batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
 ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an architecture preset,
