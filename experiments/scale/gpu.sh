@@ -5,8 +5,9 @@
 #       without XLA command buffers for the loop body, r(T) and the one-block feature drafter's c
 #       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
 #   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
-#       each beside its default: XLA's dynamic-slice fusion and the layer loop unrolled, on the
-#       8B and 135M steps, with the 8B runs' optimized HLO (experiments/scale/gpu_levers/<run>/).
+#       each beside its default: XLA's dynamic-slice fusion, the layer loop unrolled and (8B)
+#       cuBLAS for every weight product, on the 8B and 135M steps, with the 8B runs' optimized
+#       HLO (experiments/scale/gpu_levers/<run>/).
 # Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
 # configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
 # finished comes back even when the time runs out.
@@ -70,6 +71,8 @@ DUMP="--xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*generate.*"
 DSF="--xla_gpu_enable_dynamic_slice_fusion=true"
 # The layer scan (a while loop of known trip count) unrolled into straight-line code.
 UNROLL="--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
+# Weight products on cuBLAS only (Triton GEMM fusions off): a batch-1 step is matrix-vector.
+NOTRITON="--xla_gpu_enable_triton_gemm=false"
 
 if [ "${1:-presets}" = levers ]; then
   # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
@@ -80,6 +83,7 @@ if [ "${1:-presets}" = levers ]; then
   XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
     step llama3.1-8b-dsf gpu,preset=llama3.1-8b
   dump hlo8b-dsf
+  XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton gpu,preset=llama3.1-8b
   XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll gpu,preset=llama3.1-8b
   XLA_FLAGS="$DSF $UNROLL" step llama3.1-8b-dsf-unroll gpu,preset=llama3.1-8b
   step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
