@@ -356,6 +356,19 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
   assert passes == ["T=1 B=2 autoregressive", "T=1 B=2 drafter-only", "T=1 B=2 sd γ=3"]
   assert [(r["method"], r["temperature"], r["gamma"]) for r in again] == [
       (r["method"], r["temperature"], r["gamma"]) for r in rows]
+  # Every row carries the baseline its speedup divides by. The read-back T = 1 row divides by
+  # the first process's pass, not this table's: it is marked, here and when read back again.
+  ar1 = next(r for r in again if r["temperature"] == 1.0 and r["method"] == "autoregressive")
+  for r in again:
+    earlier = r["temperature"] == 1.0 and r["method"] == "sd" and r["gamma"] != 3
+    assert r.get("baseline") == ("earlier" if earlier else None), r
+    if r["temperature"] == 1.0 and not earlier:
+      assert r["baseline_tokens_per_s"] == ar1["tokens_per_s"]
+  # Read back once more: the same rows and marks (the record written after the cut line is kept).
+  third = evaluate.run(again_config, str(tmp_path))
+  assert [r.get("baseline") for r in third] == [r.get("baseline") for r in again]
+  assert [r["tokens_per_s"] for r in third] == [r["tokens_per_s"] for r in again]
+  assert "| earlier |" in (tmp_path / "results.md").read_text()
   config.eval.methods = ("sd", "warp")
   with pytest.raises(ValueError, match="eval.methods has 'warp', which is not a method"):
     evaluate.run(config, str(tmp_path))

@@ -138,6 +138,8 @@ class Row:
   epsilon: float | None = None
   relaxed_top_k: int | None = None
   prompt_widths: list | None = None  # the batches' distinct padded prompt widths P, ascending
+  baseline_tokens_per_s: float | None = None  # the autoregressive pass `speedup` divides by
+  baseline: str | None = None  # "earlier": that pass is not the one in this row's table
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -211,7 +213,8 @@ def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
              speedup=1.0, cost_ratio_c=0.0, verifier_cost_ratio_r=1.0, theoretical_speedup=1.0,
              speedup_vs_theory=None, verifier_tokens_per_call=1,
              identical_to_greedy=True if s.greedy else None,
-             verifier_loglik=round(base.verifier_loglik, 4), prompt_widths=work.widths)
+             verifier_loglik=round(base.verifier_loglik, 4), prompt_widths=work.widths,
+             baseline_tokens_per_s=round(base.tokens_per_s, 2))
 
 
 def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload) -> float:
@@ -304,5 +307,5 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       lenience=decode.lenience if lenient else None,
       epsilon=decode.epsilon if lenient else None,
       relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None,
-      prompt_widths=work.widths)
+      prompt_widths=work.widths, baseline_tokens_per_s=round(base.tokens_per_s, 2))
   return row, tokens

@@ -43,6 +43,12 @@ GLOSSARY: dict[str, str] = {
                     "was paused or starved and its tokens_per_s and speedup are suspect",
     "speedup": "speedup: wall-clock tokens/s of the method over autoregressive decoding of the "
                "same verifier, measured in the same process",
+    "baseline_tokens_per_s": "the tokens/s of the autoregressive pass this row's speedup "
+                             "divides by (the same process's, on the same prompts)",
+    "baseline": "earlier: the row was read back from an earlier process's rows.jsonl while its "
+                "(T, B) baseline was measured again, so its speedup divides by that earlier "
+                "process's autoregressive pass (baseline_tokens_per_s), not by this table's; "
+                "rerun in a fresh workdir for ratios from one process",
     "cost_ratio_c": "c: drafter step time / verifier one-token step time (autoregressive "
                     "decoding at the same batch size), measured",
     "verifier_cost_ratio_r": "r(M): time of one verifier forward over the M tokens of a call "

@@ -22,7 +22,7 @@ DEFAULT_COLUMNS = ("method", "gamma", "temperature", "batch_size", "block_effici
 
 # Settings that get a table column (and split plot series) only when they vary across rows.
 EXTRA_SETTINGS = ("tree", "dataset", "drafter", "lenience", "epsilon", "top_k", "top_p", "seed",
-                  "device")
+                  "device", "baseline")
 
 # Reports give one table per distinct value of these; the values go in the heading.
 GROUP_KEYS = ("temperature", "batch_size")

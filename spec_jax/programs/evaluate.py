@@ -11,7 +11,10 @@ eval.prompt_buckets)` that holds its longest prompt (0: all to eval.max_prompt_t
 short batch's prefill stays short and a few compiled widths serve every batch.
 Every field, method and option is validated, and the cache room of the actual prompts checked,
 before any model loads. Each finished row goes to rows.jsonl as it completes; a rerun reads
-finished rows back while the digest of the fields that change them (`row_digest`) matches.
+finished rows back while the digest of the fields that change them (`row_digest`) matches. Every
+row carries the autoregressive tokens/s its speedup divides by (baseline_tokens_per_s); a row read
+back into a (T, B) whose baseline this process measured again is marked baseline="earlier", a
+column of the report.
 """
 
 from __future__ import annotations
@@ -187,6 +190,11 @@ class _RowLog:
             self.done[record["key"]] = record["row"]
     if not self.done and os.path.exists(self.path):
       os.replace(self.path, self.path + ".previous")
+    elif self.done:
+      with open(self.path, "rb+") as f:  # a line cut by a kill must not swallow the next record
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) != b"\n":
+          f.write(b"\n")
 
   def add(self, key: str, row: dict) -> None:
     self.done[key] = row
@@ -214,6 +222,16 @@ def _load(config, tokenizer, source, entries, mesh):
     if source.d_params is not None:
       source.d_params = parallel.place_params(source.d_params, mesh)
   return source
+
+
+def _against(row: dict, ar_row: dict) -> dict:
+  """A read-back row, marked baseline="earlier" when its speedup divides by another
+  autoregressive pass than `ar_row` (rows from before baseline_tokens_per_s existed keep what
+  they were logged with)."""
+  base = row.get("baseline_tokens_per_s")
+  if base is not None and base != ar_row.get("tokens_per_s"):
+    return dict(row, baseline="earlier")
+  return row
 
 
 def _save_text(workdir, texts, token_lists, tokenizer, **setting) -> None:
@@ -252,7 +270,8 @@ def run(config, workdir: str) -> list[dict]:
       keys = [f"{label} {e.label} γ={e.depth} ε={eps}" for e, _, eps in jobs]
       ar_key = f"{label} autoregressive"
       if ar_key in log.done and all(k in log.done for k in keys):
-        rows += [log.done[ar_key]] + [log.done[k] for k in keys]
+        ar_row = log.done[ar_key]
+        rows += [ar_row] + [_against(log.done[k], ar_row) for k in keys]
         logging.info("%s: every row read back from %s.", label, log.path)
         continue
       # A (T, B) with rows still to do measures its baseline again, in this process.
@@ -271,8 +290,11 @@ def run(config, workdir: str) -> list[dict]:
       rows.append(ar_row)
       log.add(ar_key, ar_row)
       for (entry, b, eps), key in zip(jobs, keys):
-        if key in log.done:
-          rows.append(log.done[key])
+        if key in log.done:  # timed in an earlier process, against that process's baseline
+          rows.append(dict(log.done[key], baseline="earlier"))
+          logging.warning("%s %s: read back from %s; its speedup divides by an earlier "
+                          "process's autoregressive pass (column baseline).", label, key,
+                          log.path)
           continue
         m = entry.tokens_per_call
         if (batch_size, m) not in r_ms:
