@@ -28,7 +28,8 @@ def get_config(arg=None):
   config.sampling = common.sampling()
   config.benchmark = dict(batch_sizes=(1, 8), new_tokens=args.new_tokens, prompt_tokens=64,
                           repeats=args.repeats,
-                          prompts="data")  # or "random": random ids, no corpus (random weights)
+                          prompts="data",  # or "random": random ids, no corpus (random weights)
+                          loop="fixed")  # or "while": the loop that stops on stop tokens
   if args.gpu:  # the GPU rows: batch 1, 8 and 32 in `dtype`
     config.benchmark.batch_sizes = (1, 8, 32)
     config.model.dtype = args.dtype

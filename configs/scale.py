@@ -63,7 +63,8 @@ def get_config(arg=None):
   config.sampling = common.sampling()
   config.benchmark = dict(batch_sizes=ints(batch_sizes),
                           new_tokens=args.new_tokens or (64 if args.gpu else 16),
-                          prompt_tokens=64, repeats=args.repeats, prompts="random")
+                          prompt_tokens=64, repeats=args.repeats, prompts="random",
+                          loop="fixed")  # or "while": the loop that stops on stop tokens
   if args.smoke:
     config.benchmark.update(batch_sizes=(1, 2), new_tokens=4, repeats=1, prompt_tokens=8)
   return config

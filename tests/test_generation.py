@@ -71,6 +71,36 @@ def test_stop_token_ends_only_its_row():
   np.testing.assert_array_equal(out.num_new, [len(rows[0]), len(rows[1])])
 
 
+def test_fixed_steps_decode_like_the_while_loop_in_a_loop_of_known_trip_count():
+  """Without stop ids generation runs a loop of exactly max_new_tokens − 1 steps (a trip count
+  XLA knows, so a GPU reads no flag back per token) and emits what the stopping while loop does:
+  the same tokens, lengths, counts and steps, and the kept states to rounding, greedy and
+  sampled."""
+  cfg, params = testing.tiny_model(seed=4, sharpness=2.0)
+  batch = generate_lib.pad_prompts([[5, 6, 7, 8], [40], [100, 101]], 4, pad_id=0)
+  for sampling in (Sampling(), Sampling(1.0)):
+    kw = dict(cfg=cfg, sampling=sampling, max_new_tokens=12, hidden_layers=(1,))
+    fixed = generate_lib.generate(params, batch, jax.random.key(3), **kw)
+    loop = generate_lib.generate(params, batch, jax.random.key(3), fixed_steps=False, **kw)
+    for field in ("tokens", "lengths", "num_new", "steps", "law_error", "law_error_at"):
+      np.testing.assert_array_equal(getattr(fixed, field), getattr(loop, field), field)
+    # Two programs, two fusions: the states agree to float32 rounding.
+    np.testing.assert_allclose(fixed.hidden[1], loop.hidden[1], rtol=1e-5, atol=1e-7)
+    assert int(fixed.steps) == 12 and (np.asarray(fixed.num_new) == 12).all()
+  kw = dict(cfg=cfg, sampling=Sampling(1.0), max_new_tokens=12, stop_ids=(), mesh=None,
+            hidden_layers=())
+
+  def compiled(fixed_steps):
+    return generate_lib._generate_jit.lower(params, batch.tokens, batch.lengths,
+                                            jax.random.key(0), fixed_steps=fixed_steps,
+                                            **kw).compile().as_text()
+  trip = '"known_trip_count":{"n":"11"}'  # the decode loop's, after the prefill's token
+  assert trip in compiled(True) and trip not in compiled(False)
+  with pytest.raises(ValueError, match="fixed_steps=True runs every row to max_new_tokens"):
+    generate_lib.generate(params, batch, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                          max_new_tokens=4, stop_ids=(3,), fixed_steps=True)
+
+
 @pytest.mark.parametrize("where", ["kept", "prefill_one_slot_late", "step_other_row"])
 def test_kept_hidden_states_are_the_forward_over_the_finished_rows(where, monkeypatch):
   """hidden_layers: the states the loop computed (prefill for the prompt, each step for the

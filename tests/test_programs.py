@@ -147,7 +147,13 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   config = scale_config.get_config("smoke,batch_sizes=1")
   config.benchmark.batch_sizes = (1,)
   (row,) = benchmark.run(config, str(tmp_path / "bench"))
-  assert (row["batch_size"], row["prompt_tokens"], row["new_tokens"]) == (1, 8, 4)
+  assert (row["batch_size"], row["prompt_tokens"], row["new_tokens"], row["loop"]) == (
+      1, 8, 4, "fixed")
+  config.benchmark.loop = "while"  # the loop that stops on stop tokens, timed instead
+  assert benchmark.run(config, str(tmp_path / "bench"))[0]["loop"] == "while"
+  config.benchmark.loop = "until"
+  with pytest.raises(ValueError, match="benchmark.loop='until': 'fixed'"):
+    benchmark.run(config, str(tmp_path / "bench"))
   config = scale_config.get_config("smoke,cost")
   config.cost.update(tokens=(1, 5), batch_sizes=(1,))
   rows = cost_model.run(config, str(tmp_path / "cost"))

@@ -5,8 +5,9 @@
 #       without XLA command buffers for the loop body, r(T) and the one-block feature drafter's c
 #       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
 #   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
-#       each beside its default: XLA's dynamic-slice fusion, the layer loop unrolled and (8B)
-#       cuBLAS for every weight product, on the 8B and 135M steps, with the 8B runs' optimized
+#       each beside its default: XLA's dynamic-slice fusion, the layer loop unrolled, (8B)
+#       cuBLAS for every weight product, and the stopping while loop in place of the fixed
+#       decode loop, on the 8B and 135M steps, with the 8B runs' optimized
 #       HLO (experiments/scale/gpu_levers/<run>/).
 # Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
 # configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
@@ -78,18 +79,20 @@ if [ "${1:-presets}" = levers ]; then
   # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
   # on an H200) and the launch-bound 135M shape, each beside its default in the same run.
   W=experiments/scale/gpu_levers
+  WHILE=--config.benchmark.loop=while  # the stopping while loop, beside the fixed default
   XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b gpu,preset=llama3.1-8b
   dump hlo8b
   XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
     step llama3.1-8b-dsf gpu,preset=llama3.1-8b
   dump hlo8b-dsf
+  step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
+  step smollm2-135m-f32-while gpu,dtype=float32 "${SMOL[@]}" "$WHILE"
   XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton gpu,preset=llama3.1-8b
   XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll gpu,preset=llama3.1-8b
-  XLA_FLAGS="$DSF $UNROLL" step llama3.1-8b-dsf-unroll gpu,preset=llama3.1-8b
-  step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
   XLA_FLAGS="$UNROLL" step smollm2-135m-f32-unroll gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$DSF $UNROLL" step llama3.1-8b-dsf-unroll gpu,preset=llama3.1-8b
   XLA_FLAGS="$DSF" step smollm2-135m-f32-dsf gpu,dtype=float32 "${SMOL[@]}"
-  XLA_FLAGS="$DSF $UNROLL" step smollm2-135m-f32-dsf-unroll gpu,dtype=float32 "${SMOL[@]}"
+  step llama3.1-8b-while gpu,preset=llama3.1-8b "$WHILE"
   step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
 else
   step llama3.1-8b gpu,preset=llama3.1-8b

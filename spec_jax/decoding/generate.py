@@ -1,4 +1,5 @@
-"""Autoregressive generation: one jitted `lax.while_loop`, batch > 1 with ragged prompts.
+"""Autoregressive generation: one jitted loop (a `lax.while_loop` that ends once every row has
+stopped, or without stop ids a loop of fixed trip count), batch > 1 with ragged prompts.
 
 Cache layout (docs/design.md §2): slot = absolute position. Prompts are right-padded to a width
 P (`max_prompt_tokens`, or with `buckets` the smallest of a few widths that holds the batch's
@@ -149,11 +150,12 @@ def commit(tokens, lengths, num_new, done, new, stop_ids, max_new_tokens):
   return tokens, lengths, num_new, done
 
 
-STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh", "hidden_layers")
+STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh", "hidden_layers",
+          "fixed_steps")
 
 
 def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
-              stop_ids, mesh=None, hidden_layers=()):
+              stop_ids, mesh=None, hidden_layers=(), fixed_steps=False):
   apply = llama.make_apply(cfg, hidden_layers)
   b, p = prompt_tokens.shape
   size = p + max_new_tokens
@@ -183,7 +185,12 @@ def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_
     s = _append(s.replace(cache=cache, hidden=hidden), new, status, stop_ids, max_new_tokens)
     return s.replace(step=s.step + 1)
 
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  if fixed_steps:
+    # Without stop tokens every row that keeps a sound law runs to max_new_tokens: a loop of
+    # known trip count, whose condition the device never reports back to the host.
+    state = jax.lax.fori_loop(0, max_new_tokens - 1, lambda _, s: body(s), state)
+  else:
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   # Slots from lengths - 1 on were not all fed (a row's last token, its prefill padding): zero.
   fed = (jnp.arange(size)[None, :] < (state.lengths - 1)[:, None])[:, :, None]
   hidden = {k: jnp.where(fed, v, jnp.zeros((), v.dtype)) for k, v in state.hidden.items()}
@@ -209,6 +216,7 @@ _generate_jit = jax.jit(_generate, static_argnames=STATIC)
 def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig,
              sampling: sampling_lib.Sampling, max_new_tokens: int,
              stop_ids: Sequence[int] = (), mesh=None, hidden_layers: Sequence[int] = (),
+             fixed_steps: bool | None = None,
              compile_only: bool = False) -> GenerateOutput | None:
   """Sample up to `max_new_tokens` per row from the model `cfg` with `params`.
 
@@ -219,11 +227,21 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   training rule, KV cache rows and heads sharded), or None for one device.
   hidden_layers: also return `GenerateOutput.hidden`, the states at these layers
   (decoder.make_apply's keys; draft_init.FINAL is the final pre-norm residual).
+  fixed_steps: decode in a loop of exactly max_new_tokens − 1 steps after the prefill rather
+  than a `while_loop` that stops once every row is done. The outputs are the same: without stop
+  ids a row ends early only when its law breaks, and the call then raises. The loop's condition
+  is then a known trip count, which a GPU runs without reading a flag back to the host every
+  token. None: fixed exactly when there are no stop ids; True needs stop_ids=().
   compile_only: compile the program for these shapes and return None without decoding (a later
   call with the same shapes runs it at once: how timing warms up without a discarded decode).
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+  if fixed_steps and stop_ids:
+    raise ValueError(f"fixed_steps=True runs every row to max_new_tokens, so it takes no stop "
+                     f"ids (got {tuple(stop_ids)}); pass stop_ids=() or fixed_steps=None.")
+  if fixed_steps is None:
+    fixed_steps = not stop_ids
   if mesh is not None:
     parallel.check_decode_mesh(mesh, prompts.tokens.shape[0], {"model": cfg.n_kv_heads})
     params = parallel.place_params(params, mesh)
@@ -231,7 +249,7 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   args = (params, prompts.tokens, prompts.lengths, rng)
   kwargs = dict(cfg=cfg, sampling=sampling, max_new_tokens=int(max_new_tokens),
                 stop_ids=tuple(int(i) for i in stop_ids), mesh=mesh,
-                hidden_layers=tuple(int(k) for k in hidden_layers))
+                hidden_layers=tuple(int(k) for k in hidden_layers), fixed_steps=bool(fixed_steps))
   if compile_only:
     _generate_jit.lower(*args, **kwargs).compile()
     return None

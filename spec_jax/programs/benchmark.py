@@ -14,7 +14,10 @@ ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an arch
 `models/presets.py`, else null), dtype and device_kind (the device kind as JAX names it). Every
 call generates exactly `new_tokens` per row (stop tokens are ignored) from prompts of the
 configured split, or (`benchmark.prompts="random"`) from `prompt_tokens` random token ids of a
-fixed seed, which need no corpus: what random weights decode does not depend on the text. The
+fixed seed, which need no corpus: what random weights decode does not depend on the text.
+`benchmark.loop` ("fixed", the default, or "while"; the row's `loop`): a decode loop of exactly
+new_tokens − 1 steps, or the while loop that decoding with stop tokens runs, whose condition a
+GPU reads back to the host every step (`generate.generate(fixed_steps=)`). The
 timed region is the whole jitted generate call. The memory reads, the prefill calls and the full
 calls run in turns (`timing.round_robin`, medians of `repeats`), so all of them see the same
 machine: on a shared VM the measured read bandwidth moves by 10-40% between minutes and
@@ -42,6 +45,9 @@ def run(config, workdir: str) -> list[dict]:
   if b.get("prompts", "data") not in ("data", "random"):
     raise ValueError(f"benchmark.prompts={b.prompts!r}: 'data' (the data's prompt split) or "
                      "'random' (random token ids, no corpus).")
+  if b.get("loop", "fixed") not in ("fixed", "while"):
+    raise ValueError(f"benchmark.loop={b.loop!r}: 'fixed' (a loop of new_tokens − 1 steps) or "
+                     "'while' (the loop that stops on stop tokens, its condition read per step).")
   variant = draft_init.parse_size(config.model.size, "model.size").variant
   if not config.model.checkpoint:
     families.check_size(variant, "model.size")
@@ -67,8 +73,8 @@ def run(config, workdir: str) -> list[dict]:
 
     def call(prompts=prompts, new_tokens=b.new_tokens):
       return generate_lib.generate(params, prompts, jax.random.key(config.seed), cfg=cfg,
-                                   sampling=sampling, max_new_tokens=new_tokens,
-                                   mesh=mesh).tokens
+                                   sampling=sampling, max_new_tokens=new_tokens, mesh=mesh,
+                                   fixed_steps=b.get("loop", "fixed") == "fixed").tokens
 
     calls[batch_size] = call
     calls[batch_size, "prefill"] = functools.partial(call, new_tokens=1)
@@ -94,6 +100,7 @@ def run(config, workdir: str) -> list[dict]:
         roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
         vs_roofline=round(step_ms / roofline_step_ms, 3),
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
+        loop=b.get("loop", "fixed"),
         model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,
         device_kind=jax.devices()[0].device_kind))
   base = rows[0]["tokens_per_s"]
