@@ -28,7 +28,7 @@ tokens (tests; chat_turn2 builds the ShareGPT dataset on first use).
 Needs the quickstart's feature drafter, distilled on ShareGPT (`runs/quickstart/drafter`:
 python launch.py --config configs/quickstart.py --workdir runs/quickstart).
 Time on 2 CPU cores, size=cpu: 35-57 min per category where SmolLM2 decodes ~10 tokens/s
-alone (chat 45 min, code 46, math 34, translation 57, summarization 54:
+alone (chat 45 min, code 46, math 34, translation 57, summarization 54, shakespeare 43:
 experiments/specbench/notes.md), so ~7 h for the nine;
 ~2 h where it decodes 20-50. Per category and temperature there: the autoregressive baseline
 ~2.5 min, each method 3-5 min (the tree's the slowest: 15 tokens per verifier call), plus
