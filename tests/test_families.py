@@ -3,6 +3,8 @@ random HF models built here, imported → same logits and greedy tokens, exporte
 loads the same logits; speculative decoding (chain and tree) on a sliding-window model equals the
 verifier's greedy output."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,7 @@ from spec_jax.decoding import loop  # noqa: E402
 from spec_jax.decoding import verifier as verifier_lib  # noqa: E402
 from spec_jax.decoding.drafters import lm, standard, trees  # noqa: E402
 from spec_jax.decoding.sampling import Sampling  # noqa: E402
-from spec_jax.models import gemma, hf_export, hf_import, llama  # noqa: E402
+from spec_jax.models import gemma, hf_export, hf_import, layers, llama  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.utils.logging.set_verbosity_error()
@@ -110,6 +112,19 @@ def test_import_matches_transformers(imported):
                               jax.random.key(0), cfg=cfg, sampling=Sampling(),
                               max_new_tokens=NEW)
   assert out.new_tokens() == want[:, PROMPT_LEN:].tolist()
+
+
+def test_fused_projections_match_transformers(imported):
+  """The fused layout (`LlamaConfig.fused`) of each family's imported weights gives
+  transformers' logits, and exports to the same tensors as the unfused one."""
+  case, model, cfg, params, _ = imported
+  fused_cfg, fused = dataclasses.replace(cfg, fused=True), layers.fuse_params(params)
+  ids = np.random.default_rng(2).integers(0, VOCAB, (2, PROMPT_LEN))
+  np.testing.assert_allclose(_logits(fused_cfg, fused, ids), _hf_logits(model, ids), atol=2e-5)
+  want, got = hf_export.params_to_hf(cfg, params), hf_export.params_to_hf(fused_cfg, fused)
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 def test_export_round_trip_and_transformers_loads_it(imported, tmp_path):

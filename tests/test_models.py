@@ -96,3 +96,38 @@ def test_variants_and_param_count():
     llama.model_config("huge")
   with pytest.raises(ValueError, match="multiple of n_kv_heads"):
     llama.model_config("test-tiny", n_kv_heads=3)
+
+
+def test_fused_projections_are_the_same_model():
+  """`fused` (q/k/v and gate/up as one product each) computes the same model from the same
+  weights, through the cache too; `fuse_params` and `unfuse_params` are inverses. Unequal head
+  counts (4 query heads, 1 key/value head) and random biases make a wrong split order show."""
+  import dataclasses  # noqa: PLC0415
+  from spec_jax.models import draft_init, layers  # noqa: PLC0415
+  cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1)
+  params = jax.tree_util.tree_map_with_path(
+      lambda p, x: x + jax.random.normal(jax.random.key(len(jax.tree_util.keystr(p))), x.shape)
+      * 0.1 if "bias" in jax.tree_util.keystr(p) else x, params)
+  fused_cfg = dataclasses.replace(cfg, fused=True)
+  fused = layers.fuse_params(params)
+  shapes = llama.param_shapes(fused_cfg)  # what a fused model initialises is what fuse makes
+  assert jax.tree.map(lambda x: x.shape, fused) == jax.tree.map(lambda x: x.shape, shapes)
+  assert set(fused["layers"]["attn"]) >= {"qkv", "o"} and "q" not in fused["layers"]["attn"]
+  assert "gate_up" in fused["layers"] and "up" not in fused["layers"]
+  back = layers.unfuse_params(fused, fused_cfg)
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+  tokens = jax.random.randint(jax.random.key(2), (2, 10), 0, cfg.vocab_size)
+  np.testing.assert_allclose(_full(fused_cfg, fused, tokens), _full(cfg, params, tokens),
+                             atol=1e-5)
+  pos = jnp.broadcast_to(jnp.arange(10), (2, 10))
+  outs = []
+  for c, p in ((cfg, params), (fused_cfg, fused)):
+    apply, cache = jax.jit(llama.make_apply(c)), llama.init_cache(c, 2, 16)
+    _, _, cache = apply(p, tokens[:, :6], pos[:, :6], cache)
+    outs.append(apply(p, tokens[:, 6:], pos[:, 6:], cache)[0])
+  np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
+  assert draft_init.parse_size("test-tiny:fused=1").fused == 1
+  with pytest.raises(ValueError, match="model.size.*fused=1"):
+    draft_init.parse_size("test-tiny:fused=2")

@@ -6,8 +6,9 @@
 #       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
 #   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
 #       each beside its default: XLA's dynamic-slice fusion, the layer loop unrolled, (8B)
-#       cuBLAS for every weight product, and the stopping while loop in place of the fixed
-#       decode loop, on the 8B and 135M steps, with the 8B runs' optimized
+#       cuBLAS for every weight product, (135M) small matrix-vector products kept as dots,
+#       q/k/v and gate/up fused into one weight product each (configs/scale.py `fused`), and
+#       the stopping while loop in place of the fixed decode loop, on the 8B and 135M steps, with the 8B runs' optimized
 #       HLO (experiments/scale/gpu_levers/<run>/).
 # Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
 # configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
@@ -74,6 +75,10 @@ DSF="--xla_gpu_enable_dynamic_slice_fusion=true"
 UNROLL="--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
 # Weight products on cuBLAS only (Triton GEMM fusions off): a batch-1 step is matrix-vector.
 NOTRITON="--xla_gpu_enable_triton_gemm=false"
+# Small matrix-vector products kept as dots: XLA:GPU otherwise rewrites a dot this small (the
+# 135M shape's [576, 1536] at batch 1) into a multiply fusion that writes the whole product
+# and a reduction that reads it back.
+NODSR="--xla_gpu_enable_dot_strength_reduction=false"
 
 if [ "${1:-presets}" = levers ]; then
   # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
@@ -85,7 +90,11 @@ if [ "${1:-presets}" = levers ]; then
   XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
     step llama3.1-8b-dsf gpu,preset=llama3.1-8b
   dump hlo8b-dsf
+  step llama3.1-8b-fused gpu,preset=llama3.1-8b,fused
   step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$NODSR" step smollm2-135m-f32-nodsr gpu,dtype=float32 "${SMOL[@]}"
+  step smollm2-135m-f32-fused gpu,dtype=float32,fused "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1
   step smollm2-135m-f32-while gpu,dtype=float32 "${SMOL[@]}" "$WHILE"
   XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton gpu,preset=llama3.1-8b
   XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll gpu,preset=llama3.1-8b

@@ -40,7 +40,7 @@ import numpy as np
 
 from spec_jax.models import decoder, llama
 
-OPTIONS = ("layers", "first", "every", "vocab", "features")
+OPTIONS = ("layers", "first", "every", "vocab", "features", "fused")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -54,6 +54,7 @@ class Size:
   vocab: int | None = None
   features: int | None = None  # 1: a feature drafter (either kind), 0 / None: an ordinary model
   feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
+  fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
 
   @property
   def selects_layers(self) -> bool:
@@ -65,8 +66,8 @@ def _ints(value: str) -> tuple[int, ...]:
 
 
 def parse_size(size: str, field: str = "model.size") -> Size:
-  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]` →
-  Size; ValueError naming `field`."""
+  """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
+  [:fused=1]` → Size; ValueError naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -75,7 +76,7 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "e.g. 'smollm2-135m:layers=0,14,29'.")
+                       "fused=1, e.g. 'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
         kwargs[key] = _ints(value)
@@ -93,6 +94,9 @@ def parse_size(size: str, field: str = "model.size") -> Size:
   for key in ("first", "every", "vocab"):
     if getattr(out, key) is not None and getattr(out, key) < 1:
       raise ValueError(f"{field}={size!r}: {key} must be >= 1.")
+  if out.fused not in (None, 0, 1):
+    raise ValueError(f"{field}={size!r}: fused=1 computes q/k/v and gate/up as one weight "
+                     "product each, fused=0 (the default) as separate ones.")
   if out.features not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
                      "verifier's final residual), features=0 an ordinary one, features=2+15+27 "

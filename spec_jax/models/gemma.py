@@ -84,8 +84,7 @@ class Block(nn.Module):
                                               mask_old, mask_new, freq, window, key_pos)
     x = x + norm("post_attn_norm")(h)
     h = norm("mlp_norm")(x)
-    gate = L.dense(cfg, cfg.d_ff, "gate")(h)
-    up = L.dense(cfg, cfg.d_ff, "up")(h)
+    gate, up = L.gate_up(cfg, h)
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
     h = L.dense(cfg, cfg.d_model, "down")(jax.nn.gelu(gate, approximate=True) * up)

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from spec_jax.models import hf_import, llama
+from spec_jax.models import layers as L
 
 GEMMA_TYPES = hf_import.GEMMA_TYPES
 _SAFETENSORS_NAMES = {np.dtype(v): k for k, v in hf_import.SAFETENSORS_DTYPES.items()}
@@ -65,7 +66,7 @@ def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> di
         "This model is a feature drafter (EAGLE: it reads the verifier's final residual beside "
         "each token, draft_init.feature_drafter), which transformers' Llama cannot run: export "
         "a language-model drafter instead.")
-  host = jax.device_get(params)
+  host = jax.device_get(L.unfuse_params(params, cfg) if cfg.fused else params)
   cast = (lambda w: np.asarray(w)) if dtype is None else (  # noqa: E731
       lambda w: np.asarray(w).astype(hf_import.np_dtype_of(dtype)))
   out = {"model.embed_tokens.weight": cast(host["embed"]["embedding"])}

@@ -9,7 +9,7 @@ Shape legend (capital-letter einsums; the package legend in `spec_jax/__init__.p
 
 A model config (`llama.LlamaConfig` or a subclass) is passed whole; the attention reads its fields
 n_heads, n_kv_heads, head_dim, qkv_bias, qk_norm, norm_eps, norm_offset, query_scale, attn_softcap,
-dtype and param_dtype.
+fused, dtype and param_dtype.
 """
 
 from __future__ import annotations
@@ -166,9 +166,13 @@ class Attention(nn.Module):
     positions (int32[B,S]) for the window term."""
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
-    q = dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x)  # [B,T,N,H]
-    k = dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x)      # [B,T,K,H]
-    v = dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x)
+    if cfg.fused:  # one product: "qkv" [D, N+2K, H]
+      qkv = dense(cfg, (cfg.n_heads + 2 * k_heads, cfg.head_dim), "qkv", cfg.qkv_bias)(x)
+      q, k, v = jnp.split(qkv, [cfg.n_heads, cfg.n_heads + k_heads], axis=-2)
+    else:
+      q = dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x)  # [B,T,N,H]
+      k = dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x)      # [B,T,K,H]
+      v = dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x)
     if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
       q = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="q_norm")(q)
       k = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="k_norm")(k)
@@ -199,6 +203,58 @@ class Attention(nn.Module):
                           param_dtype=cfg.param_dtype, kernel_init=nn.initializers.normal(0.02),
                           name="o")(out)
     return out, (k, v)
+
+
+def gate_up(cfg, h: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The gated MLP's two input products (gate[B,T,F], up[B,T,F]): params "gate" and "up", or
+  with `cfg.fused` one product "gate_up" [D, 2, F]."""
+  if cfg.fused:
+    both = dense(cfg, (2, cfg.d_ff), "gate_up")(h)
+    return both[..., 0, :], both[..., 1, :]
+  return dense(cfg, cfg.d_ff, "gate")(h), dense(cfg, cfg.d_ff, "up")(h)
+
+
+# Fused params: the unfused names each fused param concatenates, in order, along the axis that
+# joins them (axis -2 of kernels [(L,) D, ·, ·] and of biases [(L,) ·, H]).
+FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def _fuse_leaf(parts: list[jax.Array], name: str) -> jax.Array:
+  if name == "gate_up":  # kernels [(L,) D, F] → [(L,) D, 2, F]
+    return jnp.stack(parts, axis=-2)
+  return jnp.concatenate(parts, axis=-2)
+
+
+def fuse_params(params):
+  """The same model's params in the fused layout (`cfg.fused`): q/k/v → "qkv", gate/up →
+  "gate_up", wherever they sit in the tree (scanned layers, a drafter's blocks). Products and
+  outputs are unchanged; only the number of weight products per layer drops (5 → 2 reads of x)."""
+  if not isinstance(params, dict):
+    return params
+  out = {key: fuse_params(value) for key, value in params.items()}
+  for fused, names in FUSED.items():
+    if all(name in out for name in names):
+      parts = [out.pop(name) for name in names]
+      out[fused] = {leaf: _fuse_leaf([p[leaf] for p in parts], fused) for leaf in parts[0]}
+  return out
+
+
+def unfuse_params(params, cfg):
+  """`fuse_params` undone (for export and for code that reads the unfused names)."""
+  if not isinstance(params, dict):
+    return params
+  out = {key: unfuse_params(value, cfg) for key, value in params.items()}
+  if "qkv" in out:
+    qkv = out.pop("qkv")
+    cuts = [cfg.n_heads, cfg.n_heads + cfg.n_kv_heads]
+    for leaf, value in qkv.items():
+      for name, part in zip(FUSED["qkv"], jnp.split(value, cuts, axis=-2)):
+        out.setdefault(name, {})[leaf] = part
+  if "gate_up" in out:
+    for leaf, value in out.pop("gate_up").items():
+      out.setdefault("gate", {})[leaf] = value[..., 0, :]
+      out.setdefault("up", {})[leaf] = value[..., 1, :]
+  return out
 
 
 def per_token(delta: jax.Array) -> jax.Array:

@@ -38,6 +38,9 @@ class LlamaConfig:
     verifier's residual depths it reads (l = the input of verifier block l, -1 or n_layers the
     final residual), mapped to the feature_width-wide feature by `feature_fc` ([n·F, F], a
     param beside the decoder's). () = the final residual alone, as it is.
+  fused: q/k/v as one weight product ("qkv" [D, N+2K, H]) and gate/up as one ("gate_up"
+    [D, 2, F]): the same model in fewer, larger products (`model.size=...:fused=1`;
+    `layers.fuse_params` converts loaded weights).
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -63,6 +66,7 @@ class LlamaConfig:
   head_ids: tuple[int, ...] = dataclasses.field(default=(), repr=False)
   feature_width: int = 0
   feature_layers: tuple[int, ...] = ()
+  fused: bool = False
   family: str = "llama"
 
   FAMILY = "llama"
@@ -209,8 +213,7 @@ class Block(nn.Module):
         mask_old, mask_new, freq, window, key_pos)
     x = x + h
     h = L.RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
-    gate = L.dense(cfg, cfg.d_ff, "gate")(h)
-    up = L.dense(cfg, cfg.d_ff, "up")(h)
+    gate, up = L.gate_up(cfg, h)
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
     x = x + L.dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up)
