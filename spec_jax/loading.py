@@ -58,7 +58,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   the output rows of the N most frequent tokens, counted by `token_counts()` -> int[V] (the
   training programs pass their data's counts; elsewhere it is an error); `fused=1` computes
   q/k/v and gate/up as one weight product each (`LlamaConfig.fused`; loaded weights converted by
-  `layers.fuse_params`).
+  `layers.fuse_params`); `unrolled=1` writes the layers out, each with its own params
+  (`LlamaConfig.unrolled`, `layers.unstack_layers`).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
@@ -95,9 +96,12 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
     cfg, params = draft_init.reduce_vocab(cfg, params, ids, size_field)
     if params is not None:
       params = jax.device_put(params)
-  if size.fused:
+  if size.fused and not cfg.fused:
     cfg = dataclasses.replace(cfg, fused=True)
     params = None if params is None else layers.fuse_params(params)
+  if size.unrolled and not cfg.unrolled:
+    cfg = dataclasses.replace(cfg, unrolled=True)
+    params = None if params is None else layers.unstack_layers(params, cfg.n_layers)
   return cfg, params
 
 

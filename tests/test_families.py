@@ -114,17 +114,22 @@ def test_import_matches_transformers(imported):
   assert out.new_tokens() == want[:, PROMPT_LEN:].tolist()
 
 
-def test_fused_projections_match_transformers(imported):
-  """The fused layout (`LlamaConfig.fused`) of each family's imported weights gives
-  transformers' logits, and exports to the same tensors as the unfused one."""
+def test_fused_and_unrolled_layouts_match_transformers(imported):
+  """Each family's imported weights in the fused layout (`LlamaConfig.fused`), the unrolled one
+  (`unrolled`: per-layer params, per-layer windows and RoPE) and both give transformers'
+  logits, and export to the same tensors as the scanned, unfused layout."""
   case, model, cfg, params, _ = imported
-  fused_cfg, fused = dataclasses.replace(cfg, fused=True), layers.fuse_params(params)
   ids = np.random.default_rng(2).integers(0, VOCAB, (2, PROMPT_LEN))
-  np.testing.assert_allclose(_logits(fused_cfg, fused, ids), _hf_logits(model, ids), atol=2e-5)
-  want, got = hf_export.params_to_hf(cfg, params), hf_export.params_to_hf(fused_cfg, fused)
-  assert sorted(got) == sorted(want)
-  for name, value in want.items():
-    np.testing.assert_array_equal(got[name], value, err_msg=name)
+  want = hf_export.params_to_hf(cfg, params)
+  for fused, unrolled in ((True, False), (False, True), (True, True)):
+    new_cfg = dataclasses.replace(cfg, fused=fused, unrolled=unrolled)
+    new = layers.fuse_params(params) if fused else params
+    new = layers.unstack_layers(new, cfg.n_layers) if unrolled else new
+    np.testing.assert_allclose(_logits(new_cfg, new, ids), _hf_logits(model, ids), atol=2e-5)
+    got = hf_export.params_to_hf(new_cfg, new)
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+      np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 def test_export_round_trip_and_transformers_loads_it(imported, tmp_path):

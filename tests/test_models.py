@@ -98,36 +98,67 @@ def test_variants_and_param_count():
     llama.model_config("test-tiny", n_kv_heads=3)
 
 
-def test_fused_projections_are_the_same_model():
-  """`fused` (q/k/v and gate/up as one product each) computes the same model from the same
-  weights, through the cache too; `fuse_params` and `unfuse_params` are inverses. Unequal head
-  counts (4 query heads, 1 key/value head) and random biases make a wrong split order show."""
+
+def _layout(cfg, params, layout):
   import dataclasses  # noqa: PLC0415
+  from spec_jax.models import layers  # noqa: PLC0415
+  if "fused" in layout:
+    cfg, params = dataclasses.replace(cfg, fused=True), layers.fuse_params(params)
+  if "unrolled" in layout:
+    cfg = dataclasses.replace(cfg, unrolled=True)
+    params = layers.unstack_layers(params, cfg.n_layers)
+  return cfg, params
+
+
+@pytest.mark.parametrize("layout", ["fused", "unrolled", "fused+unrolled"])
+def test_fused_and_unrolled_layouts_are_the_same_model(layout):
+  """`fused` (q/k/v and gate/up as one product each) and `unrolled` (layers written out, each
+  with its own params) compute the same model from the same weights: logits, hidden residuals
+  and SD² steering deltas, through the cache too; the conversions are inverses and give what
+  such a model initialises. Unequal head counts (4 query heads, 1 key/value head), random
+  biases and per-layer deltas make a wrong split order or layer index show."""
   from spec_jax.models import draft_init, layers  # noqa: PLC0415
-  cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1)
+  cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1, n_layers=3)
   params = jax.tree_util.tree_map_with_path(
       lambda p, x: x + jax.random.normal(jax.random.key(len(jax.tree_util.keystr(p))), x.shape)
       * 0.1 if "bias" in jax.tree_util.keystr(p) else x, params)
-  fused_cfg = dataclasses.replace(cfg, fused=True)
-  fused = layers.fuse_params(params)
-  shapes = llama.param_shapes(fused_cfg)  # what a fused model initialises is what fuse makes
-  assert jax.tree.map(lambda x: x.shape, fused) == jax.tree.map(lambda x: x.shape, shapes)
-  assert set(fused["layers"]["attn"]) >= {"qkv", "o"} and "q" not in fused["layers"]["attn"]
-  assert "gate_up" in fused["layers"] and "up" not in fused["layers"]
-  back = layers.unfuse_params(fused, fused_cfg)
+  new_cfg, new = _layout(cfg, params, layout)
+  shapes = llama.param_shapes(new_cfg)
+  assert jax.tree.map(lambda x: x.shape, new) == jax.tree.map(lambda x: x.shape, shapes)
+  if "fused" in layout:
+    block = new["layers_1"] if "unrolled" in layout else new["layers"]
+    assert "qkv" in block["attn"] and "q" not in block["attn"]
+    assert "gate_up" in block and "up" not in block
+  if "unrolled" in layout:
+    assert "layers" not in new and sorted(k for k in new if k.startswith("layers_")) == [
+        "layers_0", "layers_1", "layers_2"]
+  back = new
+  if "unrolled" in layout:
+    back = layers.stack_layers(back, cfg.n_layers)
+  if "fused" in layout:
+    back = layers.unfuse_params(back, new_cfg)
   assert jax.tree.structure(back) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
   tokens = jax.random.randint(jax.random.key(2), (2, 10), 0, cfg.vocab_size)
-  np.testing.assert_allclose(_full(fused_cfg, fused, tokens), _full(cfg, params, tokens),
-                             atol=1e-5)
   pos = jnp.broadcast_to(jnp.arange(10), (2, 10))
+  keys = jax.random.split(jax.random.key(3), 2)
+  steer = {"up": 0.3 * jax.random.normal(keys[0], (cfg.n_layers, 2, cfg.d_ff)),
+           "residual": 0.3 * jax.random.normal(keys[1], (cfg.n_layers, 2, cfg.d_model))}
   outs = []
-  for c, p in ((cfg, params), (fused_cfg, fused)):
-    apply, cache = jax.jit(llama.make_apply(c)), llama.init_cache(c, 2, 16)
+  for c, p in ((cfg, params), (new_cfg, new)):
+    apply = jax.jit(llama.make_apply(c, hidden_layers=(0, 2, -1)))
+    full, hidden, _ = apply(p, tokens, pos, steer=steer)
+    cache = llama.init_cache(c, 2, 16)
     _, _, cache = apply(p, tokens[:, :6], pos[:, :6], cache)
-    outs.append(apply(p, tokens[:, 6:], pos[:, 6:], cache)[0])
-  np.testing.assert_allclose(outs[1], outs[0], atol=1e-5)
-  assert draft_init.parse_size("test-tiny:fused=1").fused == 1
-  with pytest.raises(ValueError, match="model.size.*fused=1"):
-    draft_init.parse_size("test-tiny:fused=2")
+    step, _, _ = apply(p, tokens[:, 6:], pos[:, 6:], cache)
+    outs.append((full, hidden, step))
+  (full, hidden, step), (full2, hidden2, step2) = outs
+  np.testing.assert_allclose(full2, full, atol=1e-5)
+  np.testing.assert_allclose(step2, step, atol=1e-5)
+  for layer in hidden:
+    np.testing.assert_allclose(hidden2[layer], hidden[layer], atol=1e-5)
+  for option in ("fused", "unrolled"):
+    assert getattr(draft_init.parse_size(f"test-tiny:{option}=1"), option) == 1
+    with pytest.raises(ValueError, match=f"model.size.*{option}=1"):
+      draft_init.parse_size(f"test-tiny:{option}=2")

@@ -5,11 +5,12 @@
 #       without XLA command buffers for the loop body, r(T) and the one-block feature drafter's c
 #       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
 #   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
-#       each beside its default: XLA's dynamic-slice fusion, the layer loop unrolled, (8B)
-#       cuBLAS for every weight product, (135M) small matrix-vector products kept as dots,
-#       q/k/v and gate/up fused into one weight product each (configs/scale.py `fused`), and
-#       the stopping while loop in place of the fixed decode loop, on the 8B and 135M steps, with the 8B runs' optimized
-#       HLO (experiments/scale/gpu_levers/<run>/).
+#       at batch 1, each beside its default: the layers written out with per-layer weights
+#       (configs/scale.py `unrolled`), q/k/v and gate/up fused into one weight product each
+#       (`fused`), XLA's dynamic-slice fusion, XLA's own unrolling of the layer loop, (8B)
+#       cuBLAS for every weight product, (135M) small matrix-vector products kept as dots, and
+#       the stopping while loop in place of the fixed decode loop, with three 8B runs'
+#       optimized HLO (experiments/scale/gpu_levers/<run>/).
 # Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
 # configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
 # finished comes back even when the time runs out.
@@ -82,27 +83,34 @@ NODSR="--xla_gpu_enable_dot_strength_reduction=false"
 
 if [ "${1:-presets}" = levers ]; then
   # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
-  # on an H200) and the launch-bound 135M shape, each beside its default in the same run.
+  # on an H200) and the launch-bound 135M shape, each beside its default in the same run, at
+  # batch 1 (the bars' batch size; one compiled program per run). Most informative first.
   W=experiments/scale/gpu_levers
+  B1=gpu,batch_sizes=1
   WHILE=--config.benchmark.loop=while  # the stopping while loop, beside the fixed default
-  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b gpu,preset=llama3.1-8b
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b $B1,preset=llama3.1-8b
   dump hlo8b
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b-unrolled $DUMP" \
+    step llama3.1-8b-unrolled $B1,preset=llama3.1-8b,unrolled
+  dump hlo8b-unrolled
+  step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
+  step smollm2-135m-f32 $B1,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$NODSR" step smollm2-135m-f32-nodsr $B1,dtype=float32 "${SMOL[@]}"
+  step smollm2-135m-f32-unrolled $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:unrolled=1
+  XLA_FLAGS="$NODSR" step smollm2-135m-f32-fused-unrolled-nodsr $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:unrolled=1
   XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
-    step llama3.1-8b-dsf gpu,preset=llama3.1-8b
+    step llama3.1-8b-dsf $B1,preset=llama3.1-8b
   dump hlo8b-dsf
-  step llama3.1-8b-fused gpu,preset=llama3.1-8b,fused
-  step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
-  XLA_FLAGS="$NODSR" step smollm2-135m-f32-nodsr gpu,dtype=float32 "${SMOL[@]}"
-  step smollm2-135m-f32-fused gpu,dtype=float32,fused "${SMOL[@]}" \
+  step llama3.1-8b-fused $B1,preset=llama3.1-8b,fused
+  XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton $B1,preset=llama3.1-8b
+  step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1
-  step smollm2-135m-f32-while gpu,dtype=float32 "${SMOL[@]}" "$WHILE"
-  XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton gpu,preset=llama3.1-8b
-  XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll gpu,preset=llama3.1-8b
-  XLA_FLAGS="$UNROLL" step smollm2-135m-f32-unroll gpu,dtype=float32 "${SMOL[@]}"
-  XLA_FLAGS="$DSF $UNROLL" step llama3.1-8b-dsf-unroll gpu,preset=llama3.1-8b
-  XLA_FLAGS="$DSF" step smollm2-135m-f32-dsf gpu,dtype=float32 "${SMOL[@]}"
-  step llama3.1-8b-while gpu,preset=llama3.1-8b "$WHILE"
-  step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+  XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll-flag $B1,preset=llama3.1-8b
+  XLA_FLAGS="$DSF" step smollm2-135m-f32-dsf $B1,dtype=float32 "${SMOL[@]}"
+  step smollm2-135m-f32-while $B1,dtype=float32 "${SMOL[@]}" "$WHILE"
+  step llama3.1-8b-while $B1,preset=llama3.1-8b "$WHILE"
 else
   step llama3.1-8b gpu,preset=llama3.1-8b
   # The default run also dumps XLA's optimized HLO, so the kernels per decode step can be

@@ -69,12 +69,17 @@ class Decoder(nn.Module):
       mask_old, mask_new, layer_caches, key_pos = None, mask, None, None
     freqs = jnp.asarray(cfg.rope_table())  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
     windows = jnp.asarray(cfg.windows(), jnp.int32) if cfg.has_windows else None  # [L]
-    layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, 0, nn.broadcast),
-                     length=cfg.n_layers)
-    # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
-    x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
-        x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
+    if cfg.unrolled:  # straight-line layers with their own params "layers_<i>"
+      x, ((new_k, new_v), residuals) = _unrolled(
+          cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
+    else:
+      layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, 0,
+                                nn.broadcast),
+                       length=cfg.n_layers)
+      # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
+      x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
+          x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
     hidden = {}
     for layer in self.hidden_layers:
       depth = cfg.n_layers if layer == -1 else layer
@@ -98,6 +103,24 @@ class Decoder(nn.Module):
       new_cache = L.KVCache(k=cache.k.at[:, rows, slots].set(new_k, mode="drop"),
                             v=cache.v.at[:, rows, slots].set(new_v, mode="drop"), pos=pos)
     return logits, hidden, new_cache
+
+
+def _unrolled(cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows,
+              key_pos):
+  """The layer scan written out, one block per layer with params "layers_<i>" (`cfg.unrolled`):
+  what the scan returns, stacked the same way (new K/V [L, ...], residuals indexable by layer)."""
+  def layer(tree, i):
+    return None if tree is None else jax.tree.map(lambda a: a[i], tree)
+
+  new_k, new_v, residuals = [], [], []
+  for i in range(cfg.n_layers):
+    x, ((k, v), residual) = cfg.block()(cfg, name=f"layers_{i}")(
+        x, layer(layer_caches, i), positions, mask_old, mask_new, layer(steer, i), freqs[i],
+        layer(windows, i), key_pos)
+    new_k.append(k)
+    new_v.append(v)
+    residuals.append(residual)
+  return x, ((jnp.stack(new_k), jnp.stack(new_v)), residuals)
 
 
 def unit_rms(x: jax.Array, eps: float = 1e-6) -> jax.Array:

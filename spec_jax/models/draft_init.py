@@ -40,7 +40,7 @@ import numpy as np
 
 from spec_jax.models import decoder, llama
 
-OPTIONS = ("layers", "first", "every", "vocab", "features", "fused")
+OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -55,6 +55,7 @@ class Size:
   features: int | None = None  # 1: a feature drafter (either kind), 0 / None: an ordinary model
   feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
+  unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
 
   @property
   def selects_layers(self) -> bool:
@@ -67,7 +68,7 @@ def _ints(value: str) -> tuple[int, ...]:
 
 def parse_size(size: str, field: str = "model.size") -> Size:
   """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
-  [:fused=1]` → Size; ValueError naming `field`."""
+  [:fused=1][:unrolled=1]` → Size; ValueError naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -76,7 +77,7 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "fused=1, e.g. 'smollm2-135m:layers=0,14,29'.")
+                       "fused=1, unrolled=1, e.g. 'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
         kwargs[key] = _ints(value)
@@ -97,6 +98,9 @@ def parse_size(size: str, field: str = "model.size") -> Size:
   if out.fused not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: fused=1 computes q/k/v and gate/up as one weight "
                      "product each, fused=0 (the default) as separate ones.")
+  if out.unrolled not in (None, 0, 1):
+    raise ValueError(f"{field}={size!r}: unrolled=1 writes the layers out with their own "
+                     "params, unrolled=0 (the default) scans them.")
   if out.features not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
                      "verifier's final residual), features=0 an ordinary one, features=2+15+27 "

@@ -66,6 +66,8 @@ def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> di
         "This model is a feature drafter (EAGLE: it reads the verifier's final residual beside "
         "each token, draft_init.feature_drafter), which transformers' Llama cannot run: export "
         "a language-model drafter instead.")
+  if cfg.unrolled:
+    params = L.stack_layers(params, cfg.n_layers)
   host = jax.device_get(L.unfuse_params(params, cfg) if cfg.fused else params)
   cast = (lambda w: np.asarray(w)) if dtype is None else (  # noqa: E731
       lambda w: np.asarray(w).astype(hf_import.np_dtype_of(dtype)))

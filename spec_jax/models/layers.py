@@ -257,6 +257,24 @@ def unfuse_params(params, cfg):
   return out
 
 
+def unstack_layers(params, n_layers: int):
+  """The scanned layers' params (stacked [L, ...] under "layers") as one tree per layer,
+  "layers_<i>", for `cfg.unrolled`: the same model, each layer's weights an array of its own."""
+  out = dict(params)
+  stacked = out.pop("layers")
+  for i in range(n_layers):
+    out[f"layers_{i}"] = jax.tree.map(lambda a, i=i: a[i], stacked)
+  return out
+
+
+def stack_layers(params, n_layers: int):
+  """`unstack_layers` undone."""
+  out = dict(params)
+  per_layer = [out.pop(f"layers_{i}") for i in range(n_layers)]
+  out["layers"] = jax.tree.map(lambda *a: jnp.stack(a), *per_layer)
+  return out
+
+
 def per_token(delta: jax.Array) -> jax.Array:
   """[B, X] → [B, 1, X] (one delta for all T tokens); [B, T, X] unchanged."""
   return delta[:, None] if delta.ndim == 2 else delta

@@ -41,6 +41,9 @@ class LlamaConfig:
   fused: q/k/v as one weight product ("qkv" [D, N+2K, H]) and gate/up as one ("gate_up"
     [D, 2, F]): the same model in fewer, larger products (`model.size=...:fused=1`;
     `layers.fuse_params` converts loaded weights).
+  unrolled: the layers as straight-line code, each with its own params ("layers_<i>") instead
+    of a scan over params stacked under "layers": the same model, no layer loop and no slicing
+    of stacked weights (`model.size=...:unrolled=1`; `layers.unstack_layers` converts).
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -67,6 +70,7 @@ class LlamaConfig:
   feature_width: int = 0
   feature_layers: tuple[int, ...] = ()
   fused: bool = False
+  unrolled: bool = False
   family: str = "llama"
 
   FAMILY = "llama"

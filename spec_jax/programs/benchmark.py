@@ -100,7 +100,7 @@ def run(config, workdir: str) -> list[dict]:
         roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
         vs_roofline=round(step_ms / roofline_step_ms, 3),
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
-        loop=b.get("loop", "fixed"), fused=cfg.fused,
+        loop=b.get("loop", "fixed"), fused=cfg.fused, unrolled=cfg.unrolled,
         model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,
         device_kind=jax.devices()[0].device_kind))
   base = rows[0]["tokens_per_s"]
