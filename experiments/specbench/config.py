@@ -27,10 +27,9 @@ Sizes (`:size=`): `cpu` (default) 16 prompts per category × 96 new tokens, batc
 tokens (tests; chat_turn2 builds the ShareGPT dataset on first use).
 Needs the quickstart's feature drafter, distilled on ShareGPT (`runs/quickstart/drafter`:
 python launch.py --config configs/quickstart.py --workdir runs/quickstart).
-Time on 2 CPU cores, size=cpu: 35-57 min per category where SmolLM2 decodes ~10 tokens/s
-alone (chat 45 min, code 46, math 34, translation 57, summarization 54, shakespeare 43:
-experiments/specbench/notes.md), so ~7 h for the nine;
-~2 h where it decodes 20-50. Per category and temperature there: the autoregressive baseline
+Time on 2 CPU cores, size=cpu: 6-12 min per category, ~80 min for the nine, where SmolLM2
+decodes ~45 tokens/s alone (experiments/specbench/notes.md); 35-57 min per category, ~7 h for
+the nine, where it decodes ~10. Per category and temperature there: the autoregressive baseline
 ~2.5 min, each method 3-5 min (the tree's the slowest: 15 tokens per verifier call), plus
 compiling and the cost timings. Each category is its own run, read back once finished, so the
 experiment can be run in pieces (`--config.suite.categories='("chat", "code")'`, then the rest
