@@ -214,8 +214,9 @@ def gate_up(cfg, h: jax.Array) -> tuple[jax.Array, jax.Array]:
   return dense(cfg, cfg.d_ff, "gate")(h), dense(cfg, cfg.d_ff, "up")(h)
 
 
-# Fused params: the unfused names each fused param concatenates, in order, along the axis that
-# joins them (axis -2 of kernels [(L,) D, ·, ·] and of biases [(L,) ·, H]).
+# Fused params and the unfused ones each joins, in order: "qkv" concatenates along the heads axis
+# (-2 of kernels [(L,) D, ·, H] and biases [(L,) ·, H]), "gate_up" stacks kernels [(L,) D, F]
+# into [(L,) D, 2, F].
 FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
@@ -228,7 +229,7 @@ def _fuse_leaf(parts: list[jax.Array], name: str) -> jax.Array:
 def fuse_params(params):
   """The same model's params in the fused layout (`cfg.fused`): q/k/v → "qkv", gate/up →
   "gate_up", wherever they sit in the tree (scanned layers, a drafter's blocks). Products and
-  outputs are unchanged; only the number of weight products per layer drops (5 → 2 reads of x)."""
+  outputs are unchanged; a layer's five input-side products (q, k, v, gate, up) become two."""
   if not isinstance(params, dict):
     return params
   out = {key: fuse_params(value) for key, value in params.items()}
