@@ -1,12 +1,14 @@
 """Llama forward contract: cache, slots, masks, hidden states, variants."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.models import llama
+from spec_jax.models import draft_init, layers, llama
 
 
 def _full(cfg, params, tokens):
@@ -100,8 +102,6 @@ def test_variants_and_param_count():
 
 
 def _layout(cfg, params, layout):
-  import dataclasses  # noqa: PLC0415
-  from spec_jax.models import layers  # noqa: PLC0415
   if "fused" in layout:
     cfg, params = dataclasses.replace(cfg, fused=True), layers.fuse_params(params)
   if "unrolled" in layout:
@@ -117,7 +117,6 @@ def test_fused_and_unrolled_layouts_are_the_same_model(layout):
   and SD² steering deltas, through the cache too; the conversions are inverses and give what
   such a model initialises. Unequal head counts (4 query heads, 1 key/value head), random
   biases and per-layer deltas make a wrong split order or layer index show."""
-  from spec_jax.models import draft_init, layers  # noqa: PLC0415
   cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1, n_layers=3)
   params = jax.tree_util.tree_map_with_path(
       lambda p, x: x + jax.random.normal(jax.random.key(len(jax.tree_util.keystr(p))), x.shape)
