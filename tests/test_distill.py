@@ -22,7 +22,7 @@ from spec_jax.evaluation import quality
 from spec_jax.models import draft_init, llama
 from spec_jax.programs import distill as distill_program
 from spec_jax.training import checkpoints, distill, divergences, metrics as metrics_lib, optim
-from spec_jax.training import losses, train
+from spec_jax.training import features as features_train, losses, train
 
 T1 = sampling_lib.Sampling(1.0)
 
@@ -406,6 +406,54 @@ def test_teacher_cache_resumes_bit_identical(pool_runs):
   assert leaves_equal(checkpoints.load_model(dirs["cached"])[1],
                       checkpoints.load_model(dirs["resumed"])[1])
   assert metrics_lib.read_jsonl(dirs["cached"]) == metrics_lib.read_jsonl(dirs["resumed"])
+
+
+@pytest.mark.parametrize("student", ["plain", "features"])
+def test_loss_index_makes_the_same_update(pair, student):
+  """A batch with LOSS_INDEX (each row's response window) makes the update of the whole batch,
+  with the teacher's whole forward and from a teacher cache, for a plain and a feature drafter
+  (two passes): both laws at the window alone give the same loss, α and gradient. A window
+  shifted by one position does not (the check can fail), and a row weighing more targets than
+  the window is refused before any step."""
+  v_cfg, v_params, d_cfg, d_params = pair
+  layers = ()
+  apply, context_fn = llama.make_apply(d_cfg, reduced_logits=True), None
+  if student == "features":
+    d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
+    d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
+    d_params = testing.perturbed(jax.tree.map(jnp.asarray, d_params), 0.3, 1)
+    apply, context_fn = features_train.make_student(d_cfg, 0.5, passes=2)
+    layers = (draft_init.FINAL,)
+  objective = distill.Objective("jsd", beta=0.5, sampling=T1)
+  tx, _ = optim.make_optimizer(distill_config.get_config("smoke").train)
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  abstract, shardings = train.abstract_state(functools.partial(llama.init_params, d_cfg), tx,
+                                             jax.random.key(0), mesh)
+  v_sh = parallel.param_shardings(mesh, v_params)
+  body, head = draft_init.teacher_parts(d_cfg, v_cfg, layers)
+  step = distill.jit_distill_step(apply, draft_init.restrict(d_cfg, v_cfg, layers), tx,
+                                  objective, shardings, v_sh, mesh, context_fn, teacher_head=head)
+  # Chat rows: prompts of 3-12 tokens, responses of up to 8 (data.response_tokens = 8), T = 16.
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (4, 17), 1, 257), np.int32)
+  batch = distill_data.make_batch(seqs, np.asarray([8, 7, 3, 4]),
+                                  prompt_tokens=np.asarray([3, 9, 5, 12]))
+  windowed = distill.loss_index(batch, 8)
+  assert windowed[distill.LOSS_INDEX].shape == (4, 8)
+  assert distill.LOSS_INDEX not in distill.loss_index(batch, 16)  # the whole row: unchanged
+  cache = distill.TeacherCache(body, head, v_params, 1, teacher_shardings=v_sh, mesh=mesh)
+  shifted = {**windowed, distill.LOSS_INDEX: np.minimum(windowed[distill.LOSS_INDEX] + 1, 15)}
+  metrics = {}
+  for name, b in (("whole", batch), ("window", windowed),
+                  ("window_cached", cache.batch(0, windowed)), ("shifted", shifted)):
+    _, m = step(train.state_from_params(d_params, tx, abstract), b, jax.random.key(0), v_params)
+    metrics[name] = np.asarray([float(m[k]) for k in ("loss", "alpha", "grad_norm",
+                                                       "weight_sum")])
+  np.testing.assert_allclose(metrics["window"], metrics["whole"], rtol=1e-5)
+  np.testing.assert_allclose(metrics["window_cached"], metrics["whole"], rtol=1e-5)
+  assert not np.allclose(metrics["shifted"][:3], metrics["whole"][:3], rtol=1e-3)
+  with pytest.raises(ValueError, match=r"Row 0 .* more than 6 positions "
+                                       r"\(data.response_tokens=6\): its weights span 2..9"):
+    distill.loss_index(batch, 6)
 
 
 def test_teacher_cache_step_never_runs_the_teachers_blocks(pair):

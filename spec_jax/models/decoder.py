@@ -38,7 +38,7 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, cache: L.KVCache | None = None, mask=None, slots=None,
-               steer=None, features=None):
+               steer=None, features=None, logit_index=None):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
@@ -86,6 +86,10 @@ class Decoder(nn.Module):
       if not 0 <= depth <= cfg.n_layers:
         raise ValueError(f"hidden layer {layer} outside [0, {cfg.n_layers}] (or -1).")
       hidden[layer] = x if depth == cfg.n_layers else residuals[depth]
+    if logit_index is not None:
+      # Logits only where a loss reads them (`distill.loss_index`): the output layer is most of
+      # a small drafter's training step, and a chat row's prompt and padding carry no loss.
+      x = jnp.take_along_axis(x, logit_index[..., None], axis=1)
     x = L.RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="final_norm")(x)
     if cfg.tie_embeddings:
       logits = embed.attend(x)
@@ -146,13 +150,15 @@ def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool =
   An optional `steer` keyword ({"up": f32[L,B,(T,)F]} and/or {"residual": f32[L,B,(T,)D]})
   injects SD² steering deltas into every layer (the family's `Block`). reduced_logits: a model
   with a reduced output vocabulary returns logits [B,T,len(cfg.head_ids)] instead of [B,T,V].
-  A feature drafter (cfg.feature_width) also takes `features` f32[B,T,F]."""
+  A feature drafter (cfg.feature_width) also takes `features` f32[B,T,F]. `logit_index`
+  int32[B,K] computes the logits only at those positions of each row ([B,K,V]; hidden and
+  cache are unaffected)."""
   model = Decoder(cfg, tuple(hidden_layers), reduced_logits)
 
   def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None,
-            features=None):
+            features=None, logit_index=None):
     return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer,
-                       features)
+                       features, logit_index)
 
   return apply
 

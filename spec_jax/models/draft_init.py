@@ -36,6 +36,7 @@ import dataclasses
 from typing import Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spec_jax.models import decoder, llama
@@ -250,7 +251,7 @@ def restrict(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()):
   vocabulary (`cfg.head_ids`), so a divergence compares the two laws on the same rows: the
   teacher's law restricted to the set and renormalised. Its output layer is applied to those
   rows alone (the full logits are never used, so the compiled step never computes them).
-  Unchanged without one."""
+  Unchanged without one. Takes `logit_index` as `llama.make_apply`'s forward does."""
   layers = tuple(layers)
   if not cfg.head_ids:
     return llama.make_apply(teacher_cfg, layers)
@@ -266,9 +267,9 @@ def restrict(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers=()):
   teacher_apply = llama.make_apply(teacher_cfg, _with_final(layers))
   head = teacher_parts(cfg, teacher_cfg, layers)[1]
 
-  def apply(params, *args, **kwargs):
+  def apply(params, *args, logit_index=None, **kwargs):
     _, hidden, cache = teacher_apply(params, *args, **kwargs)
-    return (*head(params, hidden), cache)
+    return (*head(params, hidden, logit_index), cache)
 
   return apply
 
@@ -283,8 +284,9 @@ def teacher_parts(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers
   reused (training/distill.py's TeacherCache):
     body(params, tokens[B,T], positions[B,T]) -> hidden {layer: [B,T,D]} at `layers` and FINAL
       (the final pre-norm residual): every block, no output layer;
-    head(params, hidden) -> (logits [B,T,V'], hidden at `layers`): the final norm and the output
-      layer, at the student's rows when it has a reduced vocabulary.
+    head(params, hidden, logit_index=None) -> (logits [B,T,V'], hidden at `layers`): the final
+      norm and the output layer, at the student's rows when it has a reduced vocabulary, and at
+      the positions logit_index int32[B,K] alone when given (logits [B,K,V']).
   head(params, body(params, tokens, positions)) is restrict's forward. None for a teacher with a
   reduced vocabulary of its own (its logits are then not the output layer of FINAL here)."""
   if teacher_cfg.head_ids:
@@ -296,7 +298,7 @@ def teacher_parts(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers
   def body(params, tokens, positions):
     return forward(params, tokens, positions)[1]  # the unused logits are compiled away
 
-  def head(params, hidden):
+  def head(params, hidden, logit_index=None):
     rows = params
     if ids is not None:
       rows = {"final_norm": params["final_norm"]}
@@ -304,7 +306,10 @@ def teacher_parts(cfg: llama.LlamaConfig, teacher_cfg: llama.LlamaConfig, layers
         rows["embed"] = {"embedding": params["embed"]["embedding"][ids]}
       else:
         rows["lm_head"] = {"kernel": params["lm_head"]["kernel"][:, ids]}
-    logits = decoder.output_logits(teacher_cfg, rows, hidden[FINAL])
+    final = hidden[FINAL]
+    if logit_index is not None:
+      final = jnp.take_along_axis(final, logit_index[..., None], axis=1)
+    logits = decoder.output_logits(teacher_cfg, rows, final)
     return logits, {k: v for k, v in hidden.items() if k in layers}
 
   return body, head

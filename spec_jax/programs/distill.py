@@ -102,6 +102,11 @@ def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
       **{"seed": config.seed, "batch_size": spec.batch_size, **kwargs})
 
 
+# Verifier config fields added after pools were first cached: left out of a pool's key at
+# these values, so the caches written before them still serve.
+_KEY_DEFAULTS = {"feature_layers": (), "fused": False, "unrolled": False}
+
+
 def _pool(config, spec: distill_data.Spec) -> tuple[int, int]:
   """(batches, per_call) of the verifier pool: `data.verifier_batches` (0: one per step) rounded
   up to whole generation calls of `per_call` batches (distill_data.VerifierData)."""
@@ -125,9 +130,10 @@ def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_pa
   if spec.needs_verifier_data:
     # Everything the responses depend on. A random-init verifier (tests) is named by its seed.
     key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
-                         # a field at its default (feature_layers=()) keeps old caches' keys
+                         # fields at their defaults (feature_layers=(), the scanned, unfused
+                         # layout) keep old caches' keys
                          {k: v for k, v in dataclasses.asdict(v_cfg).items()
-                          if k != "feature_layers" or v},
+                          if k not in _KEY_DEFAULTS or v != _KEY_DEFAULTS[k]},
                          None if config.verifier.checkpoint else config.seed),
                tokenizer=tokenizer.fingerprint,
                data=(dc.name, dc.train_split, dc.text_key, *blend),
@@ -303,6 +309,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
     def get_batch(s):
       batch = draft_init.map_batch(
           d_cfg, data.get(s, live["state"].params if spec.onpolicy_rows else None))
+      # Both laws only where a row's response can be: its first response_tokens targets.
+      batch = distill.loss_index(batch, spec.response_tokens)
       return batch if cache is None else cache.batch(s, batch)
 
     if start == 0 and eval_fn is not None and ec.at_start:

@@ -39,6 +39,7 @@ from spec_jax.training import features as features_train
 XENT = "xent"
 OBJECTIVES = (*divergences.DIVERGENCES, XENT)
 TEACHER_HIDDEN = "teacher_hidden"  # a batch's teacher pass, {layer: [B,T,D]} (TeacherCache)
+LOSS_INDEX = "loss_index"  # int32[B,K]: the positions whose targets carry weight (`loss_index`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +162,38 @@ def _positions(tokens_BxT: jax.Array) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(tokens_BxT.shape[1], dtype=jnp.int32), tokens_BxT.shape)
 
 
+def loss_index(batch: Mapping[str, np.ndarray], window: int) -> dict:
+  """The batch with LOSS_INDEX int32[B, K], K = window: each row's `window` consecutive
+  positions from its first weighted target (moved left to stay in the row), so the step
+  computes both laws there alone (`distill_step`). A row of a distillation batch weighs at most
+  its response, data.response_tokens targets in a row: at prompt ≤ 128 and response ≤ 128
+  tokens that halves the output layers and the divergence, most of a small drafter's step.
+  Unchanged when window >= T. A weighted target outside its row's window raises (the loss
+  would silently lose it)."""
+  w = np.asarray(batch["weights"])
+  t = w.shape[1]
+  if window >= t:
+    return dict(batch)
+  start = np.minimum(np.argmax(w > 0, axis=1), t - window)
+  index = start[:, None] + np.arange(window)[None]
+  inside = np.zeros(w.shape, bool)
+  np.put_along_axis(inside, index, True, axis=1)
+  if np.any(w[~inside] != 0):
+    row = int(np.nonzero(np.any((w != 0) & ~inside, axis=1))[0][0])
+    raise ValueError(
+        f"Row {row} of a distillation batch has weighted targets over more than {window} "
+        f"positions (data.response_tokens={window}): its weights span "
+        f"{np.flatnonzero(w[row]).min()}..{np.flatnonzero(w[row]).max()}. A data source must "
+        "weigh at most its response tokens.")
+  return {**batch, LOSS_INDEX: index.astype(np.int32)}
+
+
+def _windowed(batch: Mapping[str, jax.Array], index: jax.Array) -> dict:
+  """The batch's weights and targets at `index` [B,K] (its inputs keep every position)."""
+  take = functools.partial(jnp.take_along_axis, indices=index, axis=1)
+  return {**batch, "weights": take(batch["weights"]), "targets": take(batch["targets"])}
+
+
 def _token_metrics(teacher_logits, student_logits, batch, objective: Objective) -> dict:
   """Held-out means over the response tokens: every finite divergence, α = Σ min(p, q) (the
   acceptance rate of speculative sampling at objective.sampling), top-1 agreement (argmax p =
@@ -239,16 +272,24 @@ def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: j
   from a TeacherCache) runs only `teacher_head` on it (`draft_init.teacher_parts`). rng has the
   step folded in, like `train_step`; only a `context_fn` uses it (the objective is
   deterministic).
+  A batch with LOSS_INDEX (`loss_index`) computes both laws and the objective at those
+  positions alone (the same loss when every weighted target is among them); the student's
+  context (`context_fn`) still reads the whole batch.
   Metrics (f32[]): loss, alpha (Σ min(p, q) on the batch's response tokens), weight_sum,
   grad_norm (before clipping), param_norm (after the update).
   """
+  index = batch.get(LOSS_INDEX)
+  at = {} if index is None else {"logit_index": index}
   if TEACHER_HIDDEN in batch:
-    teacher_logits, teacher_hidden = teacher_head(teacher_params, batch[TEACHER_HIDDEN])
+    teacher_logits, teacher_hidden = teacher_head(teacher_params, batch[TEACHER_HIDDEN], **at)
   else:
     teacher_logits, teacher_hidden, _ = teacher_apply(teacher_params, batch["inputs"],
-                                                      _positions(batch["inputs"]))
+                                                      _positions(batch["inputs"]), **at)
   log_p = jax.lax.stop_gradient(divergences.log_law(teacher_logits, objective.sampling))
   student = _student_with_context(student_apply, context_fn, teacher_hidden, batch, rng)
+  if index is not None:
+    student = functools.partial(student, logit_index=index)
+    batch = _windowed(batch, index)
   grad_fn = jax.value_and_grad(
       functools.partial(distill_loss, student_apply=student, objective=objective),
       has_aux=True)

@@ -56,7 +56,7 @@ def pass_weights(passes: int, decay: float = 1.0) -> tuple[float, ...]:
 
 def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig,
                   feature_weight: float, passes: int = 1, valid: jax.Array | None = None,
-                  decay: float = 1.0):
+                  decay: float = 1.0, logit_index: jax.Array | None = None):
   """The drafter's teacher-forced forward: logits f32[B, T, V'] (V' the reduced vocabulary if
   any) of the first pass, {"aux_loss": feature_weight × feature_loss (weighted mean over passes),
   "extra_logits": the laws of passes 2..passes, and with decay != 1 "pass_weights": each pass's
@@ -65,14 +65,17 @@ def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig
   every position of the row in the same pass).
 
   features: the verifier's final residual f32[B, T, D], or for a multi-layer drafter its
-  residual at each of cfg.feature_layers {depth: f32[B, T, D]} (no feature loss then)."""
+  residual at each of cfg.feature_layers {depth: f32[B, T, D]} (no feature loss then).
+  logit_index int32[B, K]: every pass's logits at those positions alone ([B, K, V']); the
+  features and their loss keep every position."""
   apply = llama.make_apply(cfg, (features_lib.FEATURE_LAYER,), reduced_logits=True)
   multi = bool(cfg.feature_layers)
   feed = features_lib.verifier_features(cfg, params, features) if multi else features
   laws, aux = [], 0.0
   total = sum(decay ** j for j in range(passes))  # = passes at decay 1: the plain mean
   for j in range(passes):
-    logits, hidden, _ = apply(params, inputs, positions, features=features_lib.shift(feed))
+    logits, hidden, _ = apply(params, inputs, positions, features=features_lib.shift(feed),
+                              logit_index=logit_index)
     feed = hidden[features_lib.FEATURE_LAYER]
     if not multi:
       aux = aux + feature_weight * feature_loss(feed, features, valid) * decay ** j / total

@@ -35,15 +35,18 @@ def stale_positions(num_tokens: int, offset) -> jax.Array:
 
 
 def steered_apply(params, inputs, positions, *, hidden: dict, weights, offset,
-                  cfg: steering.SteeringConfig, drafter_apply: Callable):
+                  cfg: steering.SteeringConfig, drafter_apply: Callable,
+                  logit_index: jax.Array | None = None):
   """The steered drafter's teacher-forced forward. params {"drafter", "steering"}; hidden
   {layer: f32[B, T, D]} the verifier's residuals over the same tokens; weights f32[B, T];
-  offset int32[] → (logits f32[B, T, V], hidden, None) like any forward."""
+  offset int32[] → (logits f32[B, T, V], hidden, None) like any forward (logits [B, K, V] at
+  logit_index int32[B, K] when given)."""
   g = steering.guidance(params["steering"], [hidden[l] for l in cfg.verifier_layers])
   g = g[:, stale_positions(inputs.shape[1], offset)]                   # [B, T, D]
   on = (weights > 0).astype(jnp.float32)[None, :, :, None]              # [1, B, T, 1]
   steer = {k: v * on for k, v in steering.deltas(cfg, params["steering"], g).items()}
-  return drafter_apply(params["drafter"], inputs, positions, steer=steer)
+  return drafter_apply(params["drafter"], inputs, positions, steer=steer,
+                       logit_index=logit_index)
 
 
 def make_student(cfg: steering.SteeringConfig, drafter_cfg: llama.LlamaConfig,
