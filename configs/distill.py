@@ -123,7 +123,10 @@ def get_config(arg: str | None = None):
       # Pass j's losses weigh pass_decay**j (normalised; 1 = every pass alike, EAGLE-3: 0.8).
       # A multi-layer drafter (size '...:features=2+15+27', EAGLE-3) trains on the laws alone
       # (feature_weight ignored) and needs feature_passes >= 2.
-      pass_decay=1.0)
+      pass_decay=1.0,
+      # Top-level drafter params kept as loaded, '+'-separated (e.g. 'embed': EAGLE's frozen
+      # token embedding); '' trains every param.
+      freeze="")
   config.train = common.train(num_steps=arg.steps, batch_size=arg.batch)
   config.train.update(lr=arg.lr, warmup_steps=max(min(10, arg.steps // 10), 1), log_every=5,
                       eval_every=arg.steps, checkpoint_every=20, keep_checkpoints=1)

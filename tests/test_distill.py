@@ -456,6 +456,38 @@ def test_loss_index_makes_the_same_update(pair, student):
     distill.loss_index(batch, 6)
 
 
+def test_frozen_params_never_move(pair):
+  """distill.freeze='embed': the step leaves the token embedding exactly as loaded (no update,
+  no moments) and trains the rest; without it the embedding moves. An unknown name is refused
+  with the drafter's own names."""
+  v_cfg, v_params, d_cfg, d_params = pair
+  objective = distill.Objective("jsd", beta=0.5, sampling=T1)
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
+  v_sh = parallel.param_shardings(mesh, v_params)
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (4, 17), 0, 257), np.int32)
+  batch = distill_data.make_batch(seqs, np.full((4,), 8), prompt_tokens=9)
+  config = distill_config.get_config("smoke")
+  moved = {}
+  for freeze in ("", "embed"):
+    config.distill.freeze = freeze
+    tx = optim.frozen(optim.make_optimizer(config.train)[0],
+                      distill._frozen_names(config, d_cfg))
+    abstract, shardings = train.abstract_state(functools.partial(llama.init_params, d_cfg), tx,
+                                               jax.random.key(0), mesh)
+    step = distill.jit_distill_step(llama.make_apply(d_cfg), llama.make_apply(v_cfg), tx,
+                                    objective, shardings, v_sh, mesh)
+    state, _ = step(train.state_from_params(d_params, tx, abstract), batch, jax.random.key(0),
+                    v_params)
+    after = jax.device_get(state.params)
+    moved[freeze] = {k: not leaves_equal(after[k], d_params[k]) for k in after}
+  assert moved[""] == {k: True for k in moved[""]}
+  assert moved["embed"] == {k: k != "embed" for k in moved["embed"]}
+  config.distill.freeze = "embed+head"
+  with pytest.raises(ValueError, match=r"distill.freeze='embed\+head': \['head'\] not among "
+                                       r"the drafter's top-level params \[.*'embed'"):
+    distill._frozen_names(config, d_cfg)
+
+
 def test_teacher_cache_step_never_runs_the_teachers_blocks(pair):
   """A batch carrying its teacher pass (TEACHER_HIDDEN) makes the same update as the whole
   teacher's forward, and it never reads the teacher's blocks: with their weights scrambled the

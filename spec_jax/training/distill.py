@@ -33,7 +33,7 @@ from spec_jax import parallel
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import features, lm
 from spec_jax.models import draft_init, llama
-from spec_jax.training import divergences, losses, train
+from spec_jax.training import divergences, losses, optim, train
 from spec_jax.training import features as features_train
 
 XENT = "xent"
@@ -140,6 +140,8 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
                      f"{list(getattr(d_cfg, 'feature_layers', ())) or 'the final residual'}. "
                      "Fix: drafter.size naming the checkpoint's own depths, or the verifier's "
                      "checkpoint to build from.")
+  freeze = _frozen_names(config, d_cfg)
+  wrap_tx = functools.partial(optim.frozen, names=freeze)
   if d_cfg.feature_width:
     draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
     apply, context_fn = features_train.make_student(
@@ -149,12 +151,27 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
     drafter = features.FeatureDrafter(d_cfg)
     return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
                    params=d_params, apply=apply, context_fn=context_fn,
-                   teacher_layers=drafter.verifier_layers,
+                   teacher_layers=drafter.verifier_layers, wrap_tx=wrap_tx,
                    drafter=functools.partial(features.FeatureDrafter, d_cfg))
   # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
   return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
-                 apply=llama.make_apply(d_cfg, reduced_logits=True),
+                 apply=llama.make_apply(d_cfg, reduced_logits=True), wrap_tx=wrap_tx,
                  drafter=functools.partial(lm.LMDrafter, d_cfg))
+
+
+def _frozen_names(config, d_cfg) -> tuple[str, ...]:
+  """config.distill.freeze as top-level param names of the drafter; an unknown name is refused
+  before anything loads."""
+  value = config.distill.get("freeze", ())
+  names = tuple(value.split("+")) if isinstance(value, str) else tuple(value)
+  names = tuple(n for n in names if n)
+  have = sorted(llama.param_shapes(d_cfg))
+  bad = [n for n in names if n not in have]
+  if bad:
+    raise ValueError(f"distill.freeze={value!r}: {bad} not among the drafter's top-level "
+                     f"params {have}. Fix: name some of those (e.g. 'embed'), or () to train "
+                     "every param.")
+  return names
 
 
 def _positions(tokens_BxT: jax.Array) -> jax.Array:

@@ -62,3 +62,20 @@ def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, Any]:
   parts.append(optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2,
                            weight_decay=train_cfg.weight_decay, mask=decay_mask))
   return optax.chain(*parts), schedule
+
+
+def frozen(tx: optax.GradientTransformation, names: tuple[str, ...]
+           ) -> optax.GradientTransformation:
+  """tx on every param except the top-level subtrees `names` (e.g. "embed"), which get zero
+  updates and no moments; tx's clipping and moments see the trained params alone. EAGLE keeps
+  the target's token embedding frozen in its drafter: a few hundred steps of Adam would move
+  the rows of the tokens a small pool holds and leave the others where pretraining put them."""
+  names = tuple(names)
+  if not names:
+    return tx
+
+  def labels(params):
+    return {k: jax.tree.map(lambda _, k=k: "frozen" if k in names else "train", v)
+            for k, v in params.items()}
+
+  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
