@@ -2,6 +2,7 @@
 for distill and train_bpd, in both recipes (the corpus's responses, the verifier's), on a small
 synthetic dataset in ShareGPT's format, the byte tokenizer and test-tiny models."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -357,3 +358,19 @@ def test_the_bpd_config_refuses_verifier_responses_without_chat_data():
   with pytest.raises(ValueError, match=r"^source='verifier' needs data=sharegpt"):
     train_bpd_config.get_config("source=verifier")
   assert train_bpd_config.get_config("data=sharegpt,source=verifier,temp=0").data.temperature == 0
+
+
+def test_the_main_jobs_pool_keeps_its_cache_name():
+  """The quickstart's pool of verifier answers is named by a digest of everything its responses
+  depend on; fields added to the verifier's config later (feature_layers, fused, unrolled) stay
+  out of it at their defaults, so a pool written before them still serves (the name below is
+  the one the main job wrote before they existed). A fused verifier is another key."""
+  from configs import quickstart
+  config = quickstart.get_config().drafter
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  spec = distill_data.Spec.from_config(config.data, config.train.batch_size, config.seed)
+  v_cfg, _ = loading.resolve_model(config.verifier, tokenizer, field="verifier.checkpoint")
+  key = distill_program.pool_key(config, spec, tokenizer, v_cfg)
+  assert distill_data.pool_digest(key) == "8ab85437dad92ead"
+  fused = distill_program.pool_key(config, spec, tokenizer, dataclasses.replace(v_cfg, fused=True))
+  assert distill_data.pool_digest(fused) != "8ab85437dad92ead"

@@ -115,6 +115,31 @@ def _pool(config, spec: distill_data.Spec) -> tuple[int, int]:
   return -(-n // per_call) * per_call, per_call
 
 
+def pool_key(config, spec: distill_data.Spec, tokenizer, v_cfg) -> dict:
+  """Everything a verifier pool's responses depend on: the key of its cache file
+  (`distill_data.VerifierData`). A random-init verifier (tests) is named by its seed."""
+  dc = config.data
+  blend = tuple((str(n), float(w)) for n, w in dc.get("blend", ()))
+  stop_ids = tokenizer.stop_ids if dc.stop_at_eos else ()
+  key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
+                       # fields at their defaults (feature_layers=(), the scanned, unfused
+                       # layout) keep old caches' keys
+                       {k: v for k, v in dataclasses.asdict(v_cfg).items()
+                        if k not in _KEY_DEFAULTS or v != _KEY_DEFAULTS[k]},
+                       None if config.verifier.checkpoint else config.seed),
+             tokenizer=tokenizer.fingerprint,
+             data=(dc.name, dc.train_split, dc.text_key, *blend),
+             prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
+             batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
+             stop_ids=stop_ids)
+  if chat_data.is_chat(dc.name):  # the rows' rules
+    key.update(chat=chat_data.VERSION)
+  _, per_call = _pool(config, spec)
+  if spec.verifier_rows != spec.batch_size or per_call > 1:  # old caches keep their key
+    key.update(rows=spec.verifier_rows, per_call=per_call)
+  return key
+
+
 def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_params, v_cfg,
                student: Student | None = None, hidden_layers=()) -> distill_data.DistillData:
   """Batches of the train split from config.data.source (verifier responses generated now,
@@ -128,24 +153,9 @@ def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_pa
                           response_tokens=spec.response_tokens, stop_ids=stop_ids)
   verifier_data = None
   if spec.needs_verifier_data:
-    # Everything the responses depend on. A random-init verifier (tests) is named by its seed.
-    key = dict(verifier=(config.verifier.checkpoint, config.verifier.size,
-                         # fields at their defaults (feature_layers=(), the scanned, unfused
-                         # layout) keep old caches' keys
-                         {k: v for k, v in dataclasses.asdict(v_cfg).items()
-                          if k not in _KEY_DEFAULTS or v != _KEY_DEFAULTS[k]},
-                         None if config.verifier.checkpoint else config.seed),
-               tokenizer=tokenizer.fingerprint,
-               data=(dc.name, dc.train_split, dc.text_key, *blend),
-               prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
-               batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
-               stop_ids=stop_ids)
-    if chat_data.is_chat(dc.name):  # the rows' rules
-      key.update(chat=chat_data.VERSION)
+    key = pool_key(config, spec, tokenizer, v_cfg)
     rows = spec.verifier_rows
     num_batches, per_call = _pool(config, spec)
-    if rows != spec.batch_size or per_call > 1:  # old caches keep their key
-      key.update(rows=rows, per_call=per_call)
     verifier_data = distill_data.VerifierData(
         lambda prompts, r: gen(v_params, v_cfg, prompts, r, hidden_layers=hidden_layers),
         train_windows, num_batches=num_batches, spec=spec, key=key,

@@ -282,6 +282,13 @@ def generate_responses(params, cfg: llama.LlamaConfig, prompts, rng: jax.Array, 
   return seqs, np.asarray(num_new, np.int32), {k: np.asarray(v[:, :-1]) for k, v in hidden.items()}
 
 
+def pool_digest(key: dict) -> str:
+  """The 16 hex digits that name a verifier pool's cache file, from everything its responses
+  depend on (`programs.distill.pool_key`)."""
+  return hashlib.sha256(json.dumps({**key, "v": _CACHE_VERSION}, sort_keys=True,
+                                   default=str).encode()).hexdigest()[:16]
+
+
 def source_key(seed: int, source: str) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), _SALTS[source])
 
@@ -319,9 +326,7 @@ class VerifierData:
     self.num_batches = num_batches
     path = None
     if cache_dir:
-      digest = hashlib.sha256(json.dumps({**key, "v": _CACHE_VERSION}, sort_keys=True,
-                                         default=str).encode()).hexdigest()[:16]
-      path = os.path.join(cache_dir, f"verifier_responses_{digest}.npz")
+      path = os.path.join(cache_dir, f"verifier_responses_{pool_digest(key)}.npz")
       if os.path.exists(path):
         with np.load(path) as f:
           self.seqs, self.num_new = f["seqs"], f["num_new"]
