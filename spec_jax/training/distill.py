@@ -169,7 +169,7 @@ def _frozen_names(config, d_cfg) -> tuple[str, ...]:
   bad = [n for n in names if n not in have]
   if bad:
     raise ValueError(f"distill.freeze={value!r}: {bad} not among the drafter's top-level "
-                     f"params {have}. Fix: name some of those (e.g. 'embed'), or () to train "
+                     f"params {have}. Fix: name some of those (e.g. 'embed'), or '' to train "
                      "every param.")
   return names
 
