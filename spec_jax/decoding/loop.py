@@ -77,6 +77,7 @@ class Stats:
   accepted_at: jax.Array        # int32[B, A]: rounds in which a depth-(i + 1) draft was accepted
   alpha_sum: jax.Array          # f32[B]: Σ over examined depths of Σ_x min(p, q)
   candidates: jax.Array         # int32[B]: draft candidates examined
+  drafted: jax.Array            # int32[B]: valid draft nodes proposed (the root excluded)
 
 
 @flax.struct.dataclass
@@ -174,6 +175,32 @@ def law_errors(logits, p, proposal: Proposal, sampling: sampling_lib.Sampling) -
   return out.astype(jnp.int32)
 
 
+def score_drafted(verifier, params, cache, proposal: Proposal, lengths, done):
+  """`verifier.score` over the first w nodes of a chain whose rows stop drafting early
+  (`trees.TreeSpec.stop`), w = the most valid nodes of a live row: one compiled branch per w
+  (`lax.switch`), so a round costs the verifier call of the drafts it made. Logits and hidden
+  states come back padded with zeros to the proposal's M nodes; nothing reads them past a row's
+  drafts (`acceptance.chain.stop_at_drafted`)."""
+  m = proposal.num_nodes
+  nodes = jnp.sum(proposal.valid, axis=1).astype(jnp.int32)
+  width = jnp.max(jnp.where(done, 2, nodes))
+
+  def pad(x):
+    return jnp.pad(x, [(0, 0), (0, m - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+  def branch(w):
+    def score(cache):
+      sub = Proposal(tokens=proposal.tokens[:, :w], parent=proposal.parent[:, :w],
+                     depth=proposal.depth[:, :w], valid=proposal.valid[:, :w],
+                     q=None if proposal.q is None else proposal.q[:, :w], chain=True,
+                     scheme="chain", max_depth=w - 1, max_candidates=1)
+      logits, hidden, cache = verifier.score(params, cache, sub, lengths)
+      return pad(logits), {layer: pad(h) for layer, h in hidden.items()}, cache
+    return score
+
+  return jax.lax.switch(width - 2, [branch(w) for w in range(2, m + 1)], cache)
+
+
 STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids", "mesh")
 
 
@@ -181,6 +208,7 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
               decode: DecodeConfig, sampling, max_new_tokens, stop_ids,
               mesh=None) -> DecodeOutput:
   shape = drafter.shape
+  stops = bool(getattr(shape, "stop", 0.0))  # a chain whose rows may draft fewer than γ
   rule_name, rule = decode.resolve(shape, sampling)
   b, p = prompt_tokens.shape
   depth = shape.depth
@@ -197,7 +225,8 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
       tokens=jnp.pad(prompt_tokens, ((0, 0), (0, max_new_tokens))), lengths=prompt_lengths,
       num_new=zeros, done=jnp.zeros((b,), bool), v_cache=v_cache, d_state=d_state, rng=rng,
       round=jnp.int32(0),
-      stats=Stats(zeros, zeros, per_depth, per_depth, jnp.zeros((b,), jnp.float32), zeros),
+      stats=Stats(zeros, zeros, per_depth, per_depth, jnp.zeros((b,), jnp.float32), zeros,
+                  zeros),
       law_error=zeros, law_error_at=zeros)
 
   def body(s: LoopState) -> LoopState:
@@ -205,9 +234,17 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
     proposal, d_state = drafter.propose(d_params, s.d_state, s.tokens, s.lengths, draft_key,
                                         sampling)
     _check_proposal(proposal, shape, verifier.vocab_size, b, rule_name)
-    logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
+    if stops:  # rows drafted 1..γ tokens: verify the drafted nodes alone
+      logits, hidden, v_cache = score_drafted(verifier, v_params, s.v_cache, proposal, s.lengths,
+                                              s.done)
+    else:
+      logits, hidden, v_cache = verifier.score(v_params, s.v_cache, proposal, s.lengths)
     p = acceptance.verifier_law(rule_name, logits, sampling)  # the law the rule declares
     verdict: Verdict = rule(p, proposal, accept_key)
+    if stops:
+      verdict = acceptance.chain.stop_at_drafted(verdict, p, proposal.valid,
+                                                 jax.random.fold_in(accept_key, 1),
+                                                 greedy=acceptance.RULES[rule_name].greedy)
     # A row whose verifier or drafter law broke this round stops here, emitting nothing of it.
     status = law_errors(logits, p, proposal, sampling)
     broke = ~s.done & (status != sampling_lib.LAW_OK)
@@ -230,7 +267,8 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
         reached=st.reached + reached,
         accepted_at=st.accepted_at + verdict.accepted.astype(jnp.int32) * live[:, None],
         alpha_sum=st.alpha_sum + jnp.sum(verdict.alpha * reached, axis=1),
-        candidates=st.candidates + jnp.sum(verdict.num_candidates, axis=1) * live)
+        candidates=st.candidates + jnp.sum(verdict.num_candidates, axis=1) * live,
+        drafted=st.drafted + jnp.sum(proposal.valid[:, 1:], axis=1).astype(jnp.int32) * live)
     return LoopState(tokens, lengths, num_new, done | broke, v_cache, d_state, s.rng, s.round + 1,
                      stats, law_error=jnp.where(broke, status, s.law_error),
                      law_error_at=jnp.where(broke, s.num_new, s.law_error_at))

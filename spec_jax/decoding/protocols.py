@@ -86,10 +86,13 @@ class Proposal:
     return self.tokens[:, 1:]
 
 
-def chain_proposal(root: jax.Array, drafts: jax.Array, q: jax.Array | None) -> Proposal:
+def chain_proposal(root: jax.Array, drafts: jax.Array, q: jax.Array | None,
+                   valid: jax.Array | None = None) -> Proposal:
   """A chain as a proposal: root int32[B], drafts int32[B, γ], q f32[B, γ, V] (q[:, i] the law
   x_{i+1} was drawn from) or None. q gets a zero row for the leaf so every node has one (pass
-  q f32[B, γ + 1, V] with that row in place already to save the copy)."""
+  q f32[B, γ + 1, V] with that row in place already to save the copy). valid bool[B, γ + 1]:
+  a chain whose rows end early (`trees.TreeSpec.stop`: a row's valid nodes are a prefix);
+  None: every node."""
   b, gamma = drafts.shape
   m = gamma + 1
   nodes = jnp.arange(m, dtype=jnp.int32)[None]
@@ -98,7 +101,8 @@ def chain_proposal(root: jax.Array, drafts: jax.Array, q: jax.Array | None) -> P
   return Proposal(tokens=jnp.concatenate([root[:, None], drafts], axis=1).astype(jnp.int32),
                   parent=jnp.broadcast_to(nodes - 1, (b, m)),
                   depth=jnp.broadcast_to(nodes, (b, m)),
-                  valid=jnp.ones((b, m), bool), q=q, chain=True, scheme="chain",
+                  valid=jnp.ones((b, m), bool) if valid is None else valid, q=q, chain=True,
+                  scheme="chain",
                   max_depth=gamma, max_candidates=1)
 
 

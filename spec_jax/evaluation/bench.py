@@ -131,7 +131,8 @@ class Row:
   token_tv: float | None = None
   tau_se: float | None = None
   candidates_per_call: float | None = None
-  drafter_calls_per_round: int | None = None
+  drafts_per_call: float | None = None
+  drafter_calls_per_round: float | None = None
   rule: str | None = None
   tree: str | None = None
   lenience: str | None = None
@@ -273,6 +274,10 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
   tokens = metrics.token_lists(outputs, work.reals)
   summary = metrics.summarize(outputs, work.reals)
   tau, calls, d = summary["block_efficiency"], summary["verifier_calls"], built.cost.calls
+  if getattr(shape, "stop", 0.0) and summary["drafts_per_call"] is not None:
+    # Rows that stop drafting early: a round of k drafts costs k drafter calls (k − 1 feeds and
+    # the commit); r(M) stays the full chain's, an upper bound (its calls score 2..γ + 1 tokens).
+    d = round(summary["drafts_per_call"], 4)
   theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d)
   tps = summary["new_tokens"] / seconds
   measured = tps / base.tokens_per_s
@@ -294,7 +299,8 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       empirical_acceptance=_round(summary["empirical_acceptance"]),
       per_position_acceptance=[_round(a) for a in summary["per_position_acceptance"]],
       candidates_per_call=_round(summary["candidates_per_call"]),
-      verifier_calls=calls, drafter_calls=calls * d, drafter_calls_per_round=d,
+      drafts_per_call=_round(summary["drafts_per_call"]),
+      verifier_calls=calls, drafter_calls=round(calls * d), drafter_calls_per_round=d,
       tokens_per_s=round(tps, 2), cpu_per_wall=usage["cpu_per_wall"], speedup=round(measured, 4),
       cost_ratio_c=round(c, 4), verifier_cost_ratio_r=round(r_m, 4),
       theoretical_speedup=_round(theoretical),

@@ -35,6 +35,8 @@ GLOSSARY: dict[str, str] = {
     "candidates_per_call": "draft candidates the acceptance rule examined per verifier call (a "
                            "chain stops at its first rejection; a tree rule may test several "
                            "siblings at one depth)",
+    "drafts_per_call": "draft tokens proposed per verifier call (γ for a chain; fewer when rows "
+                       "stop drafting early, sd_stop; a tree's drafted nodes)",
     "verifier_calls": "verifier forward calls, prefill excluded",
     "drafter_calls": "drafter forward calls (one per draft step), prefill excluded",
     "tokens_per_s": "wall-clock tokens emitted per second, whole batch, compilation excluded",

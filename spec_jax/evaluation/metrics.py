@@ -12,6 +12,7 @@ with per-row counters:
   accepted_at int[B, A]   rounds in which the draft at depth i was accepted
   alpha_sum f32[B]        Σ over examined positions of Σ_x min(p(x), q(x))
   candidates int[B]       (optional) draft candidates the rule examined
+  drafted int[B]          (optional) valid draft nodes proposed
 A batch padded to a fixed size (the last prompt repeated) passes its count of real rows in
 `reals`; padded rows never count. Every ratio is a ratio of sums over all real rows (tokens over
 calls), not a mean of per-row ratios, so a prompt counts by how long it decoded.
@@ -78,6 +79,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
     empirical_acceptance    Σ accepted_at / Σ reached
     per_position_acceptance [accepted_at_i / reached_i for each depth i] (None if never reached)
     candidates_per_call     Σ candidates / verifier_calls (None when stats have no candidates)
+    drafts_per_call         Σ drafted / verifier_calls (None when stats have no drafted)
   Ratios without a denominator (no call, no examined draft) are None. Nothing is rounded.
   """
   reals = _reals(outputs, reals)
@@ -93,6 +95,9 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
   if all(getattr(o.stats, "candidates", None) is not None for o in outputs):
     candidates = _ratio(_stacked(outputs, reals, lambda o: o.stats.candidates).sum(),
                         calls.sum())
+  drafted = None
+  if all(getattr(o.stats, "drafted", None) is not None for o in outputs):
+    drafted = _ratio(_stacked(outputs, reals, lambda o: o.stats.drafted).sum(), calls.sum())
   return dict(
       num_prompts=len(num_new), new_tokens=int(num_new.sum()), verifier_calls=int(calls.sum()),
       block_efficiency=tau, tau_se=tau_se,
@@ -101,7 +106,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
       empirical_acceptance=_ratio(accepted_at.sum(), reached.sum()),
       per_position_acceptance=[_ratio(a, r) for a, r in zip(accepted_at.sum(0),
                                                              reached.sum(0))],
-      candidates_per_call=candidates)
+      candidates_per_call=candidates, drafts_per_call=drafted)
 
 
 def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int) -> float:

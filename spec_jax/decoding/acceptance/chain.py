@@ -230,3 +230,31 @@ def lenient(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array, *, len
   decode.lenience / decode.epsilon.
   """
   return _rejection_sample_chain(p, q, draft, rng, lenience_fn(lenience, epsilon))
+
+
+def stop_at_drafted(verdict: Verdict, p: jax.Array, valid: jax.Array, rng: jax.Array, *,
+                    greedy: bool) -> Verdict:
+  """A chain verdict cut at each row's last drafted node, for chains whose rows stop drafting
+  early (`trees.TreeSpec.stop`; valid bool[B, γ + 1] a prefix per row, k drafts after the root).
+  A row whose rule got past x_k accepted all k of its drafts; its next token is then drawn from
+  p_k itself (argmax p_k for a greedy rule), the bonus of a γ = k chain, whatever the rule did at
+  the invalid nodes after it. A row that rejected some x_j, j ≤ k, keeps its verdict. Since a
+  row's k depends on the drafter's draws alone, each round is chain speculative decoding with
+  γ = k: as exact as the rule, and greedy output stays the verifier's."""
+  gamma = verdict.path.shape[1]
+  k = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)
+  over = verdict.num_accepted >= k
+  n = jnp.minimum(verdict.num_accepted, k)
+  p_k = _row(p.astype(jnp.float32), k)
+  bonus = jnp.argmax(p_k, axis=-1).astype(jnp.int32) if greedy else sample(rng, p_k)
+  pos = jnp.arange(gamma, dtype=jnp.int32)[None]
+  drafted = pos < k[:, None]
+  reached = verdict.reached & drafted
+  accept_prob = verdict.accept_prob
+  if accept_prob is not None:
+    accept_prob = jnp.where(drafted, accept_prob, 0.0)
+  return verdict.replace(
+      num_accepted=n, next_token=jnp.where(over, bonus, verdict.next_token),
+      path=jnp.where(pos < n[:, None], pos + 1, 0), reached=reached,
+      alpha=jnp.where(reached, verdict.alpha, 0.0), num_candidates=reached.astype(jnp.int32),
+      accept_prob=accept_prob)

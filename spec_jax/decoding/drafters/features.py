@@ -43,7 +43,6 @@ decoder's input fc([f / rms; e / rms]), which sees both at unit RMS. Nothing reg
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -126,28 +125,18 @@ class FeatureDrafter:
     if not self.shape.is_chain:
       return self._tree(params, state, tokens, lengths, rng, sampling)
     apply = self._apply()
-    gamma = self.shape.depth
-    b = tokens.shape[0]
     root = _at(tokens, lengths - 1)
 
-    draw = functools.partial(lm.draw_step, rng=rng, sampling=sampling)
-
-    def step(i, carry):
-      logits, feature, cache, draft, q = carry
-      x, probs = draw(i, logits)
+    def feed(i, x, carry):
+      feature, cache = carry
       out, hidden, cache = apply(params, x[:, None], (lengths + i)[:, None], cache,
                                  features=feature[:, None])
-      feature = hidden[FEATURE_LAYER][:, 0].astype(jnp.float32)
-      return out[:, 0], feature, cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
+      return out[:, 0], (hidden[FEATURE_LAYER][:, 0].astype(jnp.float32), cache)
 
-    init = (state["logits"], state["feature"], state["cache"], jnp.zeros((b, gamma), jnp.int32),
-            jnp.zeros((b, gamma + 1, self.vocab_size), jnp.float32))
-    # The last draft is never fed: the verifier decides what follows it.
-    logits, _, cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
-    x, probs = draw(gamma - 1, logits)
-    proposal = chain_proposal(root, draft.at[:, gamma - 1].set(x),
-                              q.at[:, gamma - 1].set(probs))
-    return proposal, {**state, "cache": cache}
+    draft, q, valid, (_, cache) = lm.draw_chain(
+        feed, state["logits"], (state["feature"], state["cache"]), self.shape.depth, rng,
+        sampling, self.shape.stop)
+    return chain_proposal(root, draft, q, valid), {**state, "cache": cache}
 
   def _tree(self, params, state, tokens, lengths, rng, sampling):
     """One call per level but the deepest (`growth.grow`); a node's pair carries its parent's

@@ -43,6 +43,63 @@ def draw_step(i, logits, *, rng, sampling: sampling_lib.Sampling):
   return sampling_lib.sample(jax.random.fold_in(rng, i), probs), probs
 
 
+def draw_chain(feed, logits, carry, gamma: int, rng, sampling: sampling_lib.Sampling,
+               stop: float = 0.0):
+  """A chain x_1..x_γ drawn one drafter call at a time: (drafts int32[B, γ], q f32[B, γ + 1, V],
+  valid bool[B, γ + 1], carry). logits f32[B, V] is the law of x_1; feed(i, x int32[B], carry)
+  -> (logits of x_{i+2}, carry) feeds the i-th draft (0-based). The last draft is never fed: the
+  verifier decides what follows it. q[:, i] is the exact law x_{i+1} was drawn from (the leaf's
+  row stays zero, the proposal's layout).
+
+  stop > 0 (`trees.TreeSpec.stop`): a row stops after a draft whose probability under the
+  drafter's softmax (of its logits, before any temperature) is below `stop`; its later nodes
+  are invalid (token 0, q zero) and drafting ends when every row has stopped. Whether a row goes
+  on depends on its own draws alone, so every exact rule stays exact on what it drafted (the
+  loop verifies the drafted nodes only). Node 0 (the root) and x_1 are always valid."""
+  b, v = logits.shape
+  draw = functools.partial(draw_step, rng=rng, sampling=sampling)
+  draft = jnp.zeros((b, gamma), jnp.int32)
+  q = jnp.zeros((b, gamma + 1, v), jnp.float32)
+  if not stop:
+    def step(i, state):
+      logits, carry, draft, q = state
+      x, probs = draw(i, logits)
+      logits, carry = feed(i, x, carry)
+      return logits, carry, draft.at[:, i].set(x), q.at[:, i].set(probs)
+
+    logits, carry, draft, q = jax.lax.fori_loop(0, gamma - 1, step, (logits, carry, draft, q))
+    x, probs = draw(gamma - 1, logits)
+    return (draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs),
+            jnp.ones((b, gamma + 1), bool), carry)
+
+  def confident(x, logits):
+    own = jnp.take_along_axis(jax.nn.softmax(logits.astype(jnp.float32), axis=-1),
+                              x[:, None], axis=1)[:, 0]
+    return own >= stop
+
+  x, probs = draw(0, logits)
+  valid = jnp.zeros((b, gamma + 1), bool).at[:, :2].set(True)
+  init = (jnp.int32(0), x, confident(x, logits), carry, draft.at[:, 0].set(x),
+          q.at[:, 0].set(probs), valid)
+
+  def more(state):
+    i, _, going = state[:3]
+    return (i < gamma - 1) & jnp.any(going)
+
+  def step(state):
+    i, x, going, carry, draft, q, valid = state
+    logits, carry = feed(i, x, carry)
+    x, probs = draw(i + 1, logits)
+    x = jnp.where(going, x, 0)
+    draft = draft.at[:, i + 1].set(x)
+    q = q.at[:, i + 1].set(jnp.where(going[:, None], probs, 0.0))
+    valid = valid.at[:, i + 2].set(going)
+    return i + 1, x, going & confident(x, logits), carry, draft, q, valid
+
+  _, _, _, carry, draft, q, valid = jax.lax.while_loop(more, step, init)
+  return draft, q, valid, carry
+
+
 @dataclasses.dataclass(frozen=True)
 class LMDrafter:
   """Any Llama-family model (trained from scratch, distilled, or a verifier's early layers) as a
@@ -89,27 +146,17 @@ class LMDrafter:
   def _chain(self, params, cache, logits, root, lengths, rng, sampling, steer=None):
     """x_1..x_γ, one drafter call each; q[:, i] is the exact law x_{i+1} was drawn from."""
     apply = llama.make_apply(self.cfg)
-    gamma = self.shape.depth
-    b = root.shape[0]
     last = lengths - 1
 
-    draw = functools.partial(draw_step, rng=rng, sampling=sampling)
-
-    def step(i, carry):
-      logits, cache, draft, q = carry
-      x, probs = draw(i, logits)
+    def feed(i, x, cache):
       next_logits, _, cache = apply(params, x[:, None], (last + 1 + i)[:, None], cache,
                                     steer=steer)
-      return next_logits[:, 0], cache, draft.at[:, i].set(x), q.at[:, i].set(probs)
+      return next_logits[:, 0], cache
 
-    # q has the leaf's zero row from the start (the proposal's layout), so nothing is copied.
-    init = (logits, cache, jnp.zeros((b, gamma), jnp.int32),
-            jnp.zeros((b, gamma + 1, self.vocab_size), jnp.float32))
-    # Steps 0..γ-2 feed their token; the last draft is never fed (the verifier decides what
-    # follows it, and the next round's catch-up window covers it).
-    logits, cache, draft, q = jax.lax.fori_loop(0, gamma - 1, step, init)
-    x, probs = draw(gamma - 1, logits)
-    return chain_proposal(root, draft.at[:, gamma - 1].set(x), q.at[:, gamma - 1].set(probs)), cache
+    # The last draft is never fed; the next round's catch-up window covers it.
+    draft, q, valid, cache = draw_chain(feed, logits, cache, self.shape.depth, rng, sampling,
+                                        self.shape.stop)
+    return chain_proposal(root, draft, q, valid), cache
 
   def _tree(self, params, cache, logits, root, lengths, rng, sampling, steer=None):
     """Grow the tree level by level with tree attention (`growth.grow`): one drafter call per

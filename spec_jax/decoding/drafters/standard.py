@@ -1,4 +1,5 @@
-"""The standard methods over a drafter checkpoint: chain speculative decoding (`sd`) and the draft
+"""The standard methods over a drafter checkpoint: chain speculative decoding (`sd`; `sd_stop:C`,
+whose rows stop drafting after a draft the drafter gave probability < C %), and the draft
 trees RSD-C, RSD-S, SpecInfer and SpecTr (`trees.py`), registered in `decoding.methods`.
 
 Each drafts with whatever the checkpoint holds: a language model (`lm.LMDrafter`), a feature
@@ -80,6 +81,25 @@ def _chain(ints, depth, opts, width):
   return trees.chain(depth)
 
 
+# The drafting stop of `sd_stop` without a SHAPE: HF transformers' default
+# assistant_confidence_threshold.
+DEFAULT_STOP = 0.4
+
+
+def _stop_chain(ints, depth, opts, width):
+  del opts, width
+  percent = ints[0] if ints else round(DEFAULT_STOP * 100)
+  if not 1 <= percent <= 99:
+    raise ValueError(f"eval.methods entry sd_stop:{percent}: the stop is a percentage in 1..99 "
+                     "(sd_stop:40 stops a row's drafting after a draft the drafter gave < 0.40).")
+  return trees.chain(depth, stop=percent / 100)
+
+
+def _build_stop(source: methods.Source, shape: trees.TreeSpec, opts) -> methods.Built:
+  """sd's build, its rows named by the threshold (`sd_stop:40`): a sweep is one column each."""
+  return builder(f"sd_stop:{round(shape.stop * 100)}")(source, shape, opts)
+
+
 def _tree(name):
   def shape(ints, depth, opts, width):
     del opts
@@ -92,6 +112,11 @@ def _tree(name):
 methods.register(methods.Method(
     "sd", "chain speculative decoding (Leviathan et al. 2023): γ drafts, one verifier call",
     build=builder("sd"), shape=_chain, check=_check_depth, example="sd@4"))
+methods.register(methods.Method(
+    "sd_stop", "chain SD that stops drafting a row after a draft its drafter gave probability "
+    "< C% (HF transformers' assistant_confidence_threshold); the verifier scores only the drafts "
+    "made, up to γ", build=_build_stop, shape=_stop_chain, grammar="C",
+    kinds=("lm", "steered"), check=_check_depth, example="sd_stop:40@4"))
 for _name, _grammar, _summary, _example in (
     ("rsd_c", "b1-b2-...", "RSD with constant branching (Jeon et al. 2024, §3.2)", "rsd_c:3-2@4"),
     ("rsd_s", "W", "RSD with stochastic beam search of width W (Jeon et al. 2024, §3.3)",

@@ -66,6 +66,10 @@ class TreeSpec:
   width: "beam" width W, the number of chains K for "chains", the expanded nodes per level K
     for "dynamic".
   kept: "dynamic" only, M: the draft nodes kept for the verifier (the root comes on top).
+  stop: "chain" only, a confidence in (0, 1): a row stops drafting after a draft whose
+    probability under the drafter's own softmax is below it, so a round drafts 1..γ tokens per
+    row (`lm.draw_chain`), and the loop verifies only as many nodes as the longest live row
+    drafted (`loop.py`). 0: always γ.
   rule: the rule that verifies it exactly under decode.rule="auto" (default: the lossless rule of
     its scheme, SCHEME_RULES); e.g. SpecTr's chains ask for "kseq".
   name: what `describe` calls it (the drafting method's name, e.g. "rsd_c"; default the layout).
@@ -77,6 +81,7 @@ class TreeSpec:
   rule: str = ""
   name: str = ""
   kept: int = 0
+  stop: float = 0.0
 
   def __post_init__(self):
     if self.layout not in LAYOUTS:
@@ -110,6 +115,12 @@ class TreeSpec:
             f"eval.methods entry dyn:{self.width}-{self.kept}@{self.depth} keeps M={self.kept} "
             f"nodes, but K={self.width} over L={self.depth} levels drafts K + (L-1)*K*K = {pool}. "
             "Fix: 1 <= M <= that (e.g. M = K*L), or a larger K.")
+    if self.stop:
+      if self.layout != "chain":
+        raise ValueError(f"a confidence stop ({self.stop}) drafts chains only, not the "
+                         f"{self.layout} layout.")
+      if isinstance(self.stop, bool) or not 0.0 < float(self.stop) < 1.0:
+        raise ValueError(f"the drafting stop threshold must lie in (0, 1), got {self.stop!r}.")
     if not self.rule:
       object.__setattr__(self, "rule", SCHEME_RULES[self.scheme])
     if not self.name:
@@ -172,7 +183,7 @@ class TreeSpec:
 
   def describe(self) -> str:
     if self.is_chain:
-      return f"chain γ={self.depth}"
+      return f"chain γ={self.depth}" + (f", stop below {self.stop:g}" if self.stop else "")
     if self.layout == "branching":
       return f"{self.name} b={'x'.join(map(str, self.branching))}"
     if self.is_dynamic:
@@ -180,9 +191,9 @@ class TreeSpec:
     return f"{self.name} {'W' if self.layout == 'beam' else 'K'}={self.width} L={self.depth}"
 
 
-def chain(gamma: int) -> TreeSpec:
-  """The shape of a γ-token chain."""
-  return TreeSpec("chain", depth=gamma)
+def chain(gamma: int, stop: float = 0.0) -> TreeSpec:
+  """The shape of a γ-token chain (with `stop` > 0: of up to γ tokens, TreeSpec.stop)."""
+  return TreeSpec("chain", depth=gamma, stop=stop)
 
 
 @flax.struct.dataclass
