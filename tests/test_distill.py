@@ -311,6 +311,13 @@ def test_distill_smoke_end_to_end(smoke_run):
   again = distill_program.run(config, workdir,
                               step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
   assert again["step"] == 6 and again["eval"]["fkl"] == pytest.approx(rows[-1]["eval/fkl"])
+  # Another distill.freeze changes the optimizer state: refused with the field, before any step.
+  assert meta["distill_freeze"] == {"freeze": ""}
+  frozen = config.copy_and_resolve_references()
+  frozen.distill.freeze = "embed"
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"other `distill` settings .*freeze: saved '', this run 'embed'"):
+    distill_program.run(frozen, workdir, step_hook=lambda s: pytest.fail(f"step {s} dispatched"))
 
 
 def test_resume_after_kill_matches_uninterrupted_run(smoke_run, tmp_path):

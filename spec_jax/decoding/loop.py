@@ -177,10 +177,12 @@ def law_errors(logits, p, proposal: Proposal, sampling: sampling_lib.Sampling) -
 
 def score_drafted(verifier, params, cache, proposal: Proposal, lengths, done):
   """`verifier.score` over the first w nodes of a chain whose rows stop drafting early
-  (`trees.TreeSpec.stop`), w = the most valid nodes of a live row: one compiled branch per w
-  (`lax.switch`), so a round costs the verifier call of the drafts it made. Logits and hidden
-  states come back padded with zeros to the proposal's M nodes; nothing reads them past a row's
-  drafts (`acceptance.chain.stop_at_drafted`)."""
+  (`trees.TreeSpec.stop`), w = the most valid nodes of a live row, so a round costs the verifier
+  call of the drafts it made. One compiled call per w, each in a while loop that runs once if
+  its w is the round's and never otherwise: a loop carries the cache in place, where a
+  `lax.switch` over the widths copies it in and out each round. Logits and hidden states come
+  back padded with zeros to the proposal's M nodes; nothing reads them past a row's drafts
+  (`acceptance.chain.stop_at_drafted`)."""
   m = proposal.num_nodes
   nodes = jnp.sum(proposal.valid, axis=1).astype(jnp.int32)
   width = jnp.max(jnp.where(done, 2, nodes))
@@ -188,17 +190,21 @@ def score_drafted(verifier, params, cache, proposal: Proposal, lengths, done):
   def pad(x):
     return jnp.pad(x, [(0, 0), (0, m - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
-  def branch(w):
-    def score(cache):
-      sub = Proposal(tokens=proposal.tokens[:, :w], parent=proposal.parent[:, :w],
-                     depth=proposal.depth[:, :w], valid=proposal.valid[:, :w],
-                     q=None if proposal.q is None else proposal.q[:, :w], chain=True,
-                     scheme="chain", max_depth=w - 1, max_candidates=1)
-      logits, hidden, cache = verifier.score(params, cache, sub, lengths)
-      return pad(logits), {layer: pad(h) for layer, h in hidden.items()}, cache
-    return score
+  def score(w, cache):
+    sub = Proposal(tokens=proposal.tokens[:, :w], parent=proposal.parent[:, :w],
+                   depth=proposal.depth[:, :w], valid=proposal.valid[:, :w],
+                   q=None if proposal.q is None else proposal.q[:, :w], chain=True,
+                   scheme="chain", max_depth=w - 1, max_candidates=1)
+    logits, hidden, cache = verifier.score(params, cache, sub, lengths)
+    return pad(logits), {layer: pad(h) for layer, h in hidden.items()}, cache
 
-  return jax.lax.switch(width - 2, [branch(w) for w in range(2, m + 1)], cache)
+  shapes = jax.eval_shape(lambda c: score(m, c)[:2], cache)
+  out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes) + (cache,)
+  for w in range(2, m + 1):
+    def body(carry, w=w):
+      return (False, *score(w, carry[-1]))
+    out = jax.lax.while_loop(lambda carry: carry[0], body, (width == w, *out))[1:]
+  return out
 
 
 STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids", "mesh")

@@ -72,20 +72,22 @@ GLOSSARY_KEYS = ("method", "gamma", "temperature", "batch_size", "num_prompts", 
 
 def method_key(row: dict, shaped: frozenset = frozenset()) -> str:
   """A row's column: its method, marked when BPD heads drafted a method the LM drafter also
-  runs (e.g. sd from the heads); a method of several shapes in one run (`shaped`, e.g. dyn:4-16
-  and dyn:8-32) is named by its tree (`dyn K=4 M=16 L=4`)."""
+  runs (e.g. sd from the heads); a method of several shapes in one run (`shaped`) is named by
+  its tree (dyn:4-16 and dyn:8-32: `dyn K=4 M=16 L=4`), a chain by its depth (`sd@1`)."""
   m = row["method"]
-  if m in shaped and row.get("tree"):
-    return row["tree"]
+  if m in shaped:
+    return row.get("tree") or f"{m}@{row.get('gamma')}"
   return f"{m} (BPD heads)" if row.get("drafter_source") == "bpd" and not m.startswith(
       "bpd") else m
 
 
 def shaped_methods(rows) -> frozenset:
-  """Methods whose rows carry more than one tree shape: their columns are per shape."""
+  """Methods whose rows carry more than one shape (tree, or a chain's depth): their columns
+  are per shape."""
   trees: dict[str, set] = {}
   for r in rows:
-    trees.setdefault(r["method"], set()).add(r.get("tree"))
+    if r["method"] != AR:
+      trees.setdefault(r["method"], set()).add((r.get("tree"), r.get("gamma")))
   return frozenset(m for m, t in trees.items() if len(t) > 1)
 
 
@@ -124,8 +126,8 @@ def _cell(tau: float, se: float | None, speedup: float) -> str:
 def columns(config, rows) -> list[str]:
   """Method columns: eval.methods' order (by name), then BPD's, then any other."""
   shaped = shaped_methods(rows)
-  names = [str(m).partition("@")[0].partition(":")[0] for m in config.eval.methods]
-  names += [str(m).partition("@")[0].partition(":")[0] for m in config.get("bpd_methods", ())]
+  names = [str(m).partition("@")[0].partition(":")[0]
+           for m in (*config.eval.methods, *config.get("bpd_methods", ()))]
   # A method of several shapes: its shapes in the order the rows list them, where its name is.
   by_shape = {m: list(dict.fromkeys(method_key(r, shaped) for r in rows if r["method"] == m))
               for m in shaped}

@@ -142,6 +142,9 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
                      "checkpoint to build from.")
   freeze = _frozen_names(config, d_cfg)
   wrap_tx = functools.partial(optim.frozen, names=freeze)
+  # Frozen params change the optimizer state's structure: a run resumed with another freeze is
+  # refused with the field (`checkpoints.check_saved_settings`), not in the restore.
+  saved = dict(meta={"distill_freeze": {"freeze": "+".join(freeze)}}, meta_section="distill")
   if d_cfg.feature_width:
     draft_init.check_feature_width(v_cfg, d_cfg, "drafter.checkpoint")
     apply, context_fn = features_train.make_student(
@@ -152,11 +155,11 @@ def plain_student(config, v_cfg, d_cfg, d_params) -> Student:
     return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg),
                    params=d_params, apply=apply, context_fn=context_fn,
                    teacher_layers=drafter.verifier_layers, wrap_tx=wrap_tx,
-                   drafter=functools.partial(features.FeatureDrafter, d_cfg))
+                   drafter=functools.partial(features.FeatureDrafter, d_cfg), **saved)
   # A reduced vocabulary trains on its own rows against the teacher's law restricted to them.
   return Student(cfg=d_cfg, init_fn=functools.partial(llama.init_params, d_cfg), params=d_params,
                  apply=llama.make_apply(d_cfg, reduced_logits=True), wrap_tx=wrap_tx,
-                 drafter=functools.partial(lm.LMDrafter, d_cfg))
+                 drafter=functools.partial(lm.LMDrafter, d_cfg), **saved)
 
 
 def _frozen_names(config, d_cfg) -> tuple[str, ...]:
