@@ -196,8 +196,8 @@ def test_bad_input_is_refused_before_any_model_loads(root, tmp_path, monkeypatch
   assert not os.path.exists(tmp_path / "runs")  # nothing ran
 
 
-def _row(category, method, t, tau, speedup, se=0.1, identical=True, **kw):
-  return dict(category=category, method=method, temperature=t, batch_size=1, gamma=4,
+def _row(category, method, t, tau, speedup, se=0.1, identical=True, gamma=4, **kw):
+  return dict(category=category, method=method, temperature=t, batch_size=1, gamma=gamma,
               block_efficiency=tau, tau_se=None if method == "autoregressive" else se,
               speedup=speedup, tokens_per_s=20.0 * speedup, num_prompts=16, new_tokens=1536,
               per_position_acceptance=None if method == "autoregressive" else [0.7, 0.5],
@@ -261,3 +261,20 @@ def test_report_names_shapes_of_one_method_and_sets_trees_beside_the_chain():
           "1.20 | 0.80 |") in md
   assert "| chat | dyn K=8 M=32 L=4 | 3.30 ± 0.10 · 0.90× | 1.65 | 33 | 3.30 |" in md
   assert "Exactness: all 3 greedy speculative rows" in md
+
+
+def test_report_names_a_chain_by_its_depth_when_it_ran_at_several():
+  """sd at γ = 4 and γ = 1 in one run (experiments/stop): a column each, and the anchors and the
+  trees table still find the chain of the suite's depth."""
+  config = specbench_config.get_config()
+  config.suite.categories = ("chat",)
+  config.eval.methods = ("sd", "sd@1", "rsd_c:2-2@4")
+  rows = [_row("chat", "autoregressive", 0.0, 1.0, 1.0), _row("chat", "sd", 0.0, 2.0, 1.5),
+          _row("chat", "sd", 0.0, 1.5, 1.1, gamma=1),
+          _row("chat", "rsd_c", 0.0, 3.0, 1.2, tree="rsd_c b=2x2x1x1",
+               verifier_tokens_per_call=15)]
+  md = specbench_report.report(
+      config, experiment.Collected(rows=rows, missing=[], by_run={}), "cmd").markdown
+  assert "| category | AR tokens/s | sd@4 | sd@1 | rsd_c |" in md
+  assert "| chat | rsd_c | 3.00 ± 0.10 · 1.20× | 1.50 |" in md   # τ over sd@4's
+  assert "| smollm2-135m (ours) | – | – | – | 2.00 | – |" in md           # SpS: sd@4

@@ -194,10 +194,10 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
   cells = grid(rows, batch_size, temperature)
   md = []
   for c in (c for c in config.suite.categories if c in cells):
-    chain = cells[c].get("sd")
     for key, r in cells[c].items():
       if not r.get("tree") or r["method"] == AR:
         continue
+      chain = column(cells[c], "sd", r.get("gamma"))
       ratio = (r["block_efficiency"] / chain["block_efficiency"]) if chain else None
       md.append("| " + " | ".join([
           c, key, _cell(r["block_efficiency"], r.get("tau_se"), r["speedup"]),
@@ -213,10 +213,18 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
 
 
-def _ours(rows, method: str, cats: Sequence[str]) -> float | None:
-  """Our mean τ of `method` over `cats` (those measured), greedy, at the smallest batch."""
+def column(cells: dict, method: str, gamma) -> dict | None:
+  """One category's row of `method`: its own column, or `method@gamma` where the run has it
+  at several depths (`method_key`)."""
+  return cells.get(method) or cells.get(f"{method}@{gamma}")
+
+
+def _ours(rows, method: str, cats: Sequence[str], gamma=None) -> float | None:
+  """Our mean τ of `method` (at depth `gamma` where it ran at several) over `cats` (those
+  measured), greedy, at the smallest batch."""
   cells = grid(rows, min([int(r["batch_size"]) for r in rows], default=1), 0.0)
-  have = [cells[c][method]["block_efficiency"] for c in cats if method in cells.get(c, {})]
+  have = [row["block_efficiency"] for row in (column(cells.get(c, {}), method, gamma)
+                                               for c in cats) if row]
   return sum(have) / len(have) if have else None
 
 
@@ -255,7 +263,8 @@ def anchor_lines(config, rows) -> list[str]:
     md.append(f"| {target} | " + " | ".join(fmt(taus.get(n)) for n in names) + " |")
   cats = tuple(config.suite.categories)
   md.append(f"| {config.verifier.size} (ours) | " + " | ".join(
-      fmt(_ours(rows, OURS_FOR[n], cats)) if n in OURS_FOR else "–" for n in names) + " |")
+      fmt(_ours(rows, OURS_FOR[n], cats, config.eval.gammas[0])) if n in OURS_FOR else "–"
+      for n in names) + " |")
   return md + [""]
 
 
