@@ -76,6 +76,10 @@ def get_config(arg=None):
       # Every timed pass (autoregressive, drafter-only, speculative) runs each prompt batch this
       # many times and sums the per-batch medians: single passes vary by ±10-30% on a busy CPU.
       timing_repeats=1,
+      # After each speculative row's timed pass, this many passes of it and of autoregressive
+      # decoding taking turns batch by batch: paired_speedups (one per pass) and their median
+      # paired_speedup, which a slow spell of a shared machine hits alike (0: none).
+      timing_pairs=0,
       # Each method's options (eval.bpd for the BPD refinements, eval.lookup for prompt
       # lookup, ...), with the defaults their drafter modules declare
       # (spec_jax.decoding.methods.option_defaults); override a field with

@@ -168,6 +168,25 @@ def test_interleave_spreads_turns_and_keeps_call_order():
                      [("b0", 2.0), ("b1", 4.0)]]
 
 
+def test_paired_passes_take_turns_and_alternate_who_runs_first():
+  log, clocks = [], _Clocks()
+
+  def make(name, seconds):
+    def call(x, i):
+      log.append(f"{name}{i}")
+      clocks.work(seconds * x)
+      return x
+    return call
+
+  passes = timing.paired_passes(make("a", 1.0), make("b", 0.5), [1.0, 2.0, 4.0], 2,
+                                clock=clocks.wall_clock)
+  # Pass 0: a first on even inputs; pass 1: the other way round. Nothing untimed runs.
+  assert log == ["a0", "b0", "b1", "a1", "a2", "b2", "b0", "a0", "a1", "b1", "b2", "a2"]
+  assert passes == [(7.0, 3.5), (7.0, 3.5)]
+  with pytest.raises(ValueError, match="repeats >= 1"):
+    timing.paired_passes(make("a", 1.0), make("b", 1.0), [1.0], 0)
+
+
 def test_round_robin_and_timed_pass_compile_first():
   calls, clocks = {"x": 0, "y": 0}, _Clocks()
   # Each fn's first call (compilation) then its 3 turns.

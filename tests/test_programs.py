@@ -418,6 +418,7 @@ def test_evaluate_row_digest_covers_what_rows_depend_on():
     ({"eval.rule": "lenient", "eval.epsilon": 2.0}, r"eval.epsilon has 2.0: lenience ε"),
     ({"eval.num_prompts": 0}, r"eval.num_prompts=0 must be >= 1"),
     ({"eval.timing_repeats": 0}, r"eval.timing_repeats=0 must be >= 1"),
+    ({"eval.timing_pairs": -1}, r"eval.timing_pairs=-1 must be >= 0"),
     ({"eval.top_p": 0.0}, r"eval.top_p must be in \(0, 1\]"),
     ({"eval.max_cache_len": 20}, r"The cache needs 43 slots \(padded prompt 32 tokens \+ "
                                  r"eval.new_tokens=8 \+ 3 for the largest draft\) but "

@@ -183,3 +183,36 @@ def test_chat_template_compiles_once_per_template_and_renders_the_same():
   assert (info.misses, info.hits) == (1, 2)
   with pytest.raises(ValueError, match="The chat template refused the messages: no bad roles"):
     render(CHATML, [{"role": "bad", "content": "x"}])
+
+
+def test_paired_passes_time_both_methods_on_every_batch_compiled_before(tmp_path, monkeypatch):
+  """eval.timing_pairs: each speculative row gets that many speedups from passes of it and of
+  autoregressive decoding over every batch (three widths here), all compiled beforehand; the
+  baseline row has none, and a run without the field has none."""
+  calls, compiles = [], []
+  real = timing.paired_passes
+
+  def listen(event, duration, **kw):
+    del duration, kw
+    if event.endswith("backend_compile_duration"):
+      compiles.append(event)
+
+  def paired(a, b, inputs, repeats, **kw):
+    calls.append(([p.tokens.shape[1] for p in inputs], repeats))
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+      return real(a, b, inputs, repeats, **kw)
+    finally:
+      jax.monitoring.unregister_event_duration_listener(listen)
+
+  monkeypatch.setattr(timing, "paired_passes", paired)
+  rows = evaluate.run(_inline_config(8, temperatures=(0.0,), gammas=(3,), timing_pairs=2),
+                      str(tmp_path / "paired"))
+  assert calls == [([8, 16, 32], 2)] and compiles == []
+  ar, sd = rows
+  assert ar["paired_speedups"] is None and ar.get("paired_speedup") is None
+  assert len(sd["paired_speedups"]) == 2 and all(s > 0 for s in sd["paired_speedups"])
+  assert abs(sd["paired_speedup"] - sum(sd["paired_speedups"]) / 2) < 1e-4  # the median of two
+  assert sd["identical_to_greedy"] is True
+  rows = evaluate.run(_inline_config(8, temperatures=(0.0,), gammas=(3,)), str(tmp_path / "one"))
+  assert rows[1]["paired_speedups"] is None and len(calls) == 1

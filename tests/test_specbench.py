@@ -278,3 +278,33 @@ def test_report_names_a_chain_by_its_depth_when_it_ran_at_several():
   assert "| category | AR tokens/s | sd@4 | sd@1 | rsd_c |" in md
   assert "| chat | rsd_c | 3.00 ± 0.10 · 1.20× | 1.50 |" in md   # τ over sd@4's
   assert "| smollm2-135m (ours) | – | – | – | 2.00 | – |" in md           # SpS: sd@4
+
+
+def test_report_takes_paired_passes_as_the_speedup_and_says_which_are_resolved(tmp_path):
+  """Rows with paired_speedups: the cell shows their median and range, the mean uses the
+  median, a verdict line per method sorts the categories, and the speedup chart is drawn."""
+  config = specbench_config.get_config()
+  config.suite.categories = ("chat", "code", "math")
+  rows = []
+  for c, runs in (("chat", [1.02, 1.05, 1.10]), ("code", [0.95, 1.01, 1.03]),
+                  ("math", [0.80, 0.85, 0.90])):
+    rows += [_row(c, "autoregressive", 0.0, 1.0, 1.0),
+             _row(c, "sd", 0.0, 1.5, 0.7, paired_speedup=runs[1], paired_speedups=runs)]
+  rows += [_row("chat", "lookup", 0.0, 1.2, 1.1)]  # one pass only: as before
+  out = specbench_report.report(config, experiment.Collected(rows=rows, missing=[], by_run={}),
+                                "cmd")
+  md = out.markdown
+  assert "| chat | 20.0 | 1.50 ± 0.10 · 1.05× [1.02, 1.10] | 1.20 ± 0.10 · 1.10× |" in md
+  assert "| math | 20.0 | 1.50 ± 0.10 · 0.85× [0.80, 0.90] | – |" in md
+  assert "| **mean** | | 1.50 ± 0.06 · 0.97× |" in md  # (1.05 + 1.01 + 0.85) / 3
+  assert ("- **sd** (3 paired passes per category): faster than autoregressive decoding in "
+          "every pass in 1 of 3 categories (chat); slower in every pass in 1 (math); "
+          "unresolved in 1 (code).") in md
+  assert "lookup** (" not in md
+  panels = specbench_report.speedup_panels(config, rows)
+  assert list(panels["T = 0, batch 1"]) == ["sd"]
+  mid, (down, up) = panels["T = 0, batch 1"]["sd"]["code"]
+  assert (mid, round(down, 2), round(up, 2)) == (1.01, 0.06, 0.02)
+  assert set(out.plots) == {"tau_by_category.png", "speedup_by_category.png"}
+  out.plots["speedup_by_category.png"](str(tmp_path / "speed.png"))
+  assert os.path.getsize(tmp_path / "speed.png") > 0 and "speedup_by_category.png" in md

@@ -14,11 +14,15 @@ decoding nothing, then runs every batch `repeats` times; per batch the median co
 are padded to one size by repeating their last prompt; `Workload.batches` carries each batch's
 real rows and padded rows never count. Their prompt widths may differ (evaluate pads each batch
 to its bucket width, `generate.bucket_widths`): each width is its own compiled program.
+A speculative row's `speedup` divides by the baseline pass timed before it; with
+`Workload.pairs` it also carries `paired_speedups`, from passes of both taking turns batch by
+batch, which a slow spell of a shared machine hits alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any, Sequence
 
 import jax
@@ -41,7 +45,9 @@ class Workload:
   sampling: the decoding law.
   new_tokens: per row. stop_ids: tokens that end a row (empty: decode new_tokens).
   seed: batch i decodes with fold_in(key(seed), i). repeats: timed runs per batch (median).
-  max_cache_len: the speculative loop's cache bound (None: what the prompts need)."""
+  max_cache_len: the speculative loop's cache bound (None: what the prompts need).
+  pairs: after a speculative row's pass, this many more passes of it and of the autoregressive
+  decoding taking turns batch by batch (`timing.paired_passes`), one speedup each (0: none)."""
   batches: Sequence[tuple[Any, int]]
   sampling: sampling_lib.Sampling
   new_tokens: int
@@ -50,6 +56,7 @@ class Workload:
   seed: int = 0
   repeats: int = 1
   max_cache_len: int | None = None
+  pairs: int = 0
 
   @property
   def prompts(self) -> list:
@@ -141,6 +148,8 @@ class Row:
   prompt_widths: list | None = None  # the batches' distinct padded prompt widths P, ascending
   baseline_tokens_per_s: float | None = None  # the autoregressive pass `speedup` divides by
   baseline: str | None = None  # "earlier": that pass is not the one in this row's table
+  paired_speedup: float | None = None  # the median of paired_speedups
+  paired_speedups: list | None = None  # one per paired pass (Workload.pairs)
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -182,10 +191,24 @@ def _timed_pass(fn, work: Workload, desc: str | None, usage: dict | None):
                            repeats=work.repeats)
 
 
-def _ar_pass(cfg, params, work: Workload, desc: str | None, usage: dict | None = None):
-  fn = lambda prompts, i, **kw: generate_lib.generate(  # noqa: E731
+def _ar_fn(cfg, params, work: Workload):
+  """fn(prompts, i, [compile_only=True]): autoregressive decoding of batch i."""
+  return lambda prompts, i, **kw: generate_lib.generate(
       params, prompts, work.key(i), cfg=cfg, **work.common(), **kw)
-  return _timed_pass(fn, work, desc, usage)
+
+
+def _ar_pass(cfg, params, work: Workload, desc: str | None, usage: dict | None = None):
+  return _timed_pass(_ar_fn(cfg, params, work), work, desc, usage)
+
+
+def paired_speedups(v_cfg, v_params, fn, work: Workload, base: Baseline,
+                    emitted: int) -> list[float]:
+  """`work.pairs` speedups of fn (a compiled speculative pass emitting `emitted` real tokens)
+  over the verifier's autoregressive pass (`base`, compiled), each from one pass of both taking
+  turns batch by batch (`timing.paired_passes`): the two see the same minute of the machine,
+  where `speedup` divides by a baseline timed minutes earlier."""
+  passes = timing.paired_passes(_ar_fn(v_cfg, v_params, work), fn, work.prompts, work.pairs)
+  return [round((emitted / s) / (base.emitted / s_ar), 4) for s_ar, s in passes]
 
 
 def autoregressive(v_cfg, v_params, work: Workload, *, desc: str | None = None) -> Baseline:
@@ -281,6 +304,8 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
   theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d)
   tps = summary["new_tokens"] / seconds
   measured = tps / base.tokens_per_s
+  paired = (paired_speedups(v_cfg, v_params, fn, work, base, summary["new_tokens"])
+            if work.pairs else None)
   lenient = rule_name == "lenient"
   # The quality cost of a lossy rule: the chain rule's one-step law against p, where the drafts
   # follow a model's own law (trees' rules are lossless: only the log-likelihood is reported).
@@ -313,5 +338,7 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       lenience=decode.lenience if lenient else None,
       epsilon=decode.epsilon if lenient else None,
       relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None,
-      prompt_widths=work.widths, baseline_tokens_per_s=round(base.tokens_per_s, 2))
+      prompt_widths=work.widths, baseline_tokens_per_s=round(base.tokens_per_s, 2),
+      paired_speedup=round(statistics.median(paired), 4) if paired else None,
+      paired_speedups=paired)
   return row, tokens

@@ -45,6 +45,11 @@ GLOSSARY: dict[str, str] = {
                     "was paused or starved and its tokens_per_s and speedup are suspect",
     "speedup": "speedup: wall-clock tokens/s of the method over autoregressive decoding of the "
                "same verifier, measured in the same process",
+    "paired_speedup": "the median of paired_speedups",
+    "paired_speedups": "speedups from eval.timing_pairs further passes, in each of which the "
+                       "method and autoregressive decoding took turns prompt batch by batch "
+                       "(the one running first alternating): both see the same minute of the "
+                       "machine, where speedup divides by a pass timed minutes before",
     "baseline_tokens_per_s": "the tokens/s of the autoregressive pass this row's speedup "
                              "divides by (the same process's, on the same prompts)",
     "baseline": "earlier: the row was read back from an earlier process's rows.jsonl while its "

@@ -67,7 +67,7 @@ OURS_FOR = {"SpS": "sd", "PLD": "lookup"}  # Spec-Bench's method -> ours
 
 GLOSSARY_KEYS = ("method", "gamma", "temperature", "batch_size", "num_prompts", "new_tokens",
                  "block_efficiency", "tau_se", "per_position_acceptance", "tokens_per_s",
-                 "speedup", "identical_to_greedy")
+                 "speedup", "paired_speedup", "paired_speedups", "identical_to_greedy")
 
 
 def method_key(row: dict, shaped: frozenset = frozenset()) -> str:
@@ -109,6 +109,18 @@ def grid(rows, batch_size: int, temperature: float) -> dict[str, dict[str, dict]
   return out
 
 
+def speedup_of(row: dict) -> float:
+  """A row's speedup: the median of its paired passes where it has them, else its one pass's."""
+  paired = row.get("paired_speedup")
+  return row["speedup"] if paired is None else paired
+
+
+def paired_range(row: dict) -> tuple[float, float] | None:
+  """(lowest, highest) of a row's paired speedups; None without paired passes."""
+  runs = row.get("paired_speedups")
+  return (min(runs), max(runs)) if runs else None
+
+
 def mean_over(cells: Sequence[dict]) -> tuple[float, float | None, float]:
   """(mean τ, its standard error, mean speedup) over categories: the unweighted mean, as
   Spec-Bench's overall; categories are independent prompt sets, so SE = √(Σ SE²) / n."""
@@ -116,11 +128,42 @@ def mean_over(cells: Sequence[dict]) -> tuple[float, float | None, float]:
   tau = sum(r["block_efficiency"] for r in cells) / n
   ses = [r.get("tau_se") for r in cells]
   se = None if any(s is None for s in ses) else math.sqrt(sum(s * s for s in ses)) / n
-  return tau, se, sum(r["speedup"] for r in cells) / n
+  return tau, se, sum(speedup_of(r) for r in cells) / n
 
 
-def _cell(tau: float, se: float | None, speedup: float) -> str:
-  return f"{tau:.2f}" + (f" ± {se:.2f}" if se is not None else "") + f" · {speedup:.2f}×"
+def _cell(tau: float, se: float | None, speedup: float,
+          spread: tuple[float, float] | None = None) -> str:
+  return (f"{tau:.2f}" + (f" ± {se:.2f}" if se is not None else "") + f" · {speedup:.2f}×"
+          + (f" [{spread[0]:.2f}, {spread[1]:.2f}]" if spread else ""))
+
+
+def row_cell(r: dict) -> str:
+  """τ ± SE · speedup, with the paired passes' range where the row has them."""
+  return _cell(r["block_efficiency"], r.get("tau_se"), speedup_of(r), paired_range(r))
+
+
+def paired_verdicts(config, rows, batch_size: int, temperature: float) -> list[str]:
+  """Per method with paired passes: the categories where every paired pass ran faster than
+  autoregressive decoding, those where every one ran slower, and the rest (unresolved)."""
+  cells = grid(rows, batch_size, temperature)
+  cats = [c for c in config.suite.categories if c in cells]
+  lines = []
+  for m in columns(config, rows):
+    spans = {c: paired_range(cells[c][m]) for c in cats if m in cells[c]}
+    spans = {c: s for c, s in spans.items() if s}
+    if not spans:
+      continue
+    n = {len(cells[c][m]["paired_speedups"]) for c in spans}
+    faster = [c for c, (lo, _) in spans.items() if lo > 1.0]
+    slower = [c for c, (_, hi) in spans.items() if hi < 1.0]
+    rest = [c for c in spans if c not in faster and c not in slower]
+    lines.append(
+        f"- **{m}** ({'/'.join(map(str, sorted(n)))} paired passes per category): faster than "
+        f"autoregressive decoding in every pass in {len(faster)} of {len(spans)} categories"
+        + (f" ({', '.join(faster)})" if faster else "") + f"; slower in every pass in "
+        f"{len(slower)}" + (f" ({', '.join(slower)})" if slower else "")
+        + f"; unresolved in {len(rest)}" + (f" ({', '.join(rest)})" if rest else "") + ".")
+  return lines
 
 
 def columns(config, rows) -> list[str]:
@@ -147,8 +190,7 @@ def suite_table(config, rows, batch_size: int, temperature: float) -> list[str]:
   for c in cats:
     ar = cells[c].get(AR)
     line = [c, tables.format_value(ar["tokens_per_s"]) if ar else "–"]
-    line += [_cell(r["block_efficiency"], r.get("tau_se"), r["speedup"]) if r else "–"
-             for r in (cells[c].get(m) for m in methods)]
+    line += [row_cell(r) if r else "–" for r in (cells[c].get(m) for m in methods)]
     md.append("| " + " | ".join(line) + " |")
   means = []
   for m in methods:
@@ -200,12 +242,12 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
       chain = column(cells[c], "sd", r.get("gamma"))
       ratio = (r["block_efficiency"] / chain["block_efficiency"]) if chain else None
       md.append("| " + " | ".join([
-          c, key, _cell(r["block_efficiency"], r.get("tau_se"), r["speedup"]),
+          c, key, row_cell(r),
           tables.format_value(ratio), str(r.get("verifier_tokens_per_call")),
           tables.format_value(r.get("verifier_cost_ratio_r")),
           tables.format_value(r.get("cost_ratio_c")), str(r.get("drafter_calls_per_round")),
           tables.format_value(r.get("theoretical_speedup")),
-          tables.format_value(r["speedup"] / chain["speedup"] if chain else None)]) + " |")
+          tables.format_value(speedup_of(r) / speedup_of(chain) if chain else None)]) + " |")
   if not md:
     return []
   return ["| category | tree | τ ± SE · speedup | τ / τ(sd) | tokens per call | r | c | "
@@ -300,9 +342,13 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
            "resumes them.", ""]
   md += ["Cells: τ ± its standard error over prompts · speedup over the autoregressive pass "
          "of the same run (same process, same prompts). Mean: the unweighted mean over the "
-         "categories (standard error √(Σ SE²)/n).", ""]
+         "categories (standard error √(Σ SE²)/n). Where a row has paired passes "
+         "(eval.timing_pairs: the method and autoregressive decoding taking turns batch by "
+         "batch), its speedup is their median and [lowest, highest] follows it.", ""]
   for b, t in settings(rows):
+    verdicts = paired_verdicts(config, rows, b, t)
     md += [f"## Batch {b}, T = {t:g}", "", *suite_table(config, rows, b, t), "",
+           *([f"Paired passes (batch {b}, T = {t:g}):", "", *verdicts, ""] if verdicts else []),
            f"Per-position acceptance (batch {b}, T = {t:g}):", "",
            *position_table(config, rows, b, t), ""]
     trees = tree_table(config, rows, b, t)
@@ -311,7 +357,10 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
              "measured in this run):", "", *trees, ""]
   md += [exactness_line(rows), ""]
   md += anchor_lines(config, rows)
-  md += ["## Plot", "", "![τ by category](tau_by_category.png)", "", "## Categories", ""]
+  md += ["## Plot", "", "![τ by category](tau_by_category.png)", ""]
+  if any(paired_range(r) for r in rows):
+    md += ["![speedup by category](speedup_by_category.png)", ""]
+  md += ["## Categories", ""]
   md += [f"- **{c}**: {CATEGORY_ABOUT.get(c, c)}" for c in config.suite.categories]
   md += ["", "## Glossary", "", *glossary.markdown_lines(GLOSSARY_KEYS)]
   return "\n".join(md) + "\n"
@@ -334,12 +383,33 @@ def plot_panels(config, rows) -> dict[str, dict[str, dict[str, tuple[float, floa
   return {p: {m: by[m] for m in order if m in by} for p, by in out.items()}
 
 
-def bar_plot(path: str, panels: Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]],
+def speedup_panels(config, rows) -> dict[str, dict[str, dict[str, tuple]]]:
+  """The speedup chart's data, for the settings with paired passes: panel -> method ->
+  category -> (median paired speedup, (its distance down to the lowest pass, up to the
+  highest))."""
+  if not rows:
+    return {}
+  b = min(int(r["batch_size"]) for r in rows)
+  out = {}
+  for t in sorted({float(r["temperature"]) for r in rows}):
+    for c, by in grid(rows, b, t).items():
+      for m, r in by.items():
+        span = paired_range(r)
+        if m != AR and span:
+          mid = speedup_of(r)
+          out.setdefault(f"T = {t:g}, batch {b}", {}).setdefault(m, {})[c] = (
+              mid, (mid - span[0], span[1] - mid))
+  order = columns(config, rows)
+  return {p: {m: by[m] for m in order if m in by} for p, by in out.items()}
+
+
+def bar_plot(path: str, panels: Mapping[str, Mapping[str, Mapping[str, tuple]]],
              categories: Sequence[str], *, ylabel: str, title: str,
              hline: float | None = None) -> None:
-  """A PNG of grouped bars with ± error bars: one subplot per panel, the categories along x in
+  """A PNG of grouped bars with error bars: one subplot per panel, the categories along x in
   the given order (strings, which experiment.errorbar_plot's bars do not take), one bar per
-  method at each. matplotlib's Agg canvas, constrained layout, legend outside, 120 dpi."""
+  method at each. A cell is (height, error): ± error, or (down, up) for an uneven bar.
+  matplotlib's Agg canvas, constrained layout, legend outside, 120 dpi."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.figure import Figure
 
@@ -354,9 +424,12 @@ def bar_plot(path: str, panels: Mapping[str, Mapping[str, Mapping[str, tuple[flo
     for m, cells in by.items():
       xs = [k for k, c in enumerate(categories) if c in cells]
       slot = (labels.index(m) - (len(labels) - 1) / 2) * width
+      errs = [cells[categories[x]][1] for x in xs]
+      errs = [[e[0] if isinstance(e, tuple) else e for e in errs],
+              [e[1] if isinstance(e, tuple) else e for e in errs]]
       handles.setdefault(m, ax.bar(
           [x + slot for x in xs], [cells[categories[x]][0] for x in xs], width,
-          yerr=[cells[categories[x]][1] for x in xs], capsize=2, label=m,
+          yerr=errs, capsize=2, label=m,
           color=f"C{labels.index(m) % 10}"))
     if hline is not None:
       ax.axhline(hline, color="gray", linestyle=":", linewidth=1.0)
@@ -375,10 +448,15 @@ def report(config, collected: experiment.Collected, command_line: str) -> experi
   results.json holds (the first answers stay in their run's results.json)."""
   rows = [r for r in collected.rows if r.get("part") == SUITE]
   cats = [c for c in config.suite.categories if any(r["category"] == c for r in rows)]
+  plots = {"tau_by_category.png": lambda path: bar_plot(
+      path, plot_panels(config, rows), cats, hline=1.0,
+      ylabel="τ (tokens per verifier call)",
+      title="τ ± standard error over prompts, per category and method")}
+  speed = speedup_panels(config, rows)
+  if speed:
+    plots["speedup_by_category.png"] = lambda path: bar_plot(
+        path, speed, cats, hline=1.0, ylabel="speedup over autoregressive",
+        title="speedup: median of the paired passes, bars from the lowest to the highest")
   return experiment.Report(
       markdown=render_markdown(config, rows, command_line, collected.missing),
-      plots={"tau_by_category.png": lambda path: bar_plot(
-          path, plot_panels(config, rows), cats, hline=1.0,
-          ylabel="τ (tokens per verifier call)",
-          title="τ ± standard error over prompts, per category and method")},
-      rows=rows)
+      plots=plots, rows=rows)

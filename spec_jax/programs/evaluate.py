@@ -34,7 +34,7 @@ from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.evaluation import bench, experiment, report, tables, timing
 
 CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acceptance_rate",
-                   "tokens_per_s", "speedup", "theoretical_speedup")
+                   "tokens_per_s", "speedup", "paired_speedup", "theoretical_speedup")
 ROWS = "rows.jsonl"  # every finished row as it completes: a rerun of the same config resumes
 # Fields no row depends on: what only shapes the report. A run's digest (the harness's reuse rule,
 # `evaluation.experiment.digest`) covers everything else, sweeps included.
@@ -104,6 +104,8 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
                "timing_repeats"):
     if int(ev.get(name, 1)) < 1:
       raise ValueError(f"eval.{name}={ev[name]} must be >= 1.")
+  if int(ev.get("timing_pairs", 0)) < 0:
+    raise ValueError(f"eval.timing_pairs={ev.timing_pairs} must be >= 0 (0: no paired passes).")
   generate_lib.bucket_widths(int(ev.max_prompt_tokens), _buckets(ev), "eval.prompt_buckets")
   for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
     for e in values:
@@ -277,7 +279,7 @@ def run(config, workdir: str) -> list[dict]:
       # A (T, B) with rows still to do measures its baseline again, in this process.
       work = bench.Workload(all_batches[batch_size], sampling, int(ev.new_tokens), stop_ids,
                             mesh, int(config.seed), int(ev.get("timing_repeats", 1)),
-                            int(ev.max_cache_len))
+                            int(ev.max_cache_len), int(ev.get("timing_pairs", 0)))
       base = bench.autoregressive(source.v_cfg, source.v_params, work,
                                   desc=f"{label} autoregressive")
       costs = {}  # c per timed model ("drafter", "rescorer"), this (T, B)
@@ -310,7 +312,8 @@ def run(config, workdir: str) -> list[dict]:
         log.add(key, rows[-1])
       shown = [r for r in rows if r["temperature"] == sampling.temperature
                and r["batch_size"] == batch_size]
-      columns = [c for c in CONSOLE_COLUMNS if c != "tree" or any(r.get("tree") for r in shown)]
+      columns = [c for c in CONSOLE_COLUMNS if c not in ("tree", "paired_speedup")
+                 or any(r.get(c) for r in shown)]
       print(f"\n{label}\n" + tables.markdown_table(shown, columns), flush=True)
   report.write_results(workdir, rows, echo=config.get("print_json", False))
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
