@@ -59,6 +59,17 @@ def data_dir(tmp_path_factory):
   return path
 
 
+@pytest.fixture
+def fresh_programs():
+  """For a test that plants a bug inside a jitted program: the compiled programs of earlier
+  tests (same static arguments, same jit cache entry) must not run in place of the planted one,
+  nor the planted one later in place of theirs."""
+  import jax  # noqa: PLC0415
+  jax.clear_caches()
+  yield
+  jax.clear_caches()
+
+
 @pytest.fixture(autouse=True)
 def _optimization_level(request):
   """Full XLA optimization for tests marked `optimized` (see JAX_DISABLE_MOST_OPTIMIZATIONS

@@ -218,16 +218,22 @@ def test_ngram_rescored_lattice_is_greedy_exact_and_weight_0_is_plain_bpd():
   assert not np.array_equal(stats[6, 0.5, False], stats[6, 0.0, False])
 
 
-def test_pruned_lattice_search_stays_greedy_exact(monkeypatch):
+def test_pruned_lattice_search_stays_greedy_exact(monkeypatch, fresh_programs):
   """A lattice larger than MAX_PATHS (here lowered to 6: two prefixes of 3^3 kept per level) is
-  searched with a beam; the output is still the verifier's greedy one."""
+  searched with a beam; the output is still the verifier's greedy one. The decoding loop is
+  traced anew (`fresh_programs`: MAX_PATHS is no jit cache key), and the level-by-level search
+  must have been traced, else the full search ran and nothing was pruned."""
   monkeypatch.setattr(lattice, "MAX_PATHS", 6)
+  levels, extend = [], lattice._extend
+  monkeypatch.setattr(lattice, "_extend", lambda *a: levels.append(a[0].shape) or extend(*a))
   v_cfg, v_params, cfg, heads = _setup()
   prompts, ar, _ = _greedy_baselines(v_cfg, v_params, cfg, heads)
   drafter = bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=4, weight=0.4))
   out = _decode(v_cfg, v_params, drafter, drafter.params(heads, v_params, _ngram()), prompts,
                 Sampling(), 12)
   assert out.new_tokens() == ar.new_tokens()
+  # The beam branch was traced: it keeps MAX_PATHS / K = 2 prefixes per level.
+  assert levels and max(shape[1] for shape in levels) == 2, levels
   with pytest.raises(ValueError, match=r"bpd.paths=7 exceeds the 6 paths"):
     bpd.BPDDrafter(cfg, v_cfg, rescore=bpd.LatticeRescoring(top_k=3, paths=7))
 

@@ -107,15 +107,6 @@ def _no_cut(verdict, p, valid, rng, *, greedy):
   return verdict
 
 
-@pytest.fixture
-def fresh_programs():
-  """Compiled loops of other tests must not run in place of a planted one, nor a planted one
-  in place of theirs (same static arguments, same jit cache entry)."""
-  jax.clear_caches()
-  yield
-  jax.clear_caches()
-
-
 @pytest.mark.parametrize("plant", [_keeps_the_rules_token, _no_cut])
 def test_planted_bugs_fail_the_law(monkeypatch, fresh_programs, plant):
   assert _law_pvalue(monkeypatch, plant) < 1e-6

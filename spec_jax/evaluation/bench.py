@@ -201,13 +201,14 @@ def _ar_pass(cfg, params, work: Workload, desc: str | None, usage: dict | None =
   return _timed_pass(_ar_fn(cfg, params, work), work, desc, usage)
 
 
-def paired_speedups(v_cfg, v_params, fn, work: Workload, base: Baseline,
-                    emitted: int) -> list[float]:
+def paired_speedups(v_cfg, v_params, fn, work: Workload, base: Baseline, emitted: int, *,
+                    desc: str | None = None) -> list[float]:
   """`work.pairs` speedups of fn (a compiled speculative pass emitting `emitted` real tokens)
   over the verifier's autoregressive pass (`base`, compiled), each from one pass of both taking
   turns batch by batch (`timing.paired_passes`): the two see the same minute of the machine,
   where `speedup` divides by a baseline timed minutes earlier."""
-  passes = timing.paired_passes(_ar_fn(v_cfg, v_params, work), fn, work.prompts, work.pairs)
+  passes = timing.paired_passes(_ar_fn(v_cfg, v_params, work), fn, work.prompts, work.pairs,
+                                desc=desc)
   return [round((emitted / s) / (base.emitted / s_ar), 4) for s_ar, s in passes]
 
 
@@ -304,7 +305,8 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
   theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d)
   tps = summary["new_tokens"] / seconds
   measured = tps / base.tokens_per_s
-  paired = (paired_speedups(v_cfg, v_params, fn, work, base, summary["new_tokens"])
+  paired = (paired_speedups(v_cfg, v_params, fn, work, base, summary["new_tokens"],
+                            desc=desc and f"{desc} paired with autoregressive")
             if work.pairs else None)
   lenient = rule_name == "lenient"
   # The quality cost of a lossy rule: the chain rule's one-step law against p, where the drafts

@@ -119,22 +119,25 @@ def interleave(calls: Sequence[Sequence[Callable[[], Any]]], *,
 
 
 def paired_passes(a: Callable[[Any, int], Any], b: Callable[[Any, int], Any],
-                  inputs: Sequence[Any], repeats: int, *,
+                  inputs: Sequence[Any], repeats: int, *, desc: str | None = None,
                   clock: Clock = time.perf_counter) -> list[tuple[float, float]]:
   """`repeats` passes of two compiled functions over the same inputs, taking turns input by
   input: in pass k, a(x, i) and b(x, i) run back to back, a first when i + k is even, so a slow
   spell of a shared machine lands on both and neither always runs first. Returns, per pass,
   (a's seconds, b's seconds), each the sum over the inputs. Compile both before (an untimed
-  call); nothing here compiles."""
+  call); nothing here compiles. desc: a progress bar's label (None: no bar)."""
   if repeats < 1:
     raise ValueError(f"paired passes need repeats >= 1, got {repeats}.")
   out = []
+  bar = tqdm.tqdm(total=repeats * len(inputs), desc=desc, leave=False, disable=desc is None)
   for k in range(repeats):
     seconds = [0.0, 0.0]
     for i, x in enumerate(inputs):
       for which in ((0, 1) if (i + k) % 2 == 0 else (1, 0)):
         seconds[which] += timed(lambda: (a, b)[which](x, i), clock=clock)[1]
+      bar.update()
     out.append((seconds[0], seconds[1]))
+  bar.close()
   return out
 
 
