@@ -239,6 +239,8 @@ def test_report_renders_table_mean_and_anchors_from_synthetic_rows(tmp_path):
   assert list(panels["T = 1, batch 1"]) == ["sd"]
   out.plots["tau_by_category.png"](str(tmp_path / "tau.png"))
   assert os.path.getsize(tmp_path / "tau.png") > 0
+  # Without paired passes: no speedup chart, no paired terms in the glossary.
+  assert list(out.plots) == ["tau_by_category.png"] and "paired_speedup" not in md
 
 
 def test_report_names_shapes_of_one_method_and_sets_trees_beside_the_chain():
@@ -308,3 +310,4 @@ def test_report_takes_paired_passes_as_the_speedup_and_says_which_are_resolved(t
   assert set(out.plots) == {"tau_by_category.png", "speedup_by_category.png"}
   out.plots["speedup_by_category.png"](str(tmp_path / "speed.png"))
   assert os.path.getsize(tmp_path / "speed.png") > 0 and "speedup_by_category.png" in md
+  assert "- **paired_speedups**:" in md

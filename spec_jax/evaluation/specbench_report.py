@@ -362,7 +362,9 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
     md += ["![speedup by category](speedup_by_category.png)", ""]
   md += ["## Categories", ""]
   md += [f"- **{c}**: {CATEGORY_ABOUT.get(c, c)}" for c in config.suite.categories]
-  md += ["", "## Glossary", "", *glossary.markdown_lines(GLOSSARY_KEYS)]
+  paired = any(paired_range(r) for r in rows)
+  md += ["", "## Glossary", "", *glossary.markdown_lines(
+      k for k in GLOSSARY_KEYS if paired or not k.startswith("paired_"))]
   return "\n".join(md) + "\n"
 
 
