@@ -298,6 +298,10 @@ def test_report_takes_paired_passes_as_the_speedup_and_says_which_are_resolved(t
   md = out.markdown
   assert "| chat | 20.0 | 1.50 ± 0.10 · 1.05× [1.02, 1.10] | 1.20 ± 0.10 · 1.10× |" in md
   assert "| math | 20.0 | 1.50 ± 0.10 · 0.85× [0.80, 0.90] | – |" in md
+  # A range end that two decimals would print as 1.00 gets three: 0.998 is a slower pass.
+  assert specbench_report._cell(1.5, 0.1, 0.98, (0.97, 0.998)) == (
+      "1.50 ± 0.10 · 0.98× [0.97, 0.998]")
+  assert specbench_report._cell(1.5, None, 1.0, (1.0, 1.02)) == "1.50 · 1.00× [1.00, 1.02]"
   assert "| **mean** | | 1.50 ± 0.06 · 0.97× |" in md  # (1.05 + 1.01 + 0.85) / 3
   assert ("- **sd** (3 paired passes per category): faster than autoregressive decoding in "
           "every pass in 1 of 3 categories (chat); slower in every pass in 1 (math); "

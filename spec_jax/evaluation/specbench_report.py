@@ -131,10 +131,16 @@ def mean_over(cells: Sequence[dict]) -> tuple[float, float | None, float]:
   return tau, se, sum(speedup_of(r) for r in cells) / n
 
 
+def _bound(x: float) -> str:
+  """A paired range's end: two decimals, three where two would print 1.00 for a pass that was
+  not exactly as fast as autoregressive decoding (the verdicts read the unrounded values)."""
+  return f"{x:.3f}" if f"{x:.2f}" == "1.00" and x != 1.0 else f"{x:.2f}"
+
+
 def _cell(tau: float, se: float | None, speedup: float,
           spread: tuple[float, float] | None = None) -> str:
   return (f"{tau:.2f}" + (f" ± {se:.2f}" if se is not None else "") + f" · {speedup:.2f}×"
-          + (f" [{spread[0]:.2f}, {spread[1]:.2f}]" if spread else ""))
+          + (f" [{_bound(spread[0])}, {_bound(spread[1])}]" if spread else ""))
 
 
 def row_cell(r: dict) -> str:
