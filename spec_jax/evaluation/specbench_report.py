@@ -374,9 +374,9 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
   return "\n".join(md) + "\n"
 
 
-def plot_panels(config, rows) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
-  """The bar chart's data: panel 'T = t' (batch 1, else the smallest batch) -> method ->
-  category -> (τ, SE)."""
+def _panels(config, rows, cell) -> dict[str, dict[str, dict[str, tuple]]]:
+  """A bar chart's data: panel 'T = t' (batch 1, else the smallest batch) -> method -> category
+  -> cell(row), for the speculative rows where cell(row) is not None."""
   if not rows:
     return {}
   b = min(int(r["batch_size"]) for r in rows)
@@ -384,31 +384,30 @@ def plot_panels(config, rows) -> dict[str, dict[str, dict[str, tuple[float, floa
   for t in sorted({float(r["temperature"]) for r in rows}):
     for c, by in grid(rows, b, t).items():
       for m, r in by.items():
-        if m != AR:
-          out.setdefault(f"T = {t:g}, batch {b}", {}).setdefault(m, {})[c] = (
-              r["block_efficiency"], r.get("tau_se") or 0.0)
+        value = cell(r) if m != AR else None
+        if value is not None:
+          out.setdefault(f"T = {t:g}, batch {b}", {}).setdefault(m, {})[c] = value
   order = columns(config, rows)
   return {p: {m: by[m] for m in order if m in by} for p, by in out.items()}
+
+
+def plot_panels(config, rows) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
+  """The τ chart's data (`_panels`): method -> category -> (τ, SE)."""
+  return _panels(config, rows, lambda r: (r["block_efficiency"], r.get("tau_se") or 0.0))
+
+
+def _paired_cell(row: dict) -> tuple | None:
+  span = paired_range(row)
+  if not span:
+    return None
+  mid = speedup_of(row)
+  return mid, (mid - span[0], span[1] - mid)
 
 
 def speedup_panels(config, rows) -> dict[str, dict[str, dict[str, tuple]]]:
-  """The speedup chart's data, for the settings with paired passes: panel -> method ->
-  category -> (median paired speedup, (its distance down to the lowest pass, up to the
-  highest))."""
-  if not rows:
-    return {}
-  b = min(int(r["batch_size"]) for r in rows)
-  out = {}
-  for t in sorted({float(r["temperature"]) for r in rows}):
-    for c, by in grid(rows, b, t).items():
-      for m, r in by.items():
-        span = paired_range(r)
-        if m != AR and span:
-          mid = speedup_of(r)
-          out.setdefault(f"T = {t:g}, batch {b}", {}).setdefault(m, {})[c] = (
-              mid, (mid - span[0], span[1] - mid))
-  order = columns(config, rows)
-  return {p: {m: by[m] for m in order if m in by} for p, by in out.items()}
+  """The speedup chart's data (`_panels`), for the rows with paired passes: method -> category
+  -> (median paired speedup, (its distance down to the lowest pass, up to the highest))."""
+  return _panels(config, rows, _paired_cell)
 
 
 def bar_plot(path: str, panels: Mapping[str, Mapping[str, Mapping[str, tuple]]],
