@@ -363,12 +363,12 @@ def render_markdown(config, rows, command_line: str, missing: Sequence[str] = ()
              "measured in this run):", "", *trees, ""]
   md += [exactness_line(rows), ""]
   md += anchor_lines(config, rows)
+  paired = any(paired_range(r) for r in rows)
   md += ["## Plot", "", "![τ by category](tau_by_category.png)", ""]
-  if any(paired_range(r) for r in rows):
+  if paired:
     md += ["![speedup by category](speedup_by_category.png)", ""]
   md += ["## Categories", ""]
   md += [f"- **{c}**: {CATEGORY_ABOUT.get(c, c)}" for c in config.suite.categories]
-  paired = any(paired_range(r) for r in rows)
   md += ["", "## Glossary", "", *glossary.markdown_lines(
       k for k in GLOSSARY_KEYS if paired or not k.startswith("paired_"))]
   return "\n".join(md) + "\n"
