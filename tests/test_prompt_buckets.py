@@ -216,3 +216,16 @@ def test_paired_passes_time_both_methods_on_every_batch_compiled_before(tmp_path
   assert sd["identical_to_greedy"] is True
   rows = evaluate.run(_inline_config(8, temperatures=(0.0,), gammas=(3,)), str(tmp_path / "one"))
   assert rows[1]["paired_speedups"] is None and len(calls) == 1
+
+
+def test_paired_speedups_divide_the_methods_tokens_per_second(monkeypatch):
+  """Each paired pass's speedup is (method's tokens / its seconds) / (baseline's tokens / the
+  autoregressive seconds of the same pass), on fixed pass times."""
+  monkeypatch.setattr(timing, "paired_passes",
+                      lambda a, b, inputs, repeats, **kw: [(2.0, 1.0), (3.0, 4.0)][:repeats])
+  work = bench.Workload([(generate_lib.pad_prompts(PROMPTS, 16, 0), 4)], Sampling(0.0), NEW,
+                        pairs=2)
+  base = bench.Baseline(outputs=[], seconds=1.0, tokens=[], emitted=20, tokens_per_s=20.0,
+                        steps_s=0.1, cpu_per_wall=None, verifier_calls=0, verifier_loglik=0.0)
+  # Method 30 tokens: (30 / 1) / (20 / 2) = 3; (30 / 4) / (20 / 3) = 1.125.
+  assert bench.paired_speedups(None, None, None, work, base, 30) == [3.0, 1.125]
