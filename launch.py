@@ -61,6 +61,7 @@ def main(argv):
                          "--dry_run prints the resolved config without one.")
   # Log lines go to WORKDIR/log.txt (and the console with --verbose); before jax probes platforms.
   pending_log = cli.route_logs(_VERBOSE.value)
+  xla_flags = cli.set_xla_defaults()  # before jax starts a backend
   import jax
   from spec_jax import parallel
   parallel.maybe_initialize_distributed(
@@ -68,6 +69,7 @@ def main(argv):
       num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   cli.open_log(pending_log, _WORKDIR.value, jax.process_index())
   logging.info("launch.py %s", " ".join(sys.argv[1:]))
+  logging.info("XLA_FLAGS=%s", xla_flags)
   config = _CONFIG.value
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "

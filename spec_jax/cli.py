@@ -1,8 +1,8 @@
 """What launch.py does besides dispatching (kept here so the launcher stays short): reject
 unknown or mistyped `--config.*` overrides before anything runs, list programs and configs for
 `--help`, check that every process of a multi-host job resolved the same config, keep the console
-quiet (log lines go to the workdir's log file), turn stop signals into Ctrl-C, and say at the end
-where a run's output is."""
+quiet (log lines go to the workdir's log file), set XLA's defaults before jax starts, turn stop
+signals into Ctrl-C, and say at the end where a run's output is."""
 
 from __future__ import annotations
 
@@ -25,6 +25,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What bad input raises; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                FileExistsError, PermissionError)
+
+
+# XLA flags every run gets unless XLA_FLAGS already names them. GPU: every weight product on
+# cuBLAS, none in Triton GEMM fusions; the Llama 3.1 8B batch-1 decode step is 2× faster on an
+# H200 that way (experiments/scale/results.md, "levers"). CPU and TPU builds parse xla_gpu_*
+# flags and ignore them.
+XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
+
+
+def set_xla_defaults(environ=None) -> str:
+  """Appends each of XLA_DEFAULTS whose flag XLA_FLAGS does not set yet (so a user's own setting
+  wins) and returns the resulting XLA_FLAGS; call it before jax starts a backend."""
+  environ = os.environ if environ is None else environ
+  given = environ.get("XLA_FLAGS", "").split()
+  named = {flag.split("=", 1)[0] for flag in given}
+  added = [flag for flag in XLA_DEFAULTS if flag.split("=", 1)[0] not in named]
+  environ["XLA_FLAGS"] = " ".join(given + added)
+  return environ["XLA_FLAGS"]
 
 
 def programs() -> list[str]:

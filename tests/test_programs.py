@@ -13,6 +13,7 @@ from configs import benchmark_sampling as benchmark_sampling_config
 from experiments.perf import config as perf_config
 from configs import generate as generate_config
 from configs import scale as scale_config
+from spec_jax import cli
 from spec_jax.programs import benchmark, benchmark_sampling, cost_model, generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +88,7 @@ def test_benchmark_smoke_writes_rows(tmp_path):
     assert {"method", "batch_size", "new_tokens", "tokens_per_s", "ms_per_token",
             "device"} <= set(row)
     assert (row["preset"], row["dtype"], row["device_kind"]) == (None, "float32", "cpu")
+    assert row["xla_flags"] == os.environ.get("XLA_FLAGS", "")
     assert row["tokens_per_s"] > 0
     # Tolerances cover the rows' rounding (ms to 3 decimals, tokens/s to 2), whatever the speed.
     roof = row["roofline_ms_per_step"]
@@ -190,6 +192,20 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
   assert summary["best"]["drafter"] in ("drafter", "reduced")
   assert summary["best_by_category"]["math"] == summary["best"]
   assert "\nmath:\n" in result.stdout and "math: best measured speedup" in result.stdout
+  # The launcher's XLA defaults reach the run (after the flags the tests set, which stay).
+  log = open(os.path.join(workdir, "log.txt")).read()
+  assert f"XLA_FLAGS={os.environ['XLA_FLAGS']} --xla_gpu_enable_triton_gemm=false" in log
+
+
+def test_xla_defaults_add_only_flags_the_user_left_unset():
+  env = {}
+  assert cli.set_xla_defaults(env) == "--xla_gpu_enable_triton_gemm=false" == env["XLA_FLAGS"]
+  env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+  assert cli.set_xla_defaults(env) == "--xla_dump_to=/tmp/x --xla_gpu_enable_triton_gemm=false"
+  for own in ("--xla_gpu_enable_triton_gemm=true", "--xla_gpu_enable_triton_gemm"):
+    env = {"XLA_FLAGS": f"{own} --xla_dump_to=/tmp/x"}
+    assert cli.set_xla_defaults(env) == f"{own} --xla_dump_to=/tmp/x"
+  assert cli.set_xla_defaults(env) == env["XLA_FLAGS"]  # idempotent
 
 
 def test_quickstart_default_is_the_sharegpt_drafter_on_chat_and_code():
@@ -455,7 +471,6 @@ def test_generate_validates_before_loading_any_model(tmp_path, monkeypatch, over
 
 def test_console_filter_drops_expected_library_noise_only():
   import logging
-  from spec_jax import cli
   def record(path, level, msg, args=None):
     return logging.LogRecord("absl", level, path, 1, msg, args, None)
   orbax = "/site-packages/orbax/checkpoint/checkpoint_manager.py"

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU rows of experiments/scale on one lent GPU, each mode one short run (about 8 minutes):
 #   bash experiments/scale/gpu.sh           presets: decode steps against the memory roofline for
-#       the presets that fit one GPU (bfloat16, batch 1, 8, 32), the 135M-shape step with and
-#       without XLA command buffers for the loop body, r(T) and the one-block feature drafter's c
-#       for Llama 3.1 8B (experiments/scale/gpu/<run>/);
-#   bash experiments/scale/gpu.sh levers    the levers on the steps furthest from their roofline,
-#       at batch 1, each beside its default: the layers written out with per-layer weights
-#       (configs/scale.py `unrolled`), q/k/v and gate/up fused into one weight product each
-#       (`fused`), XLA's dynamic-slice fusion, XLA's own unrolling of the layer loop, (8B)
-#       cuBLAS for every weight product, (135M) small matrix-vector products kept as dots, and
-#       the stopping while loop in place of the fixed decode loop, with three 8B runs'
-#       optimized HLO (experiments/scale/gpu_levers/<run>/).
+#       the presets that fit one GPU (bfloat16, batch 1, 8, 32) under the GPU defaults
+#       (`cli.XLA_DEFAULTS`: weight products on cuBLAS), each headline step beside the same step
+#       with Triton's GEMM fusions (the earlier default), the 135M-shape step fused, r(T) and the
+#       one-block feature drafter's c for Llama 3.1 8B (experiments/scale/gpu_cublas/<run>/);
+#   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
+#       the default in the same run: the layers written out with per-layer weights
+#       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
+#       into one weight product each (`fused`), XLA's dynamic-slice fusion, XLA's own unrolling
+#       of the layer loop, command buffers for the loop body, and the stopping while loop in
+#       place of the fixed decode loop (experiments/scale/gpu_levers/<run>/).
 # Random weights, seeds 0 (verifier) and 1 (drafter). Every step is a launch.py command of
 # configs/scale.py; the most important run first, and no step starts after 8 minutes, so what
 # finished comes back even when the time runs out.
@@ -55,80 +55,75 @@ step() {  # step NAME CONFIG_ARGS [--config.x=y ...]: one launch.py run, bounded
   local name=$1 args=$2; shift 2
   local left=$((480 - SECONDS))
   if [ "$left" -lt 30 ]; then echo "== $name: skipped (deadline)" >>"$LOG"; return; fi
-  echo "== $name (t=${SECONDS}s)" >>"$LOG"
-  timeout "$((left < 240 ? left : 240))" python3 launch.py --config "configs/scale.py:$args" \
-      --workdir "$W/$name" "$@" >"$OUT/$name.out" 2>&1
+  echo "== $name (t=${SECONDS}s) XLA_FLAGS=${XLA_FLAGS:-}" >>"$LOG"
+  # -k: a compiling XLA can outlive the polite signal; the call's own limit must not be reached.
+  timeout -k 5 "$((left < 240 ? left : 240))" python3 launch.py \
+      --config "configs/scale.py:$args" --workdir "$W/$name" "$@" >"$OUT/$name.out" 2>&1
   echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
-  tail -n 4 "$OUT/$name.out" >>"$LOG"; rm -f "$OUT/$name.out"
+  # The rows themselves go in the log too, and the runs are packed after every step: the device
+  # tool brings back a few files only, and the next call's copy of the working tree removes
+  # files git does not ignore, results.json among them.
+  cat "$W/$name/results.json" >>"$LOG" 2>/dev/null || tail -n 4 "$OUT/$name.out" >>"$LOG"
+  rm -f "$OUT/$name.out"
+  tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 }
 SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
-# Command buffers (CUDA graphs) for the loop body's kernels, the while loop included, or none.
+# The launcher puts every weight product on cuBLAS (cli.XLA_DEFAULTS); this turns Triton's GEMM
+# fusions back on, the XLA default before (the 8B batch-1 step: 11.7 ms with them, 5.7 without).
+TRITON="--xla_gpu_enable_triton_gemm=true"
+# Command buffers (CUDA graphs) for the loop body's kernels, the while loop included.
 CMDBUF="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
-
 dump() {  # dump NAME: $OUT/NAME.tar.gz, the optimized HLO of the step just run (at most 16 MiB)
   (cd "/tmp/$1" 2>/dev/null && tar -czf "$OUT/$1.tar.gz" ./*after_optimizations.txt) 2>>"$LOG"
 }
 DUMP="--xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*generate.*"
-# Dynamic-slice fusion: cuBLAS reads each layer's slice of the stacked weights in place instead
-# of XLA copying it out first (read, write, read again: 3× the weight bytes of a decode step).
+# Dynamic-slice fusion: cuBLAS reads each layer's slice of the stacked weights in place.
 DSF="--xla_gpu_enable_dynamic_slice_fusion=true"
 # The layer scan (a while loop of known trip count) unrolled into straight-line code.
 UNROLL="--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
-# Weight products on cuBLAS only (Triton GEMM fusions off): a batch-1 step is matrix-vector.
-NOTRITON="--xla_gpu_enable_triton_gemm=false"
-# Small matrix-vector products kept as dots: XLA:GPU otherwise rewrites a dot this small (the
-# 135M shape's [576, 1536] at batch 1) into a multiply fusion that writes the whole product
-# and a reduction that reads it back.
-NODSR="--xla_gpu_enable_dot_strength_reduction=false"
 
 if [ "${1:-presets}" = levers ]; then
-  # The levers on the two steps furthest from their roofline: 8B (3.2× the 4.3 TB/s roofline
-  # on an H200) and the launch-bound 135M shape, each beside its default in the same run, at
-  # batch 1 (the bars' batch size; one compiled program per run). Most informative first.
+  # At batch 1 (the bars' batch size; one compiled program per run), most informative first.
   W=experiments/scale/gpu_levers
   B1=gpu,batch_sizes=1
   WHILE=--config.benchmark.loop=while  # the stopping while loop, beside the fixed default
-  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b $B1,preset=llama3.1-8b
-  dump hlo8b
-  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b-unrolled $DUMP" \
-    step llama3.1-8b-unrolled $B1,preset=llama3.1-8b,unrolled
-  dump hlo8b-unrolled
-  step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
-  step smollm2-135m-f32 $B1,dtype=float32 "${SMOL[@]}"
-  XLA_FLAGS="$NODSR" step smollm2-135m-f32-nodsr $B1,dtype=float32 "${SMOL[@]}"
-  step smollm2-135m-f32-unrolled $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:unrolled=1
-  XLA_FLAGS="$NODSR" step smollm2-135m-f32-fused-unrolled-nodsr $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:fused=1:unrolled=1
-  XLA_FLAGS="$DSF --xla_dump_to=/tmp/hlo8b-dsf $DUMP" \
-    step llama3.1-8b-dsf $B1,preset=llama3.1-8b
-  dump hlo8b-dsf
+  step llama3.1-8b $B1,preset=llama3.1-8b
   step llama3.1-8b-fused $B1,preset=llama3.1-8b,fused
-  XLA_FLAGS="$NOTRITON" step llama3.1-8b-notriton $B1,preset=llama3.1-8b
+  step smollm2-135m-f32 $B1,dtype=float32 "${SMOL[@]}"
   step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo135-fused-unrolled $DUMP" \
+    step smollm2-135m-f32-fused-unrolled $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:unrolled=1
+  dump hlo135-fused-unrolled
+  XLA_FLAGS="$CMDBUF" step smollm2-135m-f32-fused-cmdbuf $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1
+  step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
+  XLA_FLAGS="$DSF" step llama3.1-8b-dsf $B1,preset=llama3.1-8b
   XLA_FLAGS="$UNROLL" step llama3.1-8b-unroll-flag $B1,preset=llama3.1-8b
-  XLA_FLAGS="$DSF" step smollm2-135m-f32-dsf $B1,dtype=float32 "${SMOL[@]}"
   step smollm2-135m-f32-while $B1,dtype=float32 "${SMOL[@]}" "$WHILE"
   step llama3.1-8b-while $B1,preset=llama3.1-8b "$WHILE"
 else
-  step llama3.1-8b gpu,preset=llama3.1-8b
   # The default run also dumps XLA's optimized HLO, so the kernels per decode step can be
-  # counted here at no device time ($OUT/hlo135.tar.gz).
+  # counted here at no device time ($OUT/hlo*.tar.gz).
+  W=experiments/scale/gpu_cublas  # experiments/scale/gpu holds the rows under Triton GEMMs
+  XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b gpu,preset=llama3.1-8b
+  dump hlo8b
+  XLA_FLAGS="$TRITON" step llama3.1-8b-triton gpu,preset=llama3.1-8b
   XLA_FLAGS="--xla_dump_to=/tmp/hlo135 $DUMP" step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
   dump hlo135
-  XLA_FLAGS="$CMDBUF" step smollm2-135m-f32-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
-  XLA_FLAGS="--xla_gpu_enable_command_buffer=" \
-    step smollm2-135m-f32-no-cmdbuf gpu,dtype=float32 "${SMOL[@]}"
+  XLA_FLAGS="$TRITON" step smollm2-135m-f32-triton gpu,dtype=float32 "${SMOL[@]}"
+  step smollm2-135m-f32-fused gpu,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1
   step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+  step llama3.1-8b-fused gpu,preset=llama3.1-8b,fused
+  step qwen3-8b gpu,preset=qwen3-8b
   step llama3.2-1b gpu,preset=llama3.2-1b
   step smollm2-135m gpu "${SMOL[@]}"
-  step qwen3-8b gpu,preset=qwen3-8b
   step gemma3-4b gpu,preset=gemma3-4b
   step llama3.2-3b gpu,preset=llama3.2-3b
   step gemma3-1b gpu,preset=gemma3-1b
   step qwen3-0.6b gpu,preset=qwen3-0.6b
 fi
-
 tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 echo "done at ${SECONDS}s" >>"$LOG"

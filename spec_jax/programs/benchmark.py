@@ -11,7 +11,8 @@ on accelerators so that dispatch does not hide the bandwidth), roofline_ms_per_s
 (parameter bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step /
 batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
 ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an architecture preset,
-`models/presets.py`, else null), dtype and device_kind (the device kind as JAX names it). Every
+`models/presets.py`, else null), dtype, device_kind (the device kind as JAX names it) and
+xla_flags (XLA_FLAGS as the run saw it, launch.py's defaults included: `cli.XLA_DEFAULTS`). Every
 call generates exactly `new_tokens` per row (stop tokens are ignored) from prompts of the
 configured split, or (`benchmark.prompts="random"`) from `prompt_tokens` random token ids of a
 fixed seed, which need no corpus: what random weights decode does not depend on the text.
@@ -27,6 +28,7 @@ processes, and a roofline measured apart from the decode it bounds moves the rat
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import numpy as np
@@ -102,7 +104,7 @@ def run(config, workdir: str) -> list[dict]:
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
         loop=b.get("loop", "fixed"), fused=cfg.fused, unrolled=cfg.unrolled,
         model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,
-        device_kind=jax.devices()[0].device_kind))
+        device_kind=jax.devices()[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", "")))
   base = rows[0]["tokens_per_s"]
   for row in rows:  # throughput gain of batching, against batch_sizes[0] measured in this run
     row["throughput_vs_first_batch_size"] = round(row["tokens_per_s"] / base, 3)

@@ -11,7 +11,8 @@ calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfw
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 model's parameter bytes over the measured memory bandwidth: the floor of any call that reads the
 weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
-names it), dtype, preset (the verifier's size when it is an architecture preset, else null).
+names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size when it
+is an architecture preset, else null).
 A drafter section without a checkpoint whose size makes a feature drafter of a variant's blocks
 (`llama3.1-8b:layers=31:features=1`) is that drafter with random weights
 (`presets.block_drafter`): its c is the cost of its shape, which is all c measures.
@@ -65,7 +66,7 @@ def run(config, workdir: str) -> list[dict]:
   device = timing.device_description()
   variant = draft_init.parse_size(config.verifier.size).variant
   labels = dict(device_kind=jax.devices()[0].device_kind, dtype=v_cfg.dtype, fused=v_cfg.fused,
-                unrolled=v_cfg.unrolled, preset=(
+                unrolled=v_cfg.unrolled, xla_flags=os.environ.get("XLA_FLAGS", ""), preset=(
       variant if variant in presets.PRESETS and not config.verifier.checkpoint else None))
   size = c.position + max(c.tokens) + 1
   rows = []
