@@ -111,15 +111,22 @@ else
   } >>"$LOG" 2>&1
 fi
 
+pack() {  # $OUT/specbench_gpu.tar.gz: what the drafter and the suite have written so far
+  tar -czf "$OUT/specbench_gpu.tar.gz" --exclude='checkpoints' --exclude='data_cache' \
+      --exclude='*.npz' --exclude='jax_cache*' "$DRAFTER" "$SUITE" 2>>"$LOG"
+}
+
 step() {  # step NAME SECONDS_CAP COMMAND...: one launch.py run, bounded by the deadline
   local name=$1 cap=$2; shift 2
   local left=$((DEADLINE_S - SECONDS))
   if [ "$left" -lt 30 ]; then echo "== $name: skipped (deadline)" >>"$LOG"; return; fi
   [ "$cap" -lt "$left" ] && left=$cap
   echo "== $name (t=${SECONDS}s, at most ${left}s)" >>"$LOG"
-  timeout "$left" "$@" >"$OUT/$name.out" 2>&1
+  # -k: a compiling XLA can outlive the polite signal; the call's own limit must not be reached.
+  timeout -k 5 "$left" "$@" >"$OUT/$name.out" 2>&1
   echo "   rc=$? (t=${SECONDS}s)" >>"$LOG"
   tail -n 40 "$OUT/$name.out" | tr '\r' '\n' | tail -n 40 >>"$LOG"; rm -f "$OUT/$name.out"
+  pack  # after every step: the next call's copy of the working tree removes what is not packed
 }
 
 # The drafter: the main job's stage (configs/quickstart.py, recipe sharegpt) at 10× its steps,
@@ -141,6 +148,4 @@ for cats in "${GROUPS_[@]}"; do
       --config.note="GPU rows: the drafter trained on the GPU (experiments/specbench/gpu.sh)."
 done
 
-tar -czf "$OUT/specbench_gpu.tar.gz" --exclude='checkpoints' --exclude='data_cache' \
-    --exclude='*.npz' --exclude='jax_cache*' "$DRAFTER" "$SUITE" 2>>"$LOG"
 echo "done at ${SECONDS}s" >>"$LOG"
