@@ -12,6 +12,10 @@ TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false "
                   "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + TEST_XLA_FLAGS)
+# The launcher's XLA defaults too, so that programs compiled in a test and in a launched
+# subprocess share their persistent-cache entries (the cache keys hash XLA_FLAGS).
+from spec_jax import cli  # noqa: E402  (no jax)
+cli.set_xla_defaults()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Most tests run tiny models, so compiling is most of their time: compile with little
 # optimization (XLA backend -O0, no expensive LLVM passes; ~35% less compile time on the loop

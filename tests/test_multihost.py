@@ -50,7 +50,10 @@ def _launch_pair(*args, timeout=420, extra=((), ()), ok=True):
     # launch.py's log line (in process i's log file): really distributed.
     log = os.path.join(workdir, "log.txt" if i == 0 else f"log.process{i}.txt")
     with open(log, encoding="utf-8") as f:
-      assert f"process {i}/2" in f.read(), out[-4000:]
+      text = f.read()
+    assert f"process {i}/2" in text, out[-4000:]
+    # The launcher adds its XLA defaults to flags that lack them (cli.XLA_DEFAULTS).
+    assert f"XLA_FLAGS={env['XLA_FLAGS']} --xla_gpu_enable_triton_gemm=false\n" in text
   return outs
 
 
