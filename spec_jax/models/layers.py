@@ -172,8 +172,9 @@ class Attention(nn.Module):
     once, after all layers (`decoder.Decoder`), which XLA does in place inside decode loops.
 
     freq: this layer's RoPE inverse frequencies f32[H/2] or their (cos, sin) (`rotation`);
-    window: this layer's sliding window (int32 scalar, 0 = global) or None when the model has
-    none; key_pos: the cache's slot positions (int32[B,S]) for the window term."""
+    window: this layer's sliding window
+    (int32 scalar, 0 = global) or None when the model has none; key_pos: the cache's slot
+    positions (int32[B,S]) for the window term."""
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
     if cfg.fused:  # one product: "qkv" [D, N+2K, H]
