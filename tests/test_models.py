@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spec_jax import testing
-from spec_jax.models import draft_init, families, layers, llama
+from spec_jax.models import draft_init, layers, llama
 
 
 def _full(cfg, params, tokens):
@@ -161,42 +161,3 @@ def test_fused_and_unrolled_layouts_are_the_same_model(layout):
     assert getattr(draft_init.parse_size(f"test-tiny:{option}=1"), option) == 1
     with pytest.raises(ValueError, match=f"model.size.*{option}=1"):
       draft_init.parse_size(f"test-tiny:{option}=2")
-
-
-def _trig_ops(jaxpr, in_scan=False, found=None):
-  """(primitive, inside a scan) for every sin and cos of a jaxpr, nested jaxprs included."""
-  found = [] if found is None else found
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name in ("sin", "cos"):
-      found.append((eqn.primitive.name, in_scan))
-    inner = in_scan or eqn.primitive.name == "scan"
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else (value,):
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          _trig_ops(sub, inner, found)
-  return found
-
-
-@pytest.mark.parametrize("case", ["one-rope", "one-rope-unrolled", "local-global"])
-def test_a_shared_rope_is_computed_once_outside_the_layers(case):
-  """Layers sharing one RoPE get its cos and sin from one computation before the layer loop (a
-  GPU then runs two kernels per layer fewer); a model whose layers differ (Gemma 3: local and
-  global RoPE) computes them per layer."""
-  if case == "local-global":
-    tiny = dataclasses.asdict(llama.model_config("test-tiny", vocab_size=257, n_layers=3))
-    cfg = families.config_from_dict(dict(tiny, family="gemma", layer_windows=(4, 0, 4),
-                                         rope_local_theta=100.0))
-    params = llama.init_params(cfg, jax.random.key(1))
-    assert len({tuple(row) for row in cfg.rope_table()}) == 2
-  else:
-    cfg, params = testing.tiny_model(seed=1, n_layers=3)
-  if case.endswith("unrolled"):
-    cfg, params = _layout(cfg, params, "unrolled")
-  tokens = jnp.zeros((2, 3), jnp.int32)
-  pos = jnp.broadcast_to(jnp.arange(3), (2, 3))
-  trig = _trig_ops(jax.make_jaxpr(llama.make_apply(cfg))(params, tokens, pos).jaxpr)
-  if case == "local-global":
-    assert trig and all(in_scan for _, in_scan in trig)
-  else:
-    assert sorted(trig) == [("cos", False), ("sin", False)]

@@ -67,18 +67,14 @@ class Decoder(nn.Module):
       key_pos = cache.pos
     else:
       mask_old, mask_new, layer_caches, key_pos = None, mask, None, None
-    table = cfg.rope_table()  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
-    if (table == table[0]).all():  # one RoPE: its cos and sin once, not inside every layer
-      freqs, freq_axis = L.rotation(positions, table[0]), nn.broadcast
-    else:
-      freqs, freq_axis = jnp.asarray(table), 0
+    freqs = jnp.asarray(cfg.rope_table())  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
     windows = jnp.asarray(cfg.windows(), jnp.int32) if cfg.has_windows else None  # [L]
     if cfg.unrolled:  # straight-line layers with their own params "layers_<i>"
       x, ((new_k, new_v), residuals) = _unrolled(
           cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
     else:
       layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
-                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, freq_axis, 0,
+                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, 0,
                                 nn.broadcast),
                        length=cfg.n_layers)
       # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
@@ -123,8 +119,7 @@ def _unrolled(cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs,
   new_k, new_v, residuals = [], [], []
   for i in range(cfg.n_layers):
     x, ((k, v), residual) = cfg.block()(cfg, name=f"layers_{i}")(
-        x, layer(layer_caches, i), positions, mask_old, mask_new, layer(steer, i),
-        freqs if isinstance(freqs, tuple) else freqs[i],
+        x, layer(layer_caches, i), positions, mask_old, mask_new, layer(steer, i), freqs[i],
         layer(windows, i), key_pos)
     new_k.append(k)
     new_v.append(v)

@@ -95,28 +95,18 @@ def inv_freq(head_dim: int, theta: float, scaling: str = "none", factor: float =
   return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def rotation(positions: jax.Array, freq) -> tuple[jax.Array, jax.Array]:
-  """cos and sin f32[B,T,1,H] of the RoPE angles at positions[B,T] for inverse frequencies
-  f32[H/2]: what `rope` multiplies by. A model whose layers share one RoPE computes them once per
-  call and hands them to every layer (`decoder.Decoder`): on a GPU, two kernels per layer fewer."""
+def rope(x: jax.Array, positions: jax.Array, freq: jax.Array | float) -> jax.Array:
+  """Rotary embedding in the rotate-half layout (HF Llama), x[B,T,*,H], positions[B,T].
+  freq: inverse frequencies f32[H/2] (`inv_freq`), or a base theta for the default RoPE."""
+  h = x.shape[-1]
+  if not hasattr(freq, "shape"):
+    freq = inv_freq(h, freq)
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(freq, jnp.float32)  # [B,T,H/2]
   angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-  return jnp.cos(angles), jnp.sin(angles)
-
-
-def rope(x: jax.Array, positions: jax.Array, freq) -> jax.Array:
-  """Rotary embedding in the rotate-half layout (HF Llama), x[B,T,*,H], positions[B,T].
-  freq: inverse frequencies f32[H/2] (`inv_freq`), a base theta for the default RoPE, or the
-  (cos, sin) pair `rotation` made of them for these positions."""
-  h = x.shape[-1]
-  if isinstance(freq, tuple):
-    cos, sin = freq
-  else:
-    cos, sin = rotation(positions, freq if hasattr(freq, "shape") else inv_freq(h, freq))
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
   rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -171,8 +161,7 @@ class Attention(nn.Module):
     avoids copying the whole [B,S,K,H] buffer per layer; the new K/V are returned and written
     once, after all layers (`decoder.Decoder`), which XLA does in place inside decode loops.
 
-    freq: this layer's RoPE inverse frequencies f32[H/2] or their (cos, sin) (`rotation`);
-    window: this layer's sliding window
+    freq: this layer's RoPE inverse frequencies f32[H/2]; window: this layer's sliding window
     (int32 scalar, 0 = global) or None when the model has none; key_pos: the cache's slot
     positions (int32[B,S]) for the window term."""
     cfg = self.cfg
