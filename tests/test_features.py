@@ -44,15 +44,23 @@ def _models(vocab_size=16, sharpness=2.0, sigma=0.3, layers=(1,), seed=1):
   return v_cfg, v_params, d_cfg, d_params
 
 
-def _teacher_forced_law(v_cfg, v_params, d_cfg, d_params, seq: list[int]) -> np.ndarray:
+def _teacher_forced_law(v_cfg, v_params, d_cfg, d_params, seq: list[int],
+                        width: int = 40) -> np.ndarray:
   """The drafter's law f32[V] of the token after `seq`, teacher-forced over the whole text with
-  the verifier's features (training's forward: pairs (f_{t−1}, x_t))."""
-  x = jnp.asarray([seq], jnp.int32)
-  positions = jnp.arange(len(seq))[None]
+  the verifier's features (training's forward: pairs (f_{t−1}, x_t)). The text is padded to
+  `width` so that one compiled forward serves every length; both models are causal, so the
+  padding after the text leaves its last position's law unchanged."""
+  x = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
+  return np.asarray(_teacher_forced_laws(v_cfg, d_cfg, v_params, d_params, x)[len(seq) - 1])
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _teacher_forced_laws(v_cfg, d_cfg, v_params, d_params, x):
+  positions = jnp.arange(x.shape[1])[None]
   _, hidden, _ = llama.make_apply(v_cfg, (-1,))(v_params, x, positions)
   logits, _, _ = features_train.feature_apply(d_params, x, positions, features=hidden[-1],
                                               cfg=d_cfg, feature_weight=0.0)
-  return np.asarray(jax.nn.softmax(logits[0, -1]))
+  return jax.nn.softmax(logits[0])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

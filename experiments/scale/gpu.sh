@@ -2,9 +2,10 @@
 # The GPU rows of experiments/scale on one lent GPU, each mode one short run (about 8 minutes):
 #   bash experiments/scale/gpu.sh           presets: decode steps against the memory roofline for
 #       the presets that fit one GPU (bfloat16, batch 1, 8, 32) under the GPU defaults
-#       (`cli.XLA_DEFAULTS`: weight products on cuBLAS), each headline step beside the same step
-#       with Triton's GEMM fusions (the earlier default), the 135M-shape step fused, r(T) and the
-#       one-block feature drafter's c for Llama 3.1 8B (experiments/scale/gpu_cublas/<run>/);
+#       (`cli.XLA_DEFAULTS`: weight products on cuBLAS), the 8B and 135M shapes also fused and
+#       (8B, batch 1) fused and unrolled, r(T) and the one-block feature drafter's c for Llama 3.1
+#       8B, the headline steps with Triton's GEMM fusions (the earlier default), then the other
+#       presets (experiments/scale/gpu_cublas/<run>/);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -109,15 +110,20 @@ else
   W=experiments/scale/gpu_cublas  # experiments/scale/gpu holds the rows under Triton GEMMs
   XLA_FLAGS="--xla_dump_to=/tmp/hlo8b $DUMP" step llama3.1-8b gpu,preset=llama3.1-8b
   dump hlo8b
-  XLA_FLAGS="$TRITON" step llama3.1-8b-triton gpu,preset=llama3.1-8b
   # Fused: three weight products a layer fewer, each a kernel (~2 µs apiece at these sizes).
   step llama3.1-8b-fused gpu,preset=llama3.1-8b,fused
+  # Fused and written out layer by layer (per-layer weights: no slicing of stacked weights, no
+  # loop counter; ~1-2 min to compile), at the bars' batch size.
+  step llama3.1-8b-fused-unrolled gpu,batch_sizes=1,preset=llama3.1-8b,fused,unrolled
   XLA_FLAGS="--xla_dump_to=/tmp/hlo135 $DUMP" step smollm2-135m-f32 gpu,dtype=float32 "${SMOL[@]}"
   dump hlo135
-  XLA_FLAGS="$TRITON" step smollm2-135m-f32-triton gpu,dtype=float32 "${SMOL[@]}"
   step smollm2-135m-f32-fused gpu,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1
   step llama3.1-8b-cost gpu,cost,preset=llama3.1-8b,batch_sizes=1,tokens=1+2+3+4+5+8+16+32+64
+  # The same steps with Triton's GEMM fusions, the XLA default before (measured against cuBLAS
+  # at batch 1 on 2026-11-28; these add batch 8 and 32).
+  XLA_FLAGS="$TRITON" step llama3.1-8b-triton gpu,preset=llama3.1-8b
+  XLA_FLAGS="$TRITON" step smollm2-135m-f32-triton gpu,dtype=float32 "${SMOL[@]}"
   step qwen3-8b gpu,preset=qwen3-8b
   step llama3.2-1b gpu,preset=llama3.2-1b
   step smollm2-135m gpu "${SMOL[@]}"
