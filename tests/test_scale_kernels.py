@@ -1,0 +1,74 @@
+"""experiments/scale/kernels.py's count of the kernels one decode step launches, read from a
+hand-written optimized-HLO module: nested loops count times their trip counts, a fusion's own
+body (and an async fusion's wrapped computation) counts as the one kernel that runs it, the
+bookkeeping ops and the done-half of an async pair count nothing, the prefill outside the decode
+loop counts nothing. (Compiling for a GPU target needs the CUDA plugin, which CI lacks; the
+counting is what can go wrong quietly.)"""
+
+import pytest
+
+from experiments.scale import kernels
+
+# The entry: a prefill fusion, then the decode loop (63 iterations) whose body runs a loop fusion,
+# a copy and the layer loop (30 iterations); each layer runs an input fusion, an async fusion
+# (start and done; its wrapped computation holds a dynamic-update-slice) and a cuBLAS call.
+HLO = """HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+
+%fused_reduce (p0: f32[8]) -> f32[] {
+  %p0 = f32[8]{0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[] reduce(%p0, %z), dimensions={0}, to_apply=%add
+}
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  ROOT %a = f32[] add(%x, %y)
+}
+
+%wrapped (q0: f32[30,8], q1: f32[1,8], q2: s32[]) -> f32[30,8] {
+  %zero = s32[] constant(0)
+  ROOT %dus = f32[30,8]{1,0} dynamic-update-slice(%q0, %q1, %q2, %zero)
+}
+
+%layer_cond (c: (s32[], f32[8])) -> pred[] {
+  %n = s32[] constant(30)
+  %i = s32[] get-tuple-element(%c), index=0
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%layer (l: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %x = f32[8]{0} get-tuple-element(%l), index=1
+  %red = f32[] fusion(%x), kind=kInput, calls=%fused_reduce
+  %start = ((f32[30,8]{1,0}, f32[1,8]{1,0}, s32[]), f32[30,8]{1,0}, u32[]) fusion-start(%k, %v, %j), kind=kLoop, calls=%wrapped
+  %gemm = (f32[8]{0}, s8[64]{0}) custom-call(%x, %w), custom_call_target="__cublas$gemm"
+  %done = f32[30,8]{1,0} fusion-done(%start)
+  %b = f32[2,4]{1,0} bitcast(%x)
+  ROOT %t = (s32[], f32[8]) tuple(%i, %x)
+}
+
+%decode_cond (d: (s32[], f32[8])) -> pred[] {
+  %n = s32[] constant(63)
+  %i = s32[] get-tuple-element(%d), index=0
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%decode (d: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %h = f32[8]{0} fusion(%y), kind=kLoop, calls=%fused_reduce
+  %cp = f32[8]{0} copy(%h)
+  %layers = (s32[], f32[8]) while(%t1), condition=%layer_cond, body=%layer, backend_config={"known_trip_count":{"n":"30"}}
+  ROOT %t = (s32[], f32[8]) tuple(%i, %h)
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %prefill = f32[8]{0} fusion(%a), kind=kLoop, calls=%fused_reduce
+  %loop = (s32[], f32[8]) while(%t0), condition=%decode_cond, body=%decode, backend_config={"known_trip_count":{"n":"63"}}
+}
+"""
+
+
+def test_kernels_per_decode_step_are_counted_from_the_hlo():
+  got = kernels.kernels_per_iteration(HLO, 63)
+  assert dict(got) == {"fusion:kLoop": 1 + 30, "copy": 1, "fusion:kInput": 30,
+                       "custom-call:__cublas$gemm": 30}
+  assert sum(got.values()) == 92
+  with pytest.raises(RuntimeError, match="one loop of 64 iterations"):
+    kernels.kernels_per_iteration(HLO, 64)
