@@ -8,7 +8,8 @@ GPU target described by a target config (XLA's deviceless compilation: no GPU, n
 with the launcher's XLA defaults (`cli.XLA_DEFAULTS`), from abstract parameters, and counts the
 thunks one iteration of the decode loop launches in XLA's optimized HLO: every fusion, library
 call and copy, nested loops (the layer scan) times their trip counts. Cross-checked against the
-HLO dumped on an H200: the same count (837 for the 135M shape in float32).
+HLO dumped on an H200: the same count (837 for the 135M shape in float32 under that run's flags,
+Triton's GEMM fusions on).
 
   # once: the CUDA plugin of the installed jax, into a folder of its own (it needs no GPU)
   pip install --target /tmp/cuda-plugin --no-deps "jax-cuda12-plugin==$(python -c \
