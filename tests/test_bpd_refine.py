@@ -27,6 +27,9 @@ V = 8
 PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
 
 
+_log_prob = jax.jit(ngram.log_prob)
+
+
 def _path_scores(logp, lm, hist, w, paths):
   """Brute force, one row: Σ_i (1 − w)·log q_i(x_i) + w·log p_ngram(x_i | hist, x_<i) for every
   path (a list of equal-length token tuples), each context written out in full."""
@@ -37,7 +40,12 @@ def _path_scores(logp, lm, hist, w, paths):
       full = list(hist) + list(x[:i])
       ctx[j, i, o + a - len(full):] = full
   toks = np.asarray(paths, np.int32)
-  lm_logp = np.asarray(ngram.log_prob(lm, jnp.asarray(ctx), jnp.asarray(toks)))
+  # Rows padded to a power of two (at least 64), so that one compiled query serves most calls;
+  # each row's query is independent of the others.
+  rows = max(64, 1 << (len(paths) - 1).bit_length())
+  ctx = np.pad(ctx, ((0, rows - len(paths)), (0, 0), (0, 0)), constant_values=-1)
+  toks = np.pad(toks, ((0, rows - len(paths)), (0, 0)))
+  lm_logp = np.asarray(_log_prob(lm, jnp.asarray(ctx), jnp.asarray(toks)))
   return [float(sum((1 - w) * logp[i, x[i]] + w * lm_logp[j, i] for i in range(a)))
           for j, x in enumerate(paths)]
 
