@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -46,13 +47,20 @@ def perturbed(params, sigma: float, seed: int = 1):
       treedef, [x + sigma * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
 
 
+@functools.cache
+def _jitted_apply(cfg):
+  """The config's forward, jitted once: the references below run the same model many times
+  (a new jit object per call would trace and compile it again each time)."""
+  return jax.jit(llama.make_apply(cfg))
+
+
 def naive_greedy(cfg, params, prompt: list[int], n: int, width: int = 64) -> list[int]:
   """Greedy continuation by re-running the full causal forward each step (no cache at all).
   The sequence is right-padded to a fixed `width` (causality makes the padding invisible), so
   every step reuses one compiled forward."""
   if len(prompt) + n > width:
     raise ValueError(f"prompt + n = {len(prompt) + n} exceeds width={width}.")
-  apply = jax.jit(llama.make_apply(cfg))
+  apply = _jitted_apply(cfg)
   seq = list(prompt)
   for _ in range(n):
     x = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
@@ -65,7 +73,7 @@ def exact_sequence_law(cfg, params, prompt: list[int], n: int,
                        sampling: sampling_lib.Sampling) -> dict[tuple[int, ...], float]:
   """Exact probability of every n-token continuation under `sampling`, by enumeration
   (vocab_size ** n sequences; keep both small)."""
-  apply = jax.jit(llama.make_apply(cfg))
+  apply = _jitted_apply(cfg)
   law = {}
   for seq in itertools.product(range(cfg.vocab_size), repeat=n):
     x = jnp.asarray([list(prompt) + list(seq)], jnp.int32)

@@ -25,6 +25,7 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # Tests compare in float32; keep matmuls exact on CPU.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
+import shutil
 import tempfile
 
 # Corpora and token caches built by program tests go to a throwaway dir, not the user's cache.
@@ -53,13 +54,22 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 * 2**30))
 import pytest  # noqa: E402  (after the environment above)
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  """A throwaway TFDS dir holding the Shakespeare corpus and its byte-tokenizer cache."""
+@pytest.fixture(scope="session")
+def _shakespeare_dir(tmp_path_factory):
+  """The Shakespeare corpus and its byte-tokenizer cache, built once per worker."""
   from spec_jax.data import pipeline  # imports jax: only once the environment is set
   from spec_jax.data.tokenizer import ByteTokenizer
-  path = str(tmp_path_factory.mktemp("tfds"))
+  path = str(tmp_path_factory.mktemp("tfds_built"))
   pipeline.token_stream("spec_jax_shakespeare", "train", ByteTokenizer(), data_dir=path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(_shakespeare_dir, tmp_path_factory):
+  """A throwaway TFDS dir holding the Shakespeare corpus and its byte-tokenizer cache: a copy of
+  the worker's built one (the files hold no paths), so a module may add datasets to it."""
+  path = str(tmp_path_factory.mktemp("tfds"))
+  shutil.copytree(_shakespeare_dir, path, dirs_exist_ok=True)
   return path
 
 
