@@ -41,10 +41,21 @@ def with_overrides(config, overrides: dict):
 
 def perturbed(params, sigma: float, seed: int = 1):
   """params + sigma * N(0, 1) noise: a drafter that agrees with its verifier often, not always."""
+  return _perturbed(params, seed, sigma)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _perturbed(params, seed, sigma: float):
+  """`perturbed` as one compiled program (run op by op, each leaf shape compiles three). The
+  barriers keep the draw, its scaling and the sum three separately rounded steps, as op by op
+  (XLA would fold sigma into the normal's own scale and fuse the multiply-add): the values are
+  the op-by-op ones bit for bit."""
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(
-      treedef, [x + sigma * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+  barrier = jax.lax.optimization_barrier
+  return jax.tree.unflatten(treedef, [
+      x + barrier(sigma * barrier(jax.random.normal(k, x.shape, x.dtype)))
+      for x, k in zip(leaves, keys)])
 
 
 @functools.cache
@@ -295,7 +306,8 @@ def lm_speculative(v_cfg, v_params, d_cfg, d_params, prompts, rng, *, gamma: int
 
 def random_verdict(proposal: protocols.Proposal, rng: np.random.Generator) -> protocols.Verdict:
   """A verdict accepting a random path of the tree (each step a random valid child, down to a
-  random depth, deeper ones likelier, or a leaf) and a random next token."""
+  random depth, deeper ones likelier, or a leaf) and a random next token. Its fields are host
+  arrays (numpy, the dtypes a rule returns): a jitted commit takes them as they are."""
   tokens, parent, valid = (np.asarray(x) for x in (proposal.tokens, proposal.parent,
                                                    proposal.valid))
   b, _ = tokens.shape
@@ -310,20 +322,19 @@ def random_verdict(proposal: protocols.Proposal, rng: np.random.Generator) -> pr
       node = int(rng.choice(children))
       path[row, n[row]] = node
       n[row] += 1
-  zeros = jnp.zeros((b, depth))
+  zeros = np.zeros((b, depth), np.float32)
   return protocols.Verdict(
-      num_accepted=jnp.asarray(n), next_token=jnp.asarray(rng.integers(0, 16, b), jnp.int32),
-      path=jnp.asarray(path), reached=zeros.astype(bool), alpha=zeros,
-      num_candidates=zeros.astype(jnp.int32))
+      num_accepted=n, next_token=rng.integers(0, 16, b).astype(np.int32), path=path,
+      reached=zeros.astype(bool), alpha=zeros, num_candidates=zeros.astype(np.int32))
 
 
 def tiny_feature_pair(vocab_size=16, sharpness=2.0, sigma=0.3):
   """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and a feature drafter made of its block
   1, every drafter weight perturbed by N(0, sigma²)."""
   v_cfg, v_params = tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
-  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
-  return v_cfg, v_params, d_cfg, perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, jax.tree.map(np.asarray, v_params), (1,))
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, d_params)
+  return v_cfg, v_params, d_cfg, perturbed(jax.device_put(d_params), sigma, 1)
 
 
 def decode(v_cfg, v_params, drafter, d_params, prompts, sampling, n, **kwargs):
@@ -340,9 +351,9 @@ def tiny_eagle3_pair(vocab_size=16, sharpness=2.0, sigma=0.2, depths=(0, 1, 2)):
   through feature_fc, every drafter weight (feature_fc's too, so every depth counts) perturbed
   by N(0, sigma²)."""
   v_cfg, v_params = tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
-  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params), depths)
-  return v_cfg, v_params, d_cfg, perturbed(jax.tree.map(jnp.asarray, d_params), sigma, 1)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, jax.tree.map(np.asarray, v_params), (1,))
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, d_params, depths)
+  return v_cfg, v_params, d_cfg, perturbed(jax.device_put(d_params), sigma, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,11 +394,14 @@ def feature_rounds(v_cfg, v_params, drafter, d_params, prompts=RAGGED_PROMPTS, s
   """Rounds of propose (T = 1) / verifier score / a random accepted path and next token
   (`random_verdict`) / both commits, for a feature drafter. `on_propose(step, state_before,
   proposal, lengths)` runs after each proposal. Returns (drafter state, committed tokens
-  int32[B, size], lengths, the set of accepted depths)."""
+  int32[B, size], lengths, the set of accepted depths). Every step is jitted once (the same
+  shapes each round) and the host keeps the text in numpy: run eagerly, each of the models'
+  ops would compile a program of its own."""
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
   padded = generate_lib.pad_prompts(prompts, 8, pad_id=0)
-  v_cache, v_hidden = verifier.init(v_params, padded.tokens, size)
-  state = drafter.init(d_params, padded.tokens, padded.lengths, size, v_hidden)
+  v_cache, v_hidden = jax.jit(verifier.init, static_argnums=2)(v_params, padded.tokens, size)
+  state = jax.jit(drafter.init, static_argnums=3)(d_params, padded.tokens, padded.lengths, size,
+                                                  v_hidden)
   tokens = np.zeros((len(prompts), size), np.int32)
   tokens[:, :8] = np.asarray(padded.tokens)
   lengths = np.array(padded.lengths)
@@ -397,9 +411,9 @@ def feature_rounds(v_cfg, v_params, drafter, d_params, prompts=RAGGED_PROMPTS, s
                              jax.jit(drafter.commit))
   depths = set()
   for step in range(steps):
-    lens = jnp.asarray(lengths)
+    lens = lengths.astype(np.int32)  # copies: the host arrays move on below
     before = state
-    proposal, state = propose(d_params, state, jnp.asarray(tokens), lens, jax.random.key(step),
+    proposal, state = propose(d_params, state, tokens.copy(), lens, jax.random.key(step),
                               sampling=sampling_lib.Sampling(1.0))
     if on_propose is not None:
       on_propose(step, before, proposal, lengths)
@@ -407,32 +421,41 @@ def feature_rounds(v_cfg, v_params, drafter, d_params, prompts=RAGGED_PROMPTS, s
     verdict = random_verdict(proposal, rng)
     v_cache = v_commit(v_cache, lens, verdict)
     state = commit(d_params, state, proposal, verdict, lens, hidden)
+    drafted = np.asarray(proposal.tokens)
     for b in range(len(prompts)):
       n = int(verdict.num_accepted[b])
       depths.add(n)
-      path = np.asarray(proposal.tokens)[b, np.asarray(verdict.path)[b, :n]]
+      path = drafted[b, verdict.path[b, :n]]
       tokens[b, lengths[b]:lengths[b] + n + 1] = [*path, int(verdict.next_token[b])]
       lengths[b] += n + 1
   return state, tokens, lengths, depths
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _fresh_feature_forward(v_cfg, drafter, v_params, d_params, tokens, last):
+  """(drafter cache, logits f32[B, V], feature f32[B, D] at index `last` int32[B]) of a fresh
+  forward over tokens int32[B, T] reading the verifier's features at the drafter's depths."""
+  d_cfg = drafter.cfg
+  b, t = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+  _, v_fresh, _ = llama.make_apply(v_cfg, drafter.verifier_layers)(v_params, tokens, positions)
+  feature_in = features_lib.shift(features_lib.verifier_features(d_cfg, d_params, v_fresh))
+  _, d_fresh, fresh = llama.make_apply(d_cfg, (-1,))(
+      d_params, tokens, positions, llama.init_cache(d_cfg, b, t), features=feature_in)
+  logits, feature = drafter._last(d_params, d_fresh[-1], last)  # noqa: SLF001
+  return fresh, logits, feature
 
 
 def assert_fresh_feature_state(v_cfg, v_params, drafter, d_params, state, tokens, lengths):
   """The feature drafter's K/V at every committed slot, and the law and predicted feature it
   keeps for the next round, equal a fresh forward over the committed text reading the
   verifier's features (`features.verifier_features` at the drafter's depths)."""
-  d_cfg = drafter.cfg
   longest = int(lengths.max())
-  x = jnp.asarray(tokens[:, :longest])
-  positions = jnp.arange(longest)[None].repeat(len(lengths), 0)
-  _, v_fresh, _ = jax.jit(llama.make_apply(v_cfg, drafter.verifier_layers))(v_params, x,
-                                                                             positions)
-  feature_in = features_lib.shift(features_lib.verifier_features(d_cfg, d_params, v_fresh))
-  _, d_fresh, fresh = jax.jit(llama.make_apply(d_cfg, (-1,)))(
-      d_params, x, positions, llama.init_cache(d_cfg, len(lengths), longest), features=feature_in)
-  for b, length in enumerate(lengths):
-    for name in ("k", "v"):
-      np.testing.assert_allclose(getattr(state["cache"], name)[:, b, :length],
-                                 getattr(fresh, name)[:, b, :length], atol=1e-4, rtol=1e-4)
-  logits, feature = drafter._last(d_params, d_fresh[-1], jnp.asarray(lengths - 1))  # noqa: SLF001
+  fresh, logits, feature = _fresh_feature_forward(
+      v_cfg, drafter, v_params, d_params, tokens[:, :longest], (lengths - 1).astype(np.int32))
+  for name in ("k", "v"):
+    kept, want = (np.asarray(getattr(c, name)) for c in (state["cache"], fresh))
+    for b, length in enumerate(lengths):
+      np.testing.assert_allclose(kept[:, b, :length], want[:, b, :length], atol=1e-4, rtol=1e-4)
   np.testing.assert_allclose(state["logits"], logits, atol=1e-4, rtol=1e-4)
   np.testing.assert_allclose(state["feature"], feature, atol=1e-4, rtol=1e-4)

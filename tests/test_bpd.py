@@ -4,6 +4,7 @@ greedy output = verifier greedy at batch > 1, sampling lossless (chi-square, wit
 that must fail), heads sharded over a mesh = unsharded, bad input."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,23 @@ def _verifier(tie=True, vocab=V, seed=0):
   return testing.tiny_model(seed=seed, vocab_size=vocab, sharpness=3.0, tie_embeddings=tie)
 
 
+@functools.cache
+def _forward(v_cfg):
+  """The verifier's forward with its final residual, jitted once per config (run eagerly, each
+  of its ops compiles on its own)."""
+  return jax.jit(llama.make_apply(v_cfg, (-1,)))
+
+
+@functools.cache
+def _verifier_pass(v_cfg):
+  """bpd_train._verifier_pass of the verifier, jitted once per config, as in the training step."""
+  return jax.jit(functools.partial(bpd_train._verifier_pass, llama.make_apply(v_cfg, (-1,))))
+
+
+_head_logits = jax.jit(bpd_heads.head_logits, static_argnames=("cfg", "v_cfg"))
+_loss_fn = jax.jit(bpd_train.loss_fn, static_argnames=("cfg", "v_cfg", "objective"))
+
+
 def _random_heads(cfg, v_cfg, v_params, seed=1, scale=1.0):
   """Heads that are not the identity (W2 random), so each head has its own law."""
   params = bpd_heads.init_params(cfg, jax.random.key(seed), v_cfg, v_params)
@@ -43,10 +61,10 @@ def test_zero_initialised_heads_are_the_verifiers_next_token_logits(tie, own):
   params = bpd_heads.init_params(cfg, jax.random.key(0), v_cfg, v_params)
   assert {k: v.shape for k, v in params.items()} == {
       "w1": (3, 32, 16), "b1": (3, 16), "w2": (3, 16, 32), **({"out": (3, 32, 64)} if own else {})}
-  tokens = jnp.asarray([[5, 9, 2, 33, 7]])
-  logits, hidden, _ = llama.make_apply(v_cfg, (-1,))(v_params, tokens, jnp.arange(5)[None])
-  heads = bpd_heads.head_logits(cfg, params, v_cfg, bpd_heads.verifier_output(v_cfg, v_params),
-                                hidden[-1])                            # [1, 5, 3, 64]
+  tokens = np.asarray([[5, 9, 2, 33, 7]], np.int32)
+  logits, hidden, _ = _forward(v_cfg)(v_params, tokens, np.arange(5, dtype=np.int32)[None])
+  heads = np.asarray(_head_logits(cfg, params, v_cfg, bpd_heads.verifier_output(v_cfg, v_params),
+                                  hidden[-1]))                         # [1, 5, 3, 64]
   for k in range(3):
     np.testing.assert_allclose(heads[:, :, k], logits, atol=1e-5)
   # The shared projection is the verifier's own arrays, not a copy.
@@ -157,20 +175,19 @@ def test_training_loss_matches_a_numpy_reference(loss, own, subset):
   params = _random_heads(cfg, v_cfg, v_params)
   if own:
     params["out"] = params["out"] + 0.3 * jax.random.normal(jax.random.key(7), params["out"].shape)
-  apply = llama.make_apply(v_cfg, (-1,))
-  tokens = jax.random.randint(jax.random.key(4), (2, 9), 0, 64)
+  tokens = np.asarray(jax.random.randint(jax.random.key(4), (2, 9), 0, 64))
   weights = np.ones((2, 9), np.float32)
   weights[1, 6:] = 0.0
-  batch = {"inputs": tokens, "targets": jnp.roll(tokens, -1, axis=1), "weights": weights}
+  batch = {"inputs": tokens, "targets": np.roll(tokens, -1, axis=1), "weights": weights}
   objective = bpd_train.Objective(loss, decay=0.8)
-  x, log_p = bpd_train._verifier_pass(apply, v_params, tokens)
+  x, log_p = _verifier_pass(v_cfg)(v_params, tokens)
   out = bpd_heads.verifier_output(v_cfg, v_params)
   ids = np.sort(np.random.default_rng(0).permutation(64)[:40]).astype(np.int32) if subset else None
-  got, metrics = bpd_train.loss_fn(
+  got, metrics = _loss_fn(
       params, x, log_p, batch, cfg=cfg, v_cfg=v_cfg, objective=objective,
-      v_out=out if ids is None else bpd_heads.verifier_output(v_cfg, v_params, jnp.asarray(ids)),
-      vocab_ids=None if ids is None else jnp.asarray(ids))
-  logits = np.asarray(bpd_heads.head_logits(cfg, params, v_cfg, out, x), np.float64)
+      v_out=out if ids is None else bpd_heads.verifier_output(v_cfg, v_params, ids),
+      vocab_ids=ids)
+  logits = np.asarray(_head_logits(cfg, params, v_cfg, out, x), np.float64)
   log_p, targets = np.asarray(log_p, np.float64), np.asarray(batch["targets"])
   greedy = log_p.argmax(-1)
   keep = np.arange(64) if ids is None else ids

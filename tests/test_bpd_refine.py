@@ -28,24 +28,36 @@ PROMPTS = [[1, 2, 3, 4, 5], [4], [5, 0], [3, 3, 3]]
 
 
 _log_prob = jax.jit(ngram.log_prob)
+# The lattice functions under test, each compiled once, as the drafter runs them inside its jitted
+# round (eagerly, each dispatches dozens of small ops that compile one by one). Weights, widths
+# and counts are static, as they are there.
+_top_k_lattice = jax.jit(lattice.top_k_lattice, static_argnames="top_k")
+_search = jax.jit(lattice.search, static_argnames=("weight", "beam"))
+_best_paths = jax.jit(lattice.best_paths, static_argnames="num")
+_prefix_tree = jax.jit(lattice.prefix_tree)
+_beam_tree = jax.jit(lattice.beam_tree, static_argnames=("weight", "width"))
+
+
+_WIDTH = 4  # path positions each brute-force query holds (the tests' paths have at most 3)
 
 
 def _path_scores(logp, lm, hist, w, paths):
   """Brute force, one row: Σ_i (1 − w)·log q_i(x_i) + w·log p_ngram(x_i | hist, x_<i) for every
   path (a list of equal-length token tuples), each context written out in full."""
   a, o = len(paths[0]), len(hist)
-  ctx = np.full((len(paths), a, o + a), -1, np.int32)
+  assert a <= _WIDTH, a
+  # Rows padded to a power of two (at least 64) and positions to _WIDTH, so that one compiled
+  # query serves the paths and prefixes of every length; each (row, position) query is
+  # independent of the others, and the padded ones are never read.
+  rows = max(64, 1 << (len(paths) - 1).bit_length())
+  ctx = np.full((rows, _WIDTH, o + _WIDTH), -1, np.int32)
+  toks = np.zeros((rows, _WIDTH), np.int32)
   for j, x in enumerate(paths):
+    toks[j, :a] = x
     for i in range(a):
       full = list(hist) + list(x[:i])
-      ctx[j, i, o + a - len(full):] = full
-  toks = np.asarray(paths, np.int32)
-  # Rows padded to a power of two (at least 64), so that one compiled query serves most calls;
-  # each row's query is independent of the others.
-  rows = max(64, 1 << (len(paths) - 1).bit_length())
-  ctx = np.pad(ctx, ((0, rows - len(paths)), (0, 0), (0, 0)), constant_values=-1)
-  toks = np.pad(toks, ((0, rows - len(paths)), (0, 0)))
-  lm_logp = np.asarray(_log_prob(lm, jnp.asarray(ctx), jnp.asarray(toks)))
+      ctx[j, i, o + _WIDTH - len(full):] = full
+  lm_logp = np.asarray(_log_prob(lm, ctx, toks))
   return [float(sum((1 - w) * logp[i, x[i]] + w * lm_logp[j, i] for i in range(a)))
           for j, x in enumerate(paths)]
 
@@ -54,9 +66,10 @@ def _lattice(seed, hist, b=2, a=3, k=3, v=7):
   """(head logits [b, a, v], an order-3 n-gram LM, hist, lattice tokens, lattice log-probs) of
   random heads: the brute-force tests' lattice."""
   rng = np.random.default_rng(seed)
-  logits = jnp.asarray(rng.normal(size=(b, a, v)) * 2, jnp.float32)
+  # device_put, not jnp.asarray: the latter compiles a copy program per new shape.
+  logits = jax.device_put((rng.normal(size=(b, a, v)) * 2).astype(np.float32))
   lm = ngram.build(rng.integers(0, v, 400), order=3, vocab_size=v)
-  return (logits, lm, jnp.asarray(hist, jnp.int32), *lattice.top_k_lattice(logits, k))
+  return (logits, lm, jax.device_put(np.asarray(hist, np.int32)), *_top_k_lattice(logits, k))
 
 
 def test_best_paths_match_brute_force_and_form_a_prefix_tree():
@@ -66,24 +79,25 @@ def test_best_paths_match_brute_force_and_form_a_prefix_tree():
   root-to-leaf path with every shared prefix once."""
   b, a, k, p, w = 2, 3, 3, 5, 0.6
   logits, lm, hist, lat_tokens, lat_logp = _lattice(0, [[-1, 4], [2, 6]])
-  cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w)
+  cand, score = _search(lat_tokens, lat_logp, hist, lm, w)
   assert cand.shape == (b, k ** a, a)
-  kept, top = lattice.best_paths(score, cand, p)
+  kept, top = _best_paths(score, cand, p)
   logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  hist_rows, kept_rows, top_rows = np.asarray(hist), np.asarray(kept), np.asarray(top)
   for row in range(b):
     heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
     every = [tuple(map(int, x)) for x in itertools.product(*heads_top)]
-    scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, every)
+    scores = _path_scores(logp[row], lm, hist_rows[row], w, every)
     brute = sorted(zip(scores, every), key=lambda t: -t[0])[:p]
-    assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == [x for _, x in brute]
-    np.testing.assert_allclose(np.asarray(top[row]), [s for s, _ in brute], rtol=1e-5)
-  root = jnp.asarray([11, 12])
-  tree = lattice.prefix_tree(root, kept)
+    assert [tuple(map(int, x)) for x in kept_rows[row]] == [x for _, x in brute]
+    np.testing.assert_allclose(top_rows[row], [s for s, _ in brute], rtol=1e-5)
+  root = np.asarray([11, 12], np.int32)
+  tree = _prefix_tree(root, kept)
   tree_acceptance.check_tree(tree.tokens, tree.parent, tree.depth, tree.valid, max_depth=a,
                              max_candidates=min(p, k))
   toks, par, val = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid))
   for row in range(b):
-    paths = {tuple(int(t) for t in x) for x in np.asarray(kept[row])}
+    paths = {tuple(int(t) for t in x) for x in kept_rows[row]}
     leaves = set()
     for node in np.flatnonzero(val[row]):
       path, n = [], node
@@ -104,29 +118,29 @@ def test_search_beyond_max_paths_is_a_beam_over_prefix_scores():
   sums independent per-position terms) its p ≤ beam best paths are still the exact p best."""
   b, a, k, beam, w = 2, 3, 3, 2, 0.7
   logits, lm, hist, lat_tokens, lat_logp = _lattice(3, [[5, 1], [-1, -1]])
-  cand, score = lattice.search(lat_tokens, lat_logp, hist, lm, w, beam=beam)
+  cand, score = _search(lat_tokens, lat_logp, hist, lm, w, beam=beam)
   assert cand.shape == (b, beam * k, a)
   logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  hist_rows, cand_rows, score_rows = np.asarray(hist), np.asarray(cand), np.asarray(score)
   for row in range(b):
     heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
     prefixes = [()]
     for i in range(a):
       grown = [x + (int(t),) for x in prefixes for t in heads_top[i]]
-      scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, grown)
+      scores = _path_scores(logp[row], lm, hist_rows[row], w, grown)
       ranked = [x for _, x in sorted(zip(scores, grown), key=lambda t: -t[0])]
       prefixes = ranked[:beam] if i < a - 1 else ranked
-    got = [tuple(map(int, x)) for x in np.asarray(cand[row])]
+    got = [tuple(map(int, x)) for x in cand_rows[row]]
     assert sorted(got) == sorted(prefixes)
     np.testing.assert_allclose(
-        np.asarray(score[row]), _path_scores(logp[row], lm, np.asarray(hist[row]), w, got),
-        rtol=1e-5)
-  cand, score = lattice.search(lat_tokens, lat_logp, None, None, 0.0, beam=beam)
-  kept, _ = lattice.best_paths(score, cand, beam)
+        score_rows[row], _path_scores(logp[row], lm, hist_rows[row], w, got), rtol=1e-5)
+  cand, score = _search(lat_tokens, lat_logp, None, None, 0.0, beam=beam)
+  kept = np.asarray(_best_paths(score, cand, beam)[0])
   for row in range(b):
     heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
     every = [tuple(map(int, x)) for x in itertools.product(*heads_top)]
     best = sorted(every, key=lambda x: -sum(logp[row, i, t] for i, t in enumerate(x)))[:beam]
-    assert [tuple(map(int, x)) for x in np.asarray(kept[row])] == best
+    assert [tuple(map(int, x)) for x in kept[row]] == best
 
 
 def test_beam_tree_keeps_every_levels_beam():
@@ -136,20 +150,21 @@ def test_beam_tree_keeps_every_levels_beam():
   prefix; a valid tree for the greedy walk."""
   b, a, k, width, w = 2, 3, 3, 4, 0.6
   logits, lm, hist, lat_tokens, lat_logp = _lattice(4, [[-1, 4], [2, 6]])
-  root = jnp.asarray([11, 12])
-  tree = lattice.beam_tree(root, lat_tokens, lat_logp, hist, lm, w, width)
+  root = np.asarray([11, 12], np.int32)
+  tree = _beam_tree(root, lat_tokens, lat_logp, hist, lm, w, width)
   assert tree.tokens.shape == (b, 1 + width * a)
   tree_acceptance.check_tree(tree.tokens, tree.parent, tree.depth, tree.valid, max_depth=a,
                              max_candidates=min(width, k))
   toks, par, val, dep = (np.asarray(x) for x in (tree.tokens, tree.parent, tree.valid,
                                                  tree.depth))
   logp = np.asarray(jax.nn.log_softmax(logits, -1))
+  hist_rows = np.asarray(hist)
   for row in range(b):
     heads_top = [np.argsort(-logp[row, i])[:k] for i in range(a)]
     prefixes, levels = [()], []
     for i in range(a):
       grown = [x + (int(t),) for x in prefixes for t in heads_top[i]]
-      scores = _path_scores(logp[row], lm, np.asarray(hist[row]), w, grown)
+      scores = _path_scores(logp[row], lm, hist_rows[row], w, grown)
       prefixes = [x for _, x in sorted(zip(scores, grown), key=lambda t: -t[0])][:width]
       levels.append(prefixes)
     got = [[] for _ in range(a)]
@@ -164,8 +179,8 @@ def test_beam_tree_keeps_every_levels_beam():
     assert got == levels   # best first within each level
   assert val[:, 1:1 + width].sum(axis=1).tolist() == [k, k]   # level 1: k real nodes, 1 pad
   # Width 1 at w = 0 is the heads' own argmax chain (plain greedy BPD's draft).
-  chain = lattice.beam_tree(root, lat_tokens, lat_logp, None, None, 0.0, 1)
-  np.testing.assert_array_equal(np.asarray(chain.tokens[:, 1:]), np.argmax(logp, -1))
+  chain = _beam_tree(root, lat_tokens, lat_logp, None, None, 0.0, 1)
+  np.testing.assert_array_equal(np.asarray(chain.tokens)[:, 1:], np.argmax(logp, -1))
 
 
 def _setup(num_heads=3, seed=1):

@@ -3,9 +3,9 @@ vocabularies (lossless and greedy-exact decoding, training, checkpoints) and the
 Tiny models, CPU only."""
 
 import dataclasses
+import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -23,9 +23,17 @@ from spec_jax.models import draft_init, gemma, llama
 from spec_jax.programs import train_lm
 
 
+@functools.cache
+def _forward(cfg):
+  """cfg's forward, jitted once per config (run eagerly, each of its ops compiles on its own)."""
+  return jax.jit(llama.make_apply(cfg))
+
+
 def _logits(cfg, params, tokens):
-  tokens = jnp.asarray(tokens, jnp.int32)
-  return llama.make_apply(cfg)(params, tokens, jnp.arange(tokens.shape[1])[None])[0]
+  """float32[B, T, V] (numpy) of the model at tokens int[B, T]."""
+  tokens = np.asarray(tokens, np.int32)
+  positions = np.arange(tokens.shape[1], dtype=np.int32)[None]
+  return np.asarray(_forward(cfg)(params, tokens, positions)[0])
 
 
 def test_all_layers_reproduce_the_verifier_and_a_subset_keeps_its_blocks():
@@ -36,7 +44,7 @@ def test_all_layers_reproduce_the_verifier_and_a_subset_keeps_its_blocks():
   # Keeping block 1 alone is the model whose only block is block 1 (embedding, norm, head kept).
   one_cfg, one = draft_init.select_layers(cfg, params, [1])
   assert one_cfg.n_layers == 1 and one_cfg.num_params < cfg.num_params
-  by_hand = {**params, "layers": jax.tree.map(lambda x: x[1:2], params["layers"])}
+  by_hand = {**params, "layers": jax.tree.map(lambda x: np.asarray(x)[1:2], params["layers"])}
   np.testing.assert_array_equal(_logits(one_cfg, one, tokens),
                                 _logits(dataclasses.replace(cfg, n_layers=1), by_hand, tokens))
   assert not np.array_equal(_logits(one_cfg, one, tokens), _logits(cfg, params, tokens))
@@ -99,11 +107,12 @@ def test_restricted_teacher_is_the_full_teacher_at_the_reduced_ids(tied):
   the same logits as the full forward gathered at those ids, and the same hidden states."""
   cfg, params = testing.tiny_model(seed=3, vocab_size=61, tie_embeddings=tied)
   student, _ = draft_init.reduce_vocab(cfg, None, [2, 7, 30, 44, 60])
-  tokens = jnp.asarray([[1, 5, 9, 2, 7, 7, 30]], jnp.int32)
-  positions = jnp.arange(7)[None]
-  full, hidden, _ = llama.make_apply(cfg, (1,))(params, tokens, positions)
-  got, got_hidden, _ = draft_init.restrict(student, cfg, (1,))(params, tokens, positions)
-  np.testing.assert_allclose(got, full[..., jnp.asarray([2, 7, 30, 44, 60])], rtol=1e-5,
+  tokens = np.asarray([[1, 5, 9, 2, 7, 7, 30]], np.int32)
+  positions = np.arange(7, dtype=np.int32)[None]
+  # Both forwards jitted, as distill runs them (eagerly, each op compiles on its own).
+  full, hidden, _ = jax.jit(llama.make_apply(cfg, (1,)))(params, tokens, positions)
+  got, got_hidden, _ = jax.jit(draft_init.restrict(student, cfg, (1,)))(params, tokens, positions)
+  np.testing.assert_allclose(got, np.asarray(full)[..., [2, 7, 30, 44, 60]], rtol=1e-5,
                              atol=1e-5)
   assert list(got_hidden) == [1]
   np.testing.assert_array_equal(got_hidden[1], hidden[1])
@@ -115,13 +124,15 @@ def test_teacher_parts_compose_to_the_restricted_teacher(tied, reduced):
   is restrict's forward (logits at the student's rows, hidden at the asked layers)."""
   cfg, params = testing.tiny_model(seed=3, vocab_size=61, tie_embeddings=tied)
   student = draft_init.reduce_vocab(cfg, None, [2, 7, 30, 44, 60])[0] if reduced else cfg
-  tokens = jnp.asarray([[1, 5, 9, 2, 7, 7, 30], [3, 3, 8, 0, 59, 1, 2]], jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(7), tokens.shape)
-  want, want_hidden, _ = draft_init.restrict(student, cfg, (1,))(params, tokens, positions)
+  tokens = np.asarray([[1, 5, 9, 2, 7, 7, 30], [3, 3, 8, 0, 59, 1, 2]], np.int32)
+  positions = np.broadcast_to(np.arange(7, dtype=np.int32), tokens.shape)
+  # Every part jitted, as distill's step and teacher cache run them.
+  want, want_hidden, _ = jax.jit(draft_init.restrict(student, cfg, (1,)))(params, tokens,
+                                                                          positions)
   body, head = draft_init.teacher_parts(student, cfg, (1,))
-  hidden = body(params, tokens, positions)
+  hidden = jax.jit(body)(params, tokens, positions)
   assert set(hidden) == {1, draft_init.FINAL}
-  got, got_hidden = head(params, hidden)
+  got, got_hidden = jax.jit(head)(params, hidden)
   assert got.shape == want.shape == (2, 7, 5 if reduced else 61)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   assert list(got_hidden) == [1]

@@ -161,6 +161,8 @@ def test_the_deterministic_tree_fails_the_law_check(monkeypatch):
 # Tiny transformers: an LM drafter (a perturbed copy of the verifier) and a feature drafter.
 
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
+# One compiled program for all leaves (eagerly, each leaf shape compiles its own noise ops).
+_perturbed = jax.jit(testing.perturbed, static_argnums=(1, 2))
 
 
 def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
@@ -168,7 +170,7 @@ def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
   verifier perturbed by N(0, (0.1 sigma)²)) or "feature" (`testing.tiny_feature_pair`)."""
   if kind == "lm":
     v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-    return v_cfg, v_params, v_cfg, testing.perturbed(v_params, 0.1 * sigma)
+    return v_cfg, v_params, v_cfg, _perturbed(v_params, 0.1 * sigma)
   return testing.tiny_feature_pair(vocab_size, sharpness, sigma)
 
 
@@ -206,7 +208,8 @@ def test_lm_drafter_cache_after_dyn_rounds():
   drafter = lm.LMDrafter(d_cfg, spec)
   padded = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   size = 64
-  cache = drafter.init(d_params, padded.tokens, padded.lengths, size, {})
+  cache = jax.jit(drafter.init, static_argnums=3)(d_params, padded.tokens, padded.lengths, size,
+                                                  {})
   assert cache.size == size + 2 == size + growth.extra_slots(spec)
   tokens = np.zeros((len(PROMPTS), size), np.int32)
   tokens[:, :8] = np.asarray(padded.tokens)
@@ -216,23 +219,25 @@ def test_lm_drafter_cache_after_dyn_rounds():
   commit = jax.jit(drafter.commit)
   depths = set()
   for step in range(5):
-    proposal, cache = propose(d_params, cache, jnp.asarray(tokens), jnp.asarray(lengths),
-                              jax.random.key(step), sampling=Sampling(1.0))
+    proposal, cache = propose(d_params, cache, tokens, lengths, jax.random.key(step),
+                              sampling=Sampling(1.0))
     verdict = testing.random_verdict(proposal, rng)
-    cache = commit(d_params, cache, proposal, verdict, jnp.asarray(lengths), {})
+    cache = commit(d_params, cache, proposal, verdict, lengths, {})
+    # New host arrays for the next round: the calls above may still read (on CPU, alias) these.
+    tokens, lengths = tokens.copy(), lengths.copy()
+    drafted, accepted, path, bonus = (np.asarray(x) for x in (
+        proposal.tokens, verdict.num_accepted, verdict.path, verdict.next_token))
     for b in range(len(PROMPTS)):
-      n = int(verdict.num_accepted[b])
+      n = int(accepted[b])
       depths.add(n)
-      path = np.asarray(proposal.tokens)[b, np.asarray(verdict.path)[b, :n]]
-      tokens[b, lengths[b]:lengths[b] + n + 1] = [*path, int(verdict.next_token[b])]
+      tokens[b, lengths[b]:lengths[b] + n + 1] = [*drafted[b, path[b, :n]], int(bonus[b])]
       lengths[b] += n + 1
   assert max(depths) == 3 and len(depths) >= 3  # paths of several depths, the deepest too
-  logits, _, _ = jax.jit(drafter._catch_up)(d_params, cache, jnp.asarray(tokens),  # noqa: SLF001
-                                            jnp.asarray(lengths))
+  logits, _, _ = jax.jit(drafter._catch_up)(d_params, cache, tokens, lengths)  # noqa: SLF001
   longest = int(lengths.max())
-  fresh, _, _ = llama.make_apply(d_cfg)(d_params, jnp.asarray(tokens[:, :longest]),
-                                        jnp.arange(longest)[None].repeat(len(PROMPTS), 0))
-  fresh = jnp.take_along_axis(fresh, jnp.asarray(lengths - 1)[:, None, None], axis=1)[:, 0]
+  positions = np.arange(longest, dtype=np.int32)[None].repeat(len(PROMPTS), 0)
+  fresh, _, _ = jax.jit(llama.make_apply(d_cfg))(d_params, tokens[:, :longest], positions)
+  fresh = np.take_along_axis(np.asarray(fresh), (lengths - 1)[:, None, None], axis=1)[:, 0]
   np.testing.assert_allclose(logits, fresh, atol=1e-4, rtol=1e-4)
 
 

@@ -192,24 +192,31 @@ def _passes(d_cfg, d_params, v_cfg, v_params, x, pos, passes):
 def test_pass_decay_weights_the_passes():
   """decay = 1 is the plain loss bit for bit (each pass's objective summed, the feature loss
   their mean: no weights passed); decay = 0.8 weighs pass j by w_j = 0.8^j / Σ 0.8^i in both
-  (the laws' sum scaled by the number of passes)."""
+  (the laws' sum scaled by the number of passes). The passes by hand and both losses are one
+  jitted program (run eagerly, every op and each layer scan compiles a program of its own)."""
   v_cfg, v_params, d_cfg, d_params = testing.tiny_feature_pair()
   x = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
   pos = jnp.arange(7)[None]
-  log_p, f, laws, feats = _passes(d_cfg, d_params, v_cfg, v_params, x, pos, 3)
   objective = distill.Objective("fkl")
   batch = {"inputs": x, "targets": x, "weights": jnp.ones((1, 7))}
-  fkl = [divergences.masked_mean(divergences.DIVERGENCES["fkl"](
-      log_p, divergences.log_law(lg, objective.sampling), 0.5), batch["weights"]) for lg in laws]
-  reg = [features_train.feature_loss(h, f) for h in feats]
 
-  def loss(decay):
-    student = functools.partial(features_train.feature_apply, features=f, cfg=d_cfg,
-                                feature_weight=0.5, passes=3, decay=decay)
-    return distill.distill_loss(d_params, log_p, batch, student_apply=student,
-                                objective=objective)
+  @jax.jit
+  def by_hand_and_losses(d_params, v_params):
+    log_p, f, laws, feats = _passes(d_cfg, d_params, v_cfg, v_params, x, pos, 3)
+    fkl = [divergences.masked_mean(divergences.DIVERGENCES["fkl"](
+        log_p, divergences.log_law(lg, objective.sampling), 0.5), batch["weights"])
+           for lg in laws]
+    reg = [features_train.feature_loss(h, f) for h in feats]
 
-  total, metrics = loss(1.0)
+    def loss(decay):
+      student = functools.partial(features_train.feature_apply, features=f, cfg=d_cfg,
+                                  feature_weight=0.5, passes=3, decay=decay)
+      return distill.distill_loss(d_params, log_p, batch, student_apply=student,
+                                  objective=objective)
+
+    return fkl, reg, loss(1.0), loss(0.8)
+
+  fkl, reg, (total, metrics), decayed = by_hand_and_losses(d_params, v_params)
   plain = 0.0
   for r in reg:  # the feature loss's mean, in the order feature_apply adds it
     plain = plain + 0.5 * r / 3
@@ -217,7 +224,7 @@ def test_pass_decay_weights_the_passes():
   np.testing.assert_array_equal(metrics["loss"], fkl[0])
   w = np.array([1.0, 0.8, 0.64]) / 2.44
   np.testing.assert_allclose(features_train.pass_weights(3, 0.8), w, rtol=1e-12)
-  total, metrics = loss(0.8)
+  total, metrics = decayed
   reg_part = 0.5 * sum(wj * r for wj, r in zip(w, reg))
   np.testing.assert_allclose(total, 3 * sum(wj * t for wj, t in zip(w, fkl)) + reg_part,
                              rtol=1e-5)
@@ -227,20 +234,28 @@ def test_pass_decay_weights_the_passes():
 
 def test_multi_layer_forward_reads_the_fc_then_its_own_features():
   """Pass 1 reads feature_fc of the verifier's layers; pass 2 reads pass 1's final residual as
-  it is (no fc); no feature loss (feature_weight has nothing to weigh)."""
+  it is (no fc); no feature loss (feature_weight has nothing to weigh). The passes by hand and
+  the student are one jitted program."""
   v_cfg, v_params, d_cfg, d_params = testing.tiny_eagle3_pair()
   x = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
   pos = jnp.arange(7)[None]
-  _, hidden, _ = llama.make_apply(v_cfg, d_cfg.feature_layers)(v_params, x, pos)
-  apply = llama.make_apply(d_cfg, (-1,), reduced_logits=True)
-  g = features.verifier_features(d_cfg, d_params, hidden)
-  l1, h1, _ = apply(d_params, x, pos, features=features.shift(g))
-  l2, _, _ = apply(d_params, x, pos, features=features.shift(h1[-1]))
-  logits, aux, _ = features_train.feature_apply(d_params, x, pos, features=hidden, cfg=d_cfg,
-                                                feature_weight=1.0, passes=2, decay=0.8)
+  student = functools.partial(features_train.feature_apply, cfg=d_cfg, feature_weight=1.0,
+                              passes=2, decay=0.8)
+
+  @jax.jit
+  def by_hand_and_student(v_params, d_params):
+    _, hidden, _ = llama.make_apply(v_cfg, d_cfg.feature_layers)(v_params, x, pos)
+    apply = llama.make_apply(d_cfg, (-1,), reduced_logits=True)
+    g = features.verifier_features(d_cfg, d_params, hidden)
+    l1, h1, _ = apply(d_params, x, pos, features=features.shift(g))
+    l2, _, _ = apply(d_params, x, pos, features=features.shift(h1[-1]))
+    return hidden, l1, l2, student(d_params, x, pos, features=hidden)
+
+  hidden, l1, l2, (logits, aux, _) = by_hand_and_student(v_params, d_params)
   np.testing.assert_allclose(logits, l1, atol=1e-6)
   np.testing.assert_allclose(aux["extra_logits"][0], l2, atol=1e-6)
-  assert aux["aux_loss"] == 0.0 and aux["pass_weights"] == pytest.approx((2 / 1.8, 1.6 / 1.8))
+  assert aux["aux_loss"] == 0.0
+  assert tuple(map(float, aux["pass_weights"])) == pytest.approx((2 / 1.8, 1.6 / 1.8))
   _, context_fn = features_train.make_student(d_cfg, 1.0, 2)
   context = context_fn(hidden, {"weights": jnp.ones((1, 7))}, None)
   assert sorted(context["features"]) == [0, 1, 2]

@@ -73,10 +73,17 @@ def _check_node_laws(drafter, params, state, proposal, lengths):
   """Every drafted node's q is the drafter's law after its path fed as a chain (pairs of the
   previous step's predicted feature and the token, one call each from the kept state): each
   node's pair carries its own parent's predicted feature."""
-  apply = jax.jit(drafter._apply())  # noqa: SLF001
+  apply = drafter._apply()  # noqa: SLF001
+
+  @jax.jit
+  def feed(cache, feature, x, pos):
+    out, hidden, cache = apply(params, x, pos, cache, features=feature)
+    return cache, hidden[-1], jax.nn.softmax(out[:, 0])
+
   tokens, parent, valid, q = (np.asarray(x) for x in (proposal.tokens, proposal.parent,
                                                       proposal.valid, proposal.q))
   b = tokens.shape[0]
+  kept_law = jax.nn.softmax(state["logits"])
   for row in range(b):
     for node in sorted(set(parent[row][valid[row]].tolist()) - {-1}):
       path = []
@@ -84,13 +91,11 @@ def _check_node_laws(drafter, params, state, proposal, lengths):
       while j > 0:
         path.insert(0, int(tokens[row, j]))
         j = int(parent[row, j])
-      cache, feature, logits = state["cache"], state["feature"][:, None], state["logits"]
+      cache, feature, law = state["cache"], np.asarray(state["feature"])[:, None], kept_law
       for i, x in enumerate(path):
-        pos = jnp.full((b, 1), lengths[row] + i, jnp.int32)
-        out, hidden, cache = apply(params, jnp.full((b, 1), x, jnp.int32), pos, cache,
-                                   features=feature)
-        feature, logits = hidden[-1], out[:, 0]
-      np.testing.assert_allclose(q[row, node], jax.nn.softmax(logits[row]), atol=1e-5,
+        pos = np.full((b, 1), lengths[row] + i, np.int32)
+        cache, feature, law = feed(cache, feature, np.full((b, 1), x, np.int32), pos)
+      np.testing.assert_allclose(q[row, node], np.asarray(law)[row], atol=1e-5,
                                  err_msg=f"row {row}, node {node}")
 
 

@@ -38,9 +38,9 @@ def _models(vocab_size=16, sharpness=2.0, sigma=0.3, layers=(1,), seed=1):
   `layers`, every drafter weight perturbed by N(0, sigma²); a small vocabulary so that even
   greedy drafts are accepted sometimes, not always."""
   v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, layers)
-  d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
-  d_params = testing.perturbed(jax.tree.map(jnp.asarray, d_params), sigma, seed)
+  d_cfg, d_params = draft_init.select_layers(v_cfg, jax.tree.map(np.asarray, v_params), layers)
+  d_cfg, d_params = draft_init.feature_drafter(d_cfg, d_params)
+  d_params = testing.perturbed(jax.device_put(d_params), sigma, seed)
   return v_cfg, v_params, d_cfg, d_params
 
 
@@ -51,7 +51,7 @@ def _teacher_forced_law(v_cfg, v_params, d_cfg, d_params, seq: list[int],
   `width` so that one compiled forward serves every length; both models are causal, so the
   padding after the text leaves its last position's law unchanged."""
   x = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
-  return np.asarray(_teacher_forced_laws(v_cfg, d_cfg, v_params, d_params, x)[len(seq) - 1])
+  return np.asarray(_teacher_forced_laws(v_cfg, d_cfg, v_params, d_params, x))[len(seq) - 1]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -68,7 +68,8 @@ def test_next_first_draft_law_is_the_teacher_forced_law(temperature):
   """Drive init / propose / score / rule / commit by hand on a ragged batch: after the prompt
   and after each round, the law the drafter keeps for the next round's first draft equals the
   teacher-forced law over the committed text (a wrong feature, token or slot in the commit
-  window changes it)."""
+  window changes it). The prefill and the round are jitted once each (every round has the same
+  shapes); the host keeps the text."""
   v_cfg, v_params, d_cfg, d_params = _models()
   gamma = 3
   drafter = features.FeatureDrafter(d_cfg, trees.chain(gamma))
@@ -76,28 +77,41 @@ def test_next_first_draft_law_is_the_teacher_forced_law(temperature):
   sampling = Sampling(temperature)
   rule = acceptance.RULES["greedy" if sampling.greedy else "speculative"]
   width, size = 8, 40
-  prompts = generate_lib.pad_prompts(PROMPTS, width, pad_id=0)
-  v_cache, v_hidden = verifier.init(v_params, prompts.tokens, size)
-  state = drafter.init(d_params, prompts.tokens, prompts.lengths, size, v_hidden)
-  seqs = [list(p) for p in PROMPTS]
-  counts = set()
-  for step in range(6):
-    for b, seq in enumerate(seqs):
-      np.testing.assert_allclose(np.asarray(jax.nn.softmax(state["logits"][b])),
-                                 _teacher_forced_law(v_cfg, v_params, d_cfg, d_params, seq),
-                                 atol=2e-5, err_msg=f"round {step}, row {b}")
-    tokens = jnp.asarray([s + [0] * (size - len(s)) for s in seqs], jnp.int32)
-    lengths = jnp.asarray([len(s) for s in seqs], jnp.int32)
-    rng = jax.random.key(step)
+
+  @jax.jit
+  def prefill(v_params, d_params, prompt_tokens, prompt_lengths):
+    v_cache, v_hidden = verifier.init(v_params, prompt_tokens, size)
+    state = drafter.init(d_params, prompt_tokens, prompt_lengths, size, v_hidden)
+    return state, v_cache, jax.nn.softmax(state["logits"])
+
+  @jax.jit
+  def one_round(v_params, d_params, state, v_cache, tokens, lengths, rng):
     proposal, state = drafter.propose(d_params, state, tokens, lengths, rng, sampling)
     logits, hidden, v_cache = verifier.score(v_params, v_cache, proposal, lengths)
     verdict = rule(probs_from_logits(logits, sampling), proposal, jax.random.fold_in(rng, 1))
     v_cache = verifier.commit(v_cache, lengths, verdict)
     state = drafter.commit(d_params, state, proposal, verdict, lengths, hidden)
+    return (state, v_cache, jax.nn.softmax(state["logits"]), proposal.tokens,
+            verdict.num_accepted, verdict.next_token)
+
+  prompts = generate_lib.pad_prompts(PROMPTS, width, pad_id=0)
+  state, v_cache, laws = prefill(v_params, d_params, prompts.tokens, prompts.lengths)
+  seqs = [list(p) for p in PROMPTS]
+  counts = set()
+  for step in range(6):
     for b, seq in enumerate(seqs):
-      n = int(verdict.num_accepted[b])
+      np.testing.assert_allclose(np.asarray(laws)[b],
+                                 _teacher_forced_law(v_cfg, v_params, d_cfg, d_params, seq),
+                                 atol=2e-5, err_msg=f"round {step}, row {b}")
+    tokens = np.asarray([s + [0] * (size - len(s)) for s in seqs], np.int32)
+    lengths = np.asarray([len(s) for s in seqs], np.int32)
+    state, v_cache, laws, drafted, num_accepted, next_token = one_round(
+        v_params, d_params, state, v_cache, tokens, lengths, jax.random.key(step))
+    drafted, num_accepted, next_token = map(np.asarray, (drafted, num_accepted, next_token))
+    for b, seq in enumerate(seqs):
+      n = int(num_accepted[b])
       counts.add(n)
-      seq += [int(t) for t in proposal.tokens[b, 1:n + 1]] + [int(verdict.next_token[b])]
+      seq += [int(t) for t in drafted[b, 1:n + 1]] + [int(next_token[b])]
   assert len(counts) > 1  # rounds accepted different numbers of drafts
 
 
@@ -174,31 +188,35 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
 
 def test_training_passes_and_their_loss():
   """Pass 2 reads the features pass 1 predicted (one position back); distill's loss adds the
-  objective on pass 2's law and the mean feature regression to pass 1's objective."""
+  objective on pass 2's law and the mean feature regression to pass 1's objective. (Each
+  forward is jitted: run eagerly, every op and each layer scan compiles a program of its own.)"""
   v_cfg, v_params, d_cfg, d_params = _models()
   x = jnp.asarray([[3, 1, 4, 1, 5, 9, 2]], jnp.int32)
   pos = jnp.arange(7)[None]
-  _, hidden, _ = llama.make_apply(v_cfg, (-1,))(v_params, x, pos)
+  t_logits, hidden, _ = jax.jit(llama.make_apply(v_cfg, (-1,)))(v_params, x, pos)
   f = hidden[-1]
-  apply = llama.make_apply(d_cfg, (-1,), reduced_logits=True)
-  l1, h1, _ = apply(d_params, x, pos, features=features.shift(f))
-  l2, h2, _ = apply(d_params, x, pos, features=features.shift(h1[-1]))
-  logits, aux, _ = features_train.feature_apply(d_params, x, pos, features=f, cfg=d_cfg,
-                                                feature_weight=0.5, passes=2)
+  student = functools.partial(features_train.feature_apply, features=f, cfg=d_cfg,
+                              feature_weight=0.5, passes=2)
+
+  @jax.jit
+  def by_hand_and_student(params):
+    apply = llama.make_apply(d_cfg, (-1,), reduced_logits=True)
+    l1, h1, _ = apply(params, x, pos, features=features.shift(f))
+    l2, h2, _ = apply(params, x, pos, features=features.shift(h1[-1]))
+    return l1, h1, l2, h2, student(params, x, pos)
+
+  l1, h1, l2, h2, (logits, aux, _) = by_hand_and_student(d_params)
   np.testing.assert_allclose(logits, l1, atol=1e-6)
   np.testing.assert_allclose(aux["extra_logits"][0], l2, atol=1e-6)
   reg = 0.5 * (features_train.feature_loss(h1[-1], f) + features_train.feature_loss(h2[-1], f)) / 2
   np.testing.assert_allclose(aux["aux_loss"], reg, rtol=1e-6)
   objective = distill.Objective("fkl")
-  t_logits, _, _ = llama.make_apply(v_cfg)(v_params, x, pos)
   log_p = divergences.log_law(t_logits, objective.sampling)
   batch = {"inputs": x, "targets": x, "weights": jnp.ones((1, 7))}
-  student = functools.partial(features_train.feature_apply, features=f, cfg=d_cfg,
-                              feature_weight=0.5, passes=2)
-  loss, metrics = distill.distill_loss(d_params, log_p, batch, student_apply=student,
-                                       objective=objective)
-  fkl = lambda lg: jnp.mean(divergences.DIVERGENCES["fkl"](  # noqa: E731
-      log_p, divergences.log_law(lg, objective.sampling), 0.5))
+  loss, metrics = jax.jit(functools.partial(distill.distill_loss, student_apply=student,
+                                            objective=objective))(d_params, log_p, batch)
+  fkl = jax.jit(lambda lg: jnp.mean(divergences.DIVERGENCES["fkl"](
+      log_p, divergences.log_law(lg, objective.sampling), 0.5)))
   np.testing.assert_allclose(metrics["loss"], fkl(l1), rtol=1e-5)
   np.testing.assert_allclose(loss, fkl(l1) + fkl(l2) + reg, rtol=1e-5)
 
@@ -228,12 +246,13 @@ def test_bad_input_names_the_field():
 def test_feature_loss_leaves_out_positions_past_the_response():
   """The regression averages over valid positions only: what sits past a row's response (chat
   padding) changes nothing, and an all-valid mask is the plain mean."""
+  feature_loss = jax.jit(features_train.feature_loss)
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
   pred, target = jax.random.normal(k1, (2, 5, 8)), jax.random.normal(k2, (2, 5, 8))
   valid = jnp.array([[True] * 5, [True, True, True, False, False]])
-  full = features_train.feature_loss(pred, target)
-  assert jnp.allclose(features_train.feature_loss(pred, target, jnp.ones((2, 5), bool)), full)
-  masked = features_train.feature_loss(pred, target, valid)
+  full = feature_loss(pred, target)
+  assert jnp.allclose(feature_loss(pred, target, jnp.ones((2, 5), bool)), full)
+  masked = feature_loss(pred, target, valid)
   junk = pred.at[1, 3:].set(jax.random.normal(k3, (2, 8)) * 100)
-  assert jnp.allclose(features_train.feature_loss(junk, target, valid), masked)
-  assert not jnp.allclose(features_train.feature_loss(junk, target), full)
+  assert jnp.allclose(feature_loss(junk, target, valid), masked)
+  assert not jnp.allclose(feature_loss(junk, target), full)

@@ -20,6 +20,9 @@ from spec_jax.programs import evaluate
 
 # Prompts that repeat themselves, so that lookups find matches of every length.
 PROMPTS = [[5, 9, 2, 5, 9, 2, 5], [4, 8, 4], [6, 1, 2, 9, 6, 1], [3]]
+# Jitted once, sizes static: eagerly, every op would compile a program of its own.
+_lookup = jax.jit(lookup.lookup, static_argnums=(2, 3))
+_perturbed = jax.jit(testing.perturbed, static_argnums=(1, 2))
 
 
 @pytest.mark.parametrize("row, length, want_draft, want_match", [
@@ -34,15 +37,16 @@ PROMPTS = [[5, 9, 2, 5, 9, 2, 5], [4, 8, 4], [6, 1, 2, 9, 6, 1], [3]]
 ])
 def test_lookup_on_hand_tables(row, length, want_draft, want_match):
   padding = [0] * (12 - len(row))
-  draft, match = lookup.lookup(jnp.asarray([row + padding]), jnp.asarray([length]), 4, 3)
-  assert np.asarray(draft)[0].tolist() == want_draft
+  draft, match = jax.device_get(
+      _lookup(np.asarray([row + padding], np.int32), np.asarray([length], np.int32), 4, 3))
+  assert draft[0].tolist() == want_draft
   assert int(match[0]) == want_match
 
 
 def test_lookup_ignores_tokens_past_the_length_and_caps_n():
   # Rows of one batch with their own lengths; the tokens after each length are stale.
-  tokens = jnp.asarray([[1, 2, 1, 2, 8, 8, 8], [4, 5, 6, 4, 5, 6, 4]])
-  draft, match = lookup.lookup(tokens, jnp.asarray([3, 7]), 3, 2)
+  tokens = np.asarray([[1, 2, 1, 2, 8, 8, 8], [4, 5, 6, 4, 5, 6, 4]], np.int32)
+  draft, match = _lookup(tokens, np.asarray([3, 7], np.int32), 3, 2)
   assert np.asarray(draft).tolist() == [[2, 1, 2], [5, 6, 4]]
   assert np.asarray(match).tolist() == [1, 2]  # max_ngram = 2 caps the second row's 3-gram
 
@@ -51,10 +55,11 @@ def _models(vocab_size=16, sharpness=2.0, sigma=0.3, seed=1, feature=False):
   """(v_cfg, v_params, d_cfg, d_params): a tiny verifier and a drafter made of its block 1,
   perturbed (an LM drafter, or a feature drafter with `feature`)."""
   v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-  d_cfg, d_params = draft_init.select_layers(v_cfg, v_params, (1,))
+  # The drafter's layers are cut from host copies (numpy slicing compiles nothing).
+  d_cfg, d_params = draft_init.select_layers(v_cfg, jax.tree.map(np.asarray, v_params), (1,))
   if feature:
-    d_cfg, d_params = draft_init.feature_drafter(d_cfg, jax.tree.map(np.asarray, d_params))
-  d_params = testing.perturbed(jax.tree.map(jnp.asarray, d_params), sigma, seed)
+    d_cfg, d_params = draft_init.feature_drafter(d_cfg, d_params)
+  d_params = _perturbed(d_params, sigma, seed)
   return v_cfg, v_params, d_cfg, d_params
 
 
@@ -97,15 +102,17 @@ def test_overlay_keeps_the_lm_drafters_cache_right(mode):
   inner = lm.LMDrafter(d_cfg, trees.chain(3))
   overlay = lookup.LookupOverlay(inner, max_ngram=3, min_ngram=2 if mode == "mixed" else 1)
   size = 64
-  state = overlay.init(d_params, padded.tokens, padded.lengths, size, {})
-  tokens = jnp.zeros((len(prompts), size), jnp.int32).at[:, :8].set(padded.tokens)
-  lengths = padded.lengths
+  state = jax.jit(overlay.init, static_argnums=3)(d_params, padded.tokens, padded.lengths, size,
+                                                  {})
+  tokens = np.zeros((len(prompts), size), np.int32)
+  tokens[:, :8] = np.asarray(padded.tokens)
+  lengths = np.array(padded.lengths)
   rng = np.random.default_rng(0)
   propose = jax.jit(overlay.propose, static_argnames="sampling")
   used = []
   for _ in range(6):  # rounds with random acceptance counts, committed by hand
-    _, match = lookup.lookup(tokens, lengths, 3, 3)
-    used.append(np.asarray(match >= overlay.min_ngram))
+    _, match = _lookup(tokens, lengths, 3, 3)
+    used.append(np.asarray(match) >= overlay.min_ngram)
     proposal, state = propose(d_params, state, tokens, lengths, jax.random.key(0),
                               sampling=Sampling())
     n = rng.integers(0, 4, size=len(prompts))
@@ -116,18 +123,18 @@ def test_overlay_keeps_the_lm_drafters_cache_right(mode):
       new[b, length:length + n[b]] = drafts[b, :n[b]]
       seen = new[b, :length + n[b]]
       new[b, length + n[b]] = rng.integers(0, 16) if mode == "mixed" else rng.choice(seen)
-    tokens, lengths = jnp.asarray(new), lengths + jnp.asarray(n, jnp.int32) + 1
+    tokens, lengths = new, (lengths + n + 1).astype(np.int32)
   used = np.stack(used)
   if mode == "mixed":
     assert used.any() and not used.all(axis=1).all()
   else:
     assert used.all()
   # The LM's law of the next draft from its cache (catch-up window) against a fresh forward.
-  logits, _, _ = inner._catch_up(d_params, state, tokens, lengths)
+  logits, _, _ = jax.jit(inner._catch_up)(d_params, state, tokens, lengths)  # noqa: SLF001
   longest = int(lengths.max())  # one causal forward over the right-padded rows
-  fresh, _, _ = llama.make_apply(d_cfg)(d_params, tokens[:, :longest],
-                                        jnp.arange(longest)[None].repeat(len(prompts), 0))
-  fresh = jnp.take_along_axis(fresh, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  positions = np.arange(longest, dtype=np.int32)[None].repeat(len(prompts), 0)
+  fresh, _, _ = jax.jit(llama.make_apply(d_cfg))(d_params, tokens[:, :longest], positions)
+  fresh = np.take_along_axis(np.asarray(fresh), (lengths - 1)[:, None, None], axis=1)[:, 0]
   np.testing.assert_allclose(logits, fresh, atol=1e-4, rtol=1e-4)
 
 

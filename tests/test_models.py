@@ -1,6 +1,7 @@
 """Llama forward contract: cache, slots, masks, hidden states, variants."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,16 @@ from spec_jax import testing
 from spec_jax.models import draft_init, layers, llama
 
 
+@functools.cache
+def _forward(cfg):
+  """cfg's forward, jitted once per config (a new jit object per call would compile again)."""
+  return jax.jit(llama.make_apply(cfg))
+
+
 def _full(cfg, params, tokens):
-  pos = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-  return jax.jit(llama.make_apply(cfg))(params, tokens, pos)[0]
+  """The logits (numpy) of one cacheless forward over tokens int[B, T]."""
+  pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
+  return np.asarray(_forward(cfg)(params, tokens, pos)[0])
 
 
 @pytest.mark.parametrize("overrides", [{}, {"qkv_bias": True, "tie_embeddings": False,
@@ -54,38 +62,41 @@ def test_custom_slots_and_tree_mask():
   """Two sibling branches written to scratch slots, each seeing the prefix and its own node."""
   cfg, params = testing.tiny_model(seed=4)
   apply = jax.jit(llama.make_apply(cfg))
-  prefix = jnp.array([[3, 4, 5]])
+  prefix = np.asarray([[3, 4, 5]], np.int32)
   cache = llama.init_cache(cfg, 1, 12)
-  _, _, cache = apply(params, prefix, jnp.arange(3)[None], cache)
-  siblings = jnp.array([[20, 30]])
-  slots = jnp.array([[8, 9]])                          # scratch region past the sequence
-  positions = jnp.array([[3, 3]])                      # same depth
-  mask = jnp.zeros((1, 2, 12), bool).at[:, :, :3].set(True)
-  mask = mask.at[0, 0, 8].set(True).at[0, 1, 9].set(True)
+  _, _, cache = apply(params, prefix, np.arange(3, dtype=np.int32)[None], cache)
+  siblings = np.asarray([[20, 30]], np.int32)
+  slots = np.asarray([[8, 9]], np.int32)               # scratch region past the sequence
+  positions = np.asarray([[3, 3]], np.int32)           # same depth
+  mask = np.zeros((1, 2, 12), bool)
+  mask[:, :, :3] = True
+  mask[0, 0, 8] = mask[0, 1, 9] = True
   logits, _, _ = apply(params, siblings, positions, cache, mask, slots)
   for i, tok in enumerate([20, 30]):
-    want = _full(cfg, params, jnp.array([[3, 4, 5, tok]]))[0, -1]
+    want = _full(cfg, params, np.asarray([[3, 4, 5, tok]], np.int32))[0, -1]
     np.testing.assert_allclose(logits[0, i], want, atol=2e-5)
 
 
 def test_out_of_range_slots_drop_writes():
   cfg, params = testing.tiny_model(seed=5)
   cache = llama.init_cache(cfg, 1, 4)
-  _, _, cache2 = llama.make_apply(cfg)(params, jnp.array([[1]]), jnp.array([[0]]), cache,
-                                       None, jnp.array([[4]]))
-  assert not jnp.any(cache2.k)
+  slots = np.asarray([[4]], np.int32)  # one past the cache's 4 slots
+  _, _, cache2 = jax.jit(llama.make_apply(cfg))(params, np.asarray([[1]], np.int32),
+                                                np.asarray([[0]], np.int32), cache, None, slots)
+  assert not np.any(np.asarray(cache2.k))
 
 
 def test_hidden_layers():
   cfg, params = testing.tiny_model(seed=6)
-  tokens = jnp.array([[1, 2, 3]])
-  pos = jnp.arange(3)[None]
-  _, hidden, _ = llama.make_apply(cfg, hidden_layers=(0, 1, -1))(params, tokens, pos)
-  np.testing.assert_allclose(hidden[0], params["embed"]["embedding"][tokens], atol=1e-6)
+  tokens = np.asarray([[1, 2, 3]], np.int32)
+  pos = np.arange(3, dtype=np.int32)[None]
+  _, hidden, _ = jax.jit(llama.make_apply(cfg, hidden_layers=(0, 1, -1)))(params, tokens, pos)
+  np.testing.assert_allclose(hidden[0], np.asarray(params["embed"]["embedding"])[tokens],
+                             atol=1e-6)
   assert hidden[-1].shape == (1, 3, cfg.d_model)
   assert not np.allclose(hidden[1], hidden[0]) and not np.allclose(hidden[-1], hidden[1])
-  with pytest.raises(ValueError, match="hidden layer 5"):
-    llama.make_apply(cfg, hidden_layers=(5,))(params, tokens, pos)
+  with pytest.raises(ValueError, match="hidden layer 5"):  # at trace time, before any compile
+    jax.jit(llama.make_apply(cfg, hidden_layers=(5,)))(params, tokens, pos)
 
 
 def test_variants_and_param_count():

@@ -1,5 +1,6 @@
 """Draft-tree construction: Gumbel-top-k and stochastic beam search laws, masks, shapes, bad input."""
 
+import functools
 import itertools
 
 import jax
@@ -10,6 +11,19 @@ import pytest
 from spec_jax import testing
 from spec_jax.decoding.drafters import standard, trees
 from spec_jax.decoding.sampling import Sampling
+
+
+# Each library step jitted once (its configuration static), so that a test compiles one program
+# per configuration rather than one per eager op; inputs are built and results read on the host.
+_gumbel_top_k = jax.jit(trees.gumbel_top_k, static_argnums=2)
+_expand = jax.jit(trees.expand, static_argnums=(0, 1, 6, 7))
+_root_level = jax.jit(trees.root_level)
+
+
+def _log(p):
+  """float32 log-probabilities of p on the host, log 0 = -inf."""
+  with np.errstate(divide="ignore"):
+    return np.log(np.asarray(p, np.float32))
 
 
 def _plackett_luce(probs, k):
@@ -26,13 +40,13 @@ def _plackett_luce(probs, k):
 
 def test_gumbel_top_k_is_an_ordered_sample_without_replacement():
   probs = np.array([0.4, 0.3, 0.2, 0.1, 0.0])
-  idx, values = jax.jit(trees.gumbel_top_k, static_argnums=2)(
-      jax.random.key(0), jnp.log(jnp.asarray(probs))[None].repeat(40_000, 0), 2)
-  assert np.all(np.diff(np.asarray(values), axis=1) <= 0)            # decreasing order
-  samples = [tuple(r) for r in np.asarray(idx).tolist()]
+  idx, values = jax.device_get(
+      _gumbel_top_k(jax.random.key(0), _log(probs)[None].repeat(40_000, 0), 2))
+  assert np.all(np.diff(values, axis=1) <= 0)                        # decreasing order
+  samples = [tuple(r) for r in idx.tolist()]
   assert testing.chi_square_pvalue(samples, _plackett_luce(probs, 2)) > 1e-3
   # Fewer finite scores than k: the missing draws are marked -inf.
-  _, values = trees.gumbel_top_k(jax.random.key(1), jnp.log(jnp.asarray([[0.5, 0.5, 0.0]])), 3)
+  _, values = jax.device_get(_gumbel_top_k(jax.random.key(1), _log([[0.5, 0.5, 0.0]]), 3))
   assert np.isfinite(values[0, :2]).all() and values[0, 2] == -np.inf
   # And the test can fail: top-2 of the *unperturbed* ranks twice over is not that law.
   wrong = [tuple(r) for r in np.argsort(-(np.log(probs + 1e-30) + np.random.default_rng(0)
@@ -48,10 +62,9 @@ def test_gumbel_top_k_law_is_shift_invariant():
   logp = np.array([0.0, -0.5, -1.0, -1.5])
   probs = np.exp(logp) / np.exp(logp).sum()
   law = _plackett_luce(probs, 2)
-  draw = jax.jit(trees.gumbel_top_k, static_argnums=2)
   for shift in (0.0, 4e6):
-    scores = jnp.asarray(logp + shift, jnp.float32)[None].repeat(40_000, 0)
-    idx, values = draw(jax.random.key(5), scores, 2)
+    scores = np.asarray(logp + shift, np.float32)[None].repeat(40_000, 0)
+    idx, values = _gumbel_top_k(jax.random.key(5), scores, 2)
     assert testing.chi_square_pvalue([tuple(r) for r in np.asarray(idx).tolist()], law) > 1e-3
     assert np.all(np.asarray(values) < 50)  # perturbed *normalised* scores
   # The same draw without normalising loses the law.
@@ -68,14 +81,20 @@ def test_chain_shape():
     trees.chain(0)
 
 
-def _two_level_sbs(n, width, truncate=True, seed=0):
-  """Stochastic beam search of width `width` and depth 2 over a hand-made two-step law."""
-  q_root = jnp.asarray([0.5, 0.3, 0.2])
-  q_next = jnp.asarray([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]])
+Q_ROOT = np.array([0.5, 0.3, 0.2], np.float32)
+Q_NEXT = np.array([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]], np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _sbs_levels(key, n, width, truncate):
+  """(first, second, values) of stochastic beam search of width `width` and depth 2 over the
+  two-step law Q_ROOT, Q_NEXT: level 1's token on each level-2 node's path, level 2's tokens and
+  perturbed values, all [n, width]."""
+  q_root, q_next = jnp.asarray(Q_ROOT), jnp.asarray(Q_NEXT)
   spec = standard.tree("rsd_s", depth=2, width=width)
   s = Sampling(1.0)
   root = trees.root_level(jnp.zeros((n,), jnp.int32))
-  key1, key2 = jax.random.split(jax.random.key(seed))
+  key1, key2 = jax.random.split(key)
   l1 = trees.expand(spec, 1, key1, jnp.log(q_root)[None, None].repeat(n, 0),
                     q_root[None, None].repeat(n, 0), root, 0, s)
   q1 = q_next[l1.tokens]                                                 # [n, W, V]
@@ -83,7 +102,13 @@ def _two_level_sbs(n, width, truncate=True, seed=0):
     l1 = l1.replace(value=jnp.where(l1.valid, 0.0, -jnp.inf))
   l2 = trees.expand(spec, 2, key2, jnp.log(q1), q1, l1, 1, s)
   first = jnp.take_along_axis(l1.tokens, l2.parent - 1, axis=1)
-  return np.asarray(first), np.asarray(l2.tokens), np.asarray(l2.value), q_root, q_next
+  return first, l2.tokens, l2.value
+
+
+def _two_level_sbs(n, width, truncate=True, seed=0):
+  """Stochastic beam search of width `width` and depth 2 over a hand-made two-step law."""
+  first, second, values = jax.device_get(_sbs_levels(jax.random.key(seed), n, width, truncate))
+  return first, second, values, Q_ROOT, Q_NEXT
 
 
 def test_stochastic_beam_search_samples_sequences_without_replacement():
@@ -104,10 +129,10 @@ def test_stochastic_beam_search_samples_sequences_without_replacement():
 
 
 def test_truncated_gumbel_max_equals_the_bound():
-  logp = jnp.log(jnp.asarray([[0.2, 0.5, 0.3, 0.0]] * 4))
-  bound = jnp.asarray([0.0, -3.0, 5.0, -jnp.inf])
-  g = trees.truncated_gumbel(jax.random.key(0), logp, bound)
-  np.testing.assert_allclose(jnp.max(g[:3], axis=-1), bound[:3], atol=1e-6)
+  logp = _log([[0.2, 0.5, 0.3, 0.0]] * 4)
+  bound = np.asarray([0.0, -3.0, 5.0, -np.inf], np.float32)
+  g = np.asarray(jax.jit(trees.truncated_gumbel)(jax.random.key(0), logp, bound))
+  np.testing.assert_allclose(np.max(g[:3], axis=-1), bound[:3], atol=1e-6)
   assert np.all(np.isneginf(g[:, 3])) and np.all(np.isneginf(g[3]))
   assert np.all(np.isfinite(g[:3, :3]))
 
@@ -117,10 +142,11 @@ def test_hand_drawn_tree_mask_and_positions():
   spec = standard.tree("rsd_c", depth=2, branching=(2, 2))
   assert spec.level_widths == (2, 4) and spec.num_nodes == 7 and spec.level_offsets == (0, 1, 3)
   assert spec.depths() == (0, 1, 1, 2, 2, 2, 2)
-  tree = trees.Tree(tokens=jnp.zeros((1, 7), jnp.int32),
-                    parent=jnp.asarray([[-1, 0, 0, 1, 1, 2, 2]]),
-                    depth=jnp.asarray([spec.depths()]), valid=jnp.ones((1, 7), bool))
-  anc = np.asarray(trees.ancestor_matrix(tree.parent, 2)[0]).astype(int)
+  tree = trees.Tree(tokens=np.zeros((1, 7), np.int32),
+                    parent=np.asarray([[-1, 0, 0, 1, 1, 2, 2]], np.int32),
+                    depth=np.asarray([spec.depths()], np.int32), valid=np.ones((1, 7), bool))
+  ancestor_matrix = jax.jit(trees.ancestor_matrix, static_argnums=1)
+  anc = np.asarray(ancestor_matrix(tree.parent, 2)[0]).astype(int)
   want = np.array([[1, 0, 0, 0, 0, 0, 0],
                    [1, 1, 0, 0, 0, 0, 0],
                    [1, 0, 1, 0, 0, 0, 0],
@@ -130,16 +156,19 @@ def test_hand_drawn_tree_mask_and_positions():
                    [1, 0, 1, 0, 0, 0, 1]])
   np.testing.assert_array_equal(anc, want)
   # Prefix of 5 committed tokens: the root (the 5th) sits at slot base = 4, node j at 4 + j.
-  base = jnp.asarray([4])
-  mask = np.asarray(trees.tree_mask(jnp.asarray(anc, bool)[None], base, 14)[0]).astype(int)
+  base = np.asarray([4], np.int32)
+  tree_mask = jax.jit(trees.tree_mask, static_argnums=2)
+  mask = np.asarray(tree_mask(anc.astype(bool)[None], base, 14)[0]).astype(int)
   prefix = np.ones((7, 4), int)
   np.testing.assert_array_equal(mask, np.concatenate([prefix, want, np.zeros((7, 3), int)], 1))
   positions = base[:, None] + tree.depth
   np.testing.assert_array_equal(positions, [[4, 5, 5, 6, 6, 6, 6]])
   # Incremental rows (what the drafter builds level by level) agree with the full matrix.
-  rows0 = jax.nn.one_hot(jnp.zeros((1, 1), jnp.int32), 7, dtype=bool)
-  rows1 = trees.ancestor_rows(rows0, jnp.zeros((1, 2), jnp.int32), jnp.asarray([[1, 2]]), 7)
-  rows2 = trees.ancestor_rows(rows1, jnp.asarray([[0, 0, 1, 1]]), jnp.asarray([[3, 4, 5, 6]]), 7)
+  ancestor_rows = jax.jit(trees.ancestor_rows, static_argnums=3)
+  rows0 = np.eye(7, dtype=bool)[np.zeros((1, 1), np.int32)]
+  rows1 = ancestor_rows(rows0, np.zeros((1, 2), np.int32), np.asarray([[1, 2]], np.int32), 7)
+  rows2 = ancestor_rows(rows1, np.asarray([[0, 0, 1, 1]], np.int32),
+                        np.asarray([[3, 4, 5, 6]], np.int32), 7)
   np.testing.assert_array_equal(np.concatenate([rows0, rows1, rows2], 1)[0], want.astype(bool))
 
 
@@ -159,25 +188,25 @@ def test_expand_levels():
   """Level construction: RSD-C children are distinct tokens in decreasing Gumbel order; greedy
   RSD-C is top-k; chains draw per chain; zero-probability tokens never appear."""
   b, v = 64, 5
-  q = jnp.asarray([0.5, 0.25, 0.25, 0.0, 0.0])
-  logits = jnp.log(q)[None, None].repeat(b, 0)
-  root = trees.root_level(jnp.zeros((b,), jnp.int32))
+  q = np.array([0.5, 0.25, 0.25, 0.0, 0.0], np.float32)
+  logits, qs = _log(q)[None, None].repeat(b, 0), q[None, None].repeat(b, 0)
+  root = _root_level(np.zeros((b,), np.int32))
   spec = standard.tree("rsd_c", depth=1, branching=(4,))
-  lvl = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
-                     Sampling(1.0))
-  toks, valid = np.asarray(lvl.tokens), np.asarray(lvl.valid)
+  lvl = jax.device_get(_expand(spec, 1, jax.random.key(0), logits, qs, root, 0, Sampling(1.0)))
+  toks, valid = lvl.tokens, lvl.valid
   assert valid[:, :3].all() and not valid[:, 3].any()           # only 3 tokens have mass
   assert all(len(set(r[:3])) == 3 for r in toks.tolist())
   np.testing.assert_array_equal(lvl.parent, 0)
-  greedy = trees.expand(spec, 1, jax.random.key(0), logits, q[None, None].repeat(b, 0), root, 0,
-                        Sampling(0.0))
+  greedy = jax.device_get(_expand(spec, 1, jax.random.key(0), logits, qs, root, 0,
+                                  Sampling(0.0)))
   np.testing.assert_array_equal(greedy.tokens[:, 0], 0)
   chains = standard.tree("specinfer", depth=2, width=3)
-  lvl = trees.expand(chains, 1, jax.random.key(1), logits, q[None, None].repeat(b, 0), root, 0,
-                     Sampling(1.0))
-  assert np.isin(np.asarray(lvl.tokens), [0, 1, 2]).all()
-  lvl2 = trees.expand(chains, 2, jax.random.key(2), jnp.zeros((b, 3, v)).at[:, :, 3].set(9.0),
-                      jnp.zeros((b, 3, v)).at[:, :, 3].set(1.0), lvl, 1, Sampling(1.0))
+  lvl = jax.device_get(_expand(chains, 1, jax.random.key(1), logits, qs, root, 0, Sampling(1.0)))
+  assert np.isin(lvl.tokens, [0, 1, 2]).all()
+  to_3 = np.zeros((b, 3, v), np.float32)
+  to_3[:, :, 3] = 1.0
+  lvl2 = jax.device_get(_expand(chains, 2, jax.random.key(2), 9.0 * to_3, to_3, lvl, 1,
+                                Sampling(1.0)))
   np.testing.assert_array_equal(lvl2.parent, np.broadcast_to([1, 2, 3], (b, 3)))
   np.testing.assert_array_equal(lvl2.tokens, 3)
 
@@ -204,8 +233,8 @@ def test_perturbed_top_k_is_exact_under_a_far_bound_and_large_shifts(shift):
   returned values alone falls back to index order, and the same check fails on that."""
   probs = np.array([0.3, 0.25, 0.2, 0.1, 0.1, 0.05])  # two blocks of 4 (sampling.to_blocks)
   n = 20_000
-  logp = jnp.asarray(np.log(probs) + shift, jnp.float32)[None, None].repeat(n, 0)   # [n, 1, V]
-  bound = jnp.full((n, 1), shift - 40.0, jnp.float32)
+  logp = np.asarray(np.log(probs) + shift, np.float32)[None, None].repeat(n, 0)    # [n, 1, V]
+  bound = np.full((n, 1), shift - 40.0, np.float32)
   draw = jax.jit(trees.perturbed_top_k, static_argnums=2)
   group, item, values = draw(jax.random.key(3), logp, 2, bound)
   assert np.all(np.asarray(group) == 0) and np.all(np.asarray(values) <= shift - 40.0 + 1e-3)

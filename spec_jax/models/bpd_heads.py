@@ -120,7 +120,8 @@ def verifier_probe(v_cfg, v_params) -> tuple[float, ...]:
   probe sequence at PROBE_LOGITS evenly spread ids (float32)."""
   v = v_cfg.vocab_size
   tokens = jnp.asarray([[(i + 1) % v for i in range(PROBE_TOKENS)]], jnp.int32)
-  logits, _, _ = llama.make_apply(v_cfg)(v_params, tokens, jnp.arange(PROBE_TOKENS)[None])
+  logits, _, _ = jax.jit(llama.make_apply(v_cfg))(v_params, tokens,
+                                                  jnp.arange(PROBE_TOKENS)[None])
   ids = np.linspace(0, v - 1, PROBE_LOGITS).astype(np.int32)
   return tuple(float(x) for x in np.asarray(logits[0, -1], np.float32)[ids])
 

@@ -54,15 +54,21 @@ class NGramLM:
   search_steps: tuple = flax.struct.field(pytree_node=False)  # binary-search steps per step i
 
 
+def _device(array, dtype) -> jax.Array:
+  """A host array on the device in `dtype`, converted on the host (jnp.asarray with a new dtype
+  compiles a conversion for every shape)."""
+  return jax.device_put(np.asarray(array, dtype))
+
+
 def _from_arrays(arrays: dict, order: int, vocab_size: int) -> NGramLM:
   """An NGramLM from numpy arrays keyed as in `save`; search steps from the longest segment."""
   def per_step(name, dtype):
-    return tuple(jnp.asarray(arrays[f"{name}_{ell}"], dtype) for ell in range(2, order + 1))
+    return tuple(_device(arrays[f"{name}_{ell}"], dtype) for ell in range(2, order + 1))
 
   # A lower-bound search over s items ends after s.bit_length() halvings.
   steps = tuple(int(np.max(arrays[f"child_count_{ell}"], initial=0)).bit_length()
                 for ell in range(2, order + 1))
-  return NGramLM(unigram=jnp.asarray(arrays["unigram"], jnp.float32),
+  return NGramLM(unigram=_device(arrays["unigram"], jnp.float32),
                  ctx_beta=per_step("ctx_beta", jnp.float32),
                  child_start=per_step("child_start", jnp.int32),
                  child_count=per_step("child_count", jnp.int32),
