@@ -161,8 +161,6 @@ def test_the_deterministic_tree_fails_the_law_check(monkeypatch):
 # Tiny transformers: an LM drafter (a perturbed copy of the verifier) and a feature drafter.
 
 PROMPTS = [[5, 9, 2, 7, 1, 3], [4, 8], [6, 1, 2, 9], [3]]
-# One compiled program for all leaves (eagerly, each leaf shape compiles its own noise ops).
-_perturbed = jax.jit(testing.perturbed, static_argnums=(1, 2))
 
 
 def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
@@ -170,7 +168,7 @@ def _models(kind, vocab_size=16, sharpness=2.0, sigma=0.3):
   verifier perturbed by N(0, (0.1 sigma)²)) or "feature" (`testing.tiny_feature_pair`)."""
   if kind == "lm":
     v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=vocab_size, sharpness=sharpness)
-    return v_cfg, v_params, v_cfg, _perturbed(v_params, 0.1 * sigma)
+    return v_cfg, v_params, v_cfg, testing.perturbed(v_params, 0.1 * sigma)
   return testing.tiny_feature_pair(vocab_size, sharpness, sigma)
 
 

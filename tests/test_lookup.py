@@ -22,7 +22,6 @@ from spec_jax.programs import evaluate
 PROMPTS = [[5, 9, 2, 5, 9, 2, 5], [4, 8, 4], [6, 1, 2, 9, 6, 1], [3]]
 # Jitted once, sizes static: eagerly, every op would compile a program of its own.
 _lookup = jax.jit(lookup.lookup, static_argnums=(2, 3))
-_perturbed = jax.jit(testing.perturbed, static_argnums=(1, 2))
 
 
 @pytest.mark.parametrize("row, length, want_draft, want_match", [
@@ -59,7 +58,7 @@ def _models(vocab_size=16, sharpness=2.0, sigma=0.3, seed=1, feature=False):
   d_cfg, d_params = draft_init.select_layers(v_cfg, jax.tree.map(np.asarray, v_params), (1,))
   if feature:
     d_cfg, d_params = draft_init.feature_drafter(d_cfg, d_params)
-  d_params = _perturbed(d_params, sigma, seed)
+  d_params = testing.perturbed(d_params, sigma, seed)
   return v_cfg, v_params, d_cfg, d_params
 
 
