@@ -59,10 +59,11 @@ def _perturbed(params, seed, sigma: float):
 
 
 @functools.cache
-def _jitted_apply(cfg):
-  """The config's forward, jitted once: the references below run the same model many times
-  (a new jit object per call would trace and compile it again each time)."""
-  return jax.jit(llama.make_apply(cfg))
+def jitted_apply(cfg, hidden_layers: tuple[int, ...] = ()):
+  """`llama.make_apply(cfg, hidden_layers)` jitted, once per config: tests and references run the
+  same model many times, and a new jit object per call would trace and compile it again (run
+  eagerly, each of its ops compiles on its own)."""
+  return jax.jit(llama.make_apply(cfg, hidden_layers))
 
 
 def naive_greedy(cfg, params, prompt: list[int], n: int, width: int = 64) -> list[int]:
@@ -71,7 +72,7 @@ def naive_greedy(cfg, params, prompt: list[int], n: int, width: int = 64) -> lis
   every step reuses one compiled forward."""
   if len(prompt) + n > width:
     raise ValueError(f"prompt + n = {len(prompt) + n} exceeds width={width}.")
-  apply = _jitted_apply(cfg)
+  apply = jitted_apply(cfg)
   seq = list(prompt)
   for _ in range(n):
     x = jnp.asarray([seq + [0] * (width - len(seq))], jnp.int32)
@@ -84,7 +85,7 @@ def exact_sequence_law(cfg, params, prompt: list[int], n: int,
                        sampling: sampling_lib.Sampling) -> dict[tuple[int, ...], float]:
   """Exact probability of every n-token continuation under `sampling`, by enumeration
   (vocab_size ** n sequences; keep both small)."""
-  apply = _jitted_apply(cfg)
+  apply = jitted_apply(cfg)
   law = {}
   for seq in itertools.product(range(cfg.vocab_size), repeat=n):
     x = jnp.asarray([list(prompt) + list(seq)], jnp.int32)

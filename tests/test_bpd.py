@@ -29,13 +29,6 @@ def _verifier(tie=True, vocab=V, seed=0):
 
 
 @functools.cache
-def _forward(v_cfg):
-  """The verifier's forward with its final residual, jitted once per config (run eagerly, each
-  of its ops compiles on its own)."""
-  return jax.jit(llama.make_apply(v_cfg, (-1,)))
-
-
-@functools.cache
 def _verifier_pass(v_cfg):
   """bpd_train._verifier_pass of the verifier, jitted once per config, as in the training step."""
   return jax.jit(functools.partial(bpd_train._verifier_pass, llama.make_apply(v_cfg, (-1,))))
@@ -62,7 +55,7 @@ def test_zero_initialised_heads_are_the_verifiers_next_token_logits(tie, own):
   assert {k: v.shape for k, v in params.items()} == {
       "w1": (3, 32, 16), "b1": (3, 16), "w2": (3, 16, 32), **({"out": (3, 32, 64)} if own else {})}
   tokens = np.asarray([[5, 9, 2, 33, 7]], np.int32)
-  logits, hidden, _ = _forward(v_cfg)(v_params, tokens, np.arange(5, dtype=np.int32)[None])
+  logits, hidden, _ = testing.jitted_apply(v_cfg, (-1,))(v_params, tokens, np.arange(5, dtype=np.int32)[None])
   heads = np.asarray(_head_logits(cfg, params, v_cfg, bpd_heads.verifier_output(v_cfg, v_params),
                                   hidden[-1]))                         # [1, 5, 3, 64]
   for k in range(3):

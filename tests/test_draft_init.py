@@ -3,7 +3,6 @@ vocabularies (lossless and greedy-exact decoding, training, checkpoints) and the
 Tiny models, CPU only."""
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -23,17 +22,11 @@ from spec_jax.models import draft_init, gemma, llama
 from spec_jax.programs import train_lm
 
 
-@functools.cache
-def _forward(cfg):
-  """cfg's forward, jitted once per config (run eagerly, each of its ops compiles on its own)."""
-  return jax.jit(llama.make_apply(cfg))
-
-
 def _logits(cfg, params, tokens):
   """float32[B, T, V] (numpy) of the model at tokens int[B, T]."""
   tokens = np.asarray(tokens, np.int32)
   positions = np.arange(tokens.shape[1], dtype=np.int32)[None]
-  return np.asarray(_forward(cfg)(params, tokens, positions)[0])
+  return np.asarray(testing.jitted_apply(cfg)(params, tokens, positions)[0])
 
 
 def test_all_layers_reproduce_the_verifier_and_a_subset_keeps_its_blocks():

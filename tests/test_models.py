@@ -1,7 +1,6 @@
 """Llama forward contract: cache, slots, masks, hidden states, variants."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,16 +11,10 @@ from spec_jax import testing
 from spec_jax.models import draft_init, layers, llama
 
 
-@functools.cache
-def _forward(cfg):
-  """cfg's forward, jitted once per config (a new jit object per call would compile again)."""
-  return jax.jit(llama.make_apply(cfg))
-
-
 def _full(cfg, params, tokens):
   """The logits (numpy) of one cacheless forward over tokens int[B, T]."""
   pos = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
-  return np.asarray(_forward(cfg)(params, tokens, pos)[0])
+  return np.asarray(testing.jitted_apply(cfg)(params, tokens, pos)[0])
 
 
 @pytest.mark.parametrize("overrides", [{}, {"qkv_bias": True, "tie_embeddings": False,
