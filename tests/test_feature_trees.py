@@ -7,7 +7,6 @@ fixed and dynamic, the drafter's cache and its kept law and feature equal a fres
 the committed text with the verifier's features."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
