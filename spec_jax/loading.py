@@ -59,7 +59,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   training programs pass their data's counts; elsewhere it is an error); `fused=1` computes
   q/k/v and gate/up as one weight product each (`LlamaConfig.fused`; loaded weights converted by
   `layers.fuse_params`); `unrolled=1` writes the layers out, each with its own params
-  (`LlamaConfig.unrolled`, `layers.unstack_layers`).
+  (`LlamaConfig.unrolled`, `layers.unstack_layers`); `pallas=1` (with fused=1) computes the
+  decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same params).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
@@ -102,6 +103,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   if size.unrolled and not cfg.unrolled:
     cfg = dataclasses.replace(cfg, unrolled=True)
     params = None if params is None else layers.unstack_layers(params, cfg.n_layers)
+  if size.pallas and not cfg.pallas:
+    cfg = dataclasses.replace(cfg, pallas=True)
   return cfg, params
 
 

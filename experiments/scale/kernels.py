@@ -130,9 +130,8 @@ def _model_config(size: str, dtype: str, vocab_size: int):
   spec = draft_init.parse_size(size, "run")
   cfg = families.model_config(spec.variant, vocab_size=vocab_size, dtype=dtype,
                               param_dtype=dtype)
-  options = dict(re.findall(r":(fused|unrolled)=(\d)", size))
-  return dataclasses.replace(cfg, fused=options.get("fused") == "1",
-                             unrolled=options.get("unrolled") == "1")
+  return dataclasses.replace(cfg, fused=bool(spec.fused), unrolled=bool(spec.unrolled),
+                             pallas=bool(spec.pallas))
 
 
 def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,
@@ -160,10 +159,18 @@ def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,
     return jax.ShapeDtypeStruct(shape, dtype_, sharding=where)
 
   params = jax.tree.map(lambda s: abstract(s.shape, s.dtype), decoder.param_shapes(cfg))
-  lowered = generate._generate_jit.lower(  # noqa: SLF001  (the benchmark's compiled program)
-      params, abstract((batch_size, prompt_tokens), jnp.int32), abstract((batch_size,), jnp.int32),
-      abstract((), jax.random.key(0).dtype), cfg=cfg, sampling=Sampling(),
-      max_new_tokens=new_tokens, stop_ids=(), fixed_steps=True)
+  # Pallas's Triton lowering (`model.size=...:pallas=1`) asks for the GPU's kind, which a
+  # machine without one learns from an abstract mesh of that kind.
+  kind = re.search(r'device_description_str: "([^"]+)"', TARGETS[target]).group(1)
+  gpu = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
+      device_kind=kind, num_cores=132, platform="cuda"))
+  key_dtype = jax.random.key(0).dtype
+  with jax.sharding.use_abstract_mesh(gpu):
+    lowered = generate._generate_jit.trace(  # noqa: SLF001  (the benchmark's compiled program)
+        params, abstract((batch_size, prompt_tokens), jnp.int32),
+        abstract((batch_size,), jnp.int32), abstract((), key_dtype), cfg=cfg,
+        sampling=Sampling(), max_new_tokens=new_tokens, stop_ids=(),
+        fixed_steps=True).lower(lowering_platforms=("cuda",))
   return lowered.compile().as_text()
 
 

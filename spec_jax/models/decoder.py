@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.models import layers as L
+from spec_jax.models import pallas_layers
 
 
 class Decoder(nn.Module):
@@ -69,7 +70,14 @@ class Decoder(nn.Module):
       mask_old, mask_new, layer_caches, key_pos = None, mask, None, None
     freqs = jnp.asarray(cfg.rope_table())  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
     windows = jnp.asarray(cfg.windows(), jnp.int32) if cfg.has_windows else None  # [L]
-    if cfg.unrolled:  # straight-line layers with their own params "layers_<i>"
+    if getattr(cfg, "pallas", False) and cache is not None and steer is None \
+        and tokens.shape[1] <= pallas_layers.MAX_TOKENS and not self.is_initializing():
+      # Hand-written GPU kernels, five a layer, over the stacked params (`pallas_layers`);
+      # training, prefill and steered calls keep XLA's layers.
+      x, (new_k, new_v), residuals = pallas_layers.layers(
+          cfg, self.variables["params"]["layers"], x, positions, cache.k, cache.v, mask_old,
+          mask_new, hidden=bool(self.hidden_layers))
+    elif cfg.unrolled:  # straight-line layers with their own params "layers_<i>"
       x, ((new_k, new_v), residuals) = _unrolled(
           cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
     else:

@@ -41,7 +41,7 @@ import numpy as np
 
 from spec_jax.models import decoder, llama
 
-OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled")
+OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled", "pallas")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -57,6 +57,7 @@ class Size:
   feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
   unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
+  pallas: int | None = None  # 1: decoding layers as hand-written GPU kernels (`LlamaConfig.pallas`)
 
   @property
   def selects_layers(self) -> bool:
@@ -69,7 +70,7 @@ def _ints(value: str) -> tuple[int, ...]:
 
 def parse_size(size: str, field: str = "model.size") -> Size:
   """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
-  [:fused=1][:unrolled=1]` → Size; ValueError naming `field`."""
+  [:fused=1][:unrolled=1][:pallas=1]` → Size; ValueError naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -78,7 +79,7 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "fused=1, unrolled=1, e.g. 'smollm2-135m:layers=0,14,29'.")
+                       "fused=1, unrolled=1, pallas=1, e.g. 'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
         kwargs[key] = _ints(value)
@@ -102,6 +103,10 @@ def parse_size(size: str, field: str = "model.size") -> Size:
   if out.unrolled not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: unrolled=1 writes the layers out with their own "
                      "params, unrolled=0 (the default) scans them.")
+  if out.pallas not in (None, 0, 1) or (out.pallas and (not out.fused or out.unrolled)):
+    raise ValueError(f"{field}={size!r}: pallas=1 runs the decoding calls' layers as "
+                     "hand-written GPU kernels over the fused, scanned layout: write "
+                     "':fused=1:pallas=1' (without unrolled=1); pallas=0 is the default.")
   if out.features not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
                      "verifier's final residual), features=0 an ordinary one, features=2+15+27 "

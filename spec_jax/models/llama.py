@@ -17,6 +17,7 @@ import numpy as np
 
 from spec_jax.models import decoder
 from spec_jax.models import layers as L
+from spec_jax.models import pallas_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,10 @@ class LlamaConfig:
   unrolled: the layers as straight-line code, each with its own params ("layers_<i>") instead
     of a scan over params stacked under "layers": the same model, no layer loop and no slicing
     of stacked weights (`model.size=...:unrolled=1`; `layers.unstack_layers` converts).
+  pallas: the decoding calls' layers (any call with a cache and no steering) as five
+    hand-written GPU kernels each (`pallas_layers.py`) instead of XLA's fusions: the same model
+    and params; needs the fused, scanned layout (`model.size=...:fused=1:pallas=1`). Kernels run
+    on NVIDIA GPUs, and in Pallas's interpreter on CPU (slow; for tests).
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -71,6 +76,7 @@ class LlamaConfig:
   feature_layers: tuple[int, ...] = ()
   fused: bool = False
   unrolled: bool = False
+  pallas: bool = False
   family: str = "llama"
 
   FAMILY = "llama"
@@ -111,6 +117,12 @@ class LlamaConfig:
                                or min(self.layer_windows) < 0):
       raise ValueError(f"layer_windows needs one window >= 0 per layer ({self.n_layers}), got "
                        f"{self.layer_windows}.")
+
+    if self.pallas:
+      reason = pallas_layers.unsupported(self)
+      if reason is not None:
+        raise ValueError(f"pallas=1: the hand-written kernels do not compute {reason}. Fix: "
+                         "drop :pallas=1 from model.size.")
 
   # What the shared decoder asks of a family.
   def block(self):

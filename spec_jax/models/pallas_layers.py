@@ -1,0 +1,419 @@
+"""The Llama decoder layers as five hand-written GPU kernels each (`LlamaConfig.pallas`;
+docs/design.md §5).
+
+A small model's decode step on a GPU is bound by kernel launches, not bytes: XLA's fusion leaves
+~19-26 kernels a layer (RMSNorm's reduction and scaling, each product, RoPE, the softmax's two
+reductions, the residual adds, the cache slice, the loop counter; experiments/scale/results.md),
+~1.5-2 µs each, while the 135M shape's layer reads its 14 MB of float32 weights in ~4 µs. Here
+each layer is five Pallas kernels (Triton lowering), each the whole of one stage, with every
+elementwise step fused into the product that reads or writes it:
+
+  1. `_qkv_kernel`       RMSNorm, the fused q/k/v product (+ bias), per-head q/k norm, RoPE;
+                         q [R, N, H] and the new k/v [R, 2K, H];
+  2. `_attention_kernel` one query token's G heads of one kv head against the cache (`mask_old`)
+                         and this call's new tokens (`mask_new`), online softmax (flash decoding);
+  3. `_product_kernel`   the o product plus the residual;
+  4. `_mlp_in_kernel`    RMSNorm, the fused gate/up product, silu(gate) · up;
+  5. `_product_kernel`   the down product plus the residual.
+
+Every stage needs all of the previous stage's output (a norm or a product over the full width),
+so five is the floor without a grid-wide barrier. The layers are written out (no loop counter
+between them) and each kernel takes the layer index as an operand and the *stacked* weights
+[L, ...]: a kernel offsets its loads by the layer, so no weight is sliced or copied out (XLA
+copies a dynamic slice of stacked weights before a product: experiments/scale/results.md, "the
+levers"). The new K/V of all layers are written to the cache after the last layer, as
+`decoder.Decoder` does.
+
+Products at these shapes are matrix-vector products: each program owns a block of output
+columns and a block of rows and accumulates broadcast products over blocks of the contracting
+axis in float32 (no tensor cores; exact float32 arithmetic). Triton needs power-of-two tiles: every
+tile is one, and loads and stores past an axis's end are masked. On CPU the same kernels run in
+Pallas's interpreter (tests); TPU has no Triton.
+
+Rows R = B·T (every token of the call), so the same kernels serve one-token decoding, chain
+verification and tree verification (masks are arguments, as in the XLA layers); calls of more
+than MAX_TOKENS tokens a row (prefill), training and steered calls keep XLA's layers. Numerics:
+float32 accumulation, the XLA layers' rounding points to cfg.dtype after each product; the
+softmax is computed online (maximum and sum carried over blocks), not over the concatenated
+logits, and its weights stay float32 for the value product: equal to the XLA layers to float32
+rounding in float32 models and close in bfloat16 ones (tests/test_pallas_layers.py).
+
+Shape legend: `layers.py`; R = B·T rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+# Elements of the largest intermediate tile ([rows, contracting block, columns] broadcast
+# products), sized for 4 warps: 64 float32 registers a thread.
+_TILE = 8192
+_MAX_ROWS = 16  # rows a program takes at once
+# Calls of more new tokens a row (prefill) keep XLA's layers: their products are matrix
+# products, which cuBLAS does better than these matrix-vector kernels.
+MAX_TOKENS = 64
+# Programs a kernel aims at (an H200 has 132 SMs): at one token a step each kernel reads a
+# layer's weights once, and it needs many SMs' loads in flight to stream them at full speed.
+_PROGRAMS = 64
+
+
+def unsupported(cfg) -> str | None:
+  """Why these kernels cannot compute `cfg`'s layers (None: they can)."""
+  if getattr(cfg, "FAMILY", "") != "llama":
+    return f"the {cfg.FAMILY!r} family's layers (norm offsets, windows, soft-capping, GELU)"
+  if cfg.has_windows:
+    return "sliding-window layers"
+  if not cfg.fused:
+    return "the unfused layout (the kernels read 'qkv' and 'gate_up': add :fused=1)"
+  if cfg.unrolled:
+    return "the unrolled layout (the kernels index the stacked layers: drop :unrolled=1)"
+  return None
+
+
+def _pow2_floor(n: int) -> int:
+  return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _divisor_block(n: int, cap: int) -> int:
+  """The largest power of two ≤ cap that divides n (1 if n is odd)."""
+  cap = max(_pow2_floor(cap), 1)
+  while cap > 1 and n % cap:
+    cap //= 2
+  return cap
+
+
+def _row_block(rows: int) -> int:
+  return min(pl.next_power_of_2(rows), _MAX_ROWS)
+
+
+def _column_block(n: int) -> int:
+  """Output columns a program owns: the widest of 64, 32, 16 that still gives _PROGRAMS
+  programs, else 16 (64-byte float32 segments of each weight row)."""
+  for block in (64, 32):
+    if n % block == 0 and n // block >= _PROGRAMS:
+      return block
+  return 16
+
+
+def _compiler_params():
+  return plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _check_backend() -> None:
+  if jax.default_backend() == "tpu":
+    raise ValueError("model pallas=1: the layers' kernels are written for NVIDIA GPUs (Triton "
+                     "lowering); on TPU use the XLA layers (drop :pallas=1 from model.size).")
+
+
+def _rms(sumsq, width: int, eps: float):
+  return jax.lax.rsqrt(sumsq / width + eps)
+
+
+def _normed_chunk(x_ref, gain_ref, layer, rows, rmask, k0, bk, width, inv, dtype):
+  """Block [rows, k0:k0+bk] of RMSNorm(x) in the model's dtype, as float32 (zero outside)."""
+  cols = k0 + jnp.arange(bk)
+  cmask = cols < width
+  x = plgpu.load(x_ref.at[rows, pl.ds(k0, bk)], mask=rmask[:, None] & cmask[None, :],
+                 other=0).astype(jnp.float32)
+  gain = plgpu.load(gain_ref.at[layer, pl.ds(k0, bk)], mask=cmask, other=0).astype(jnp.float32)
+  return ((x * inv[:, None]) * gain[None, :]).astype(dtype).astype(jnp.float32)
+
+
+def _rope_pair(lo, hi, cos, sin):
+  """RoPE in the rotate-half layout on a head's halves: (lo·cos − hi·sin, hi·cos + lo·sin)."""
+  return lo * cos - hi * sin, hi * cos + lo * sin
+
+
+def _visible(loaded):
+  """A mask loaded as int32 (bool refs do not lower to Triton) → bool."""
+  return loaded != 0
+
+
+def _sum_squares(x_ref, rows, rmask, width, bk):
+  def body(c, acc):
+    cols = c * bk + jnp.arange(bk)
+    x = plgpu.load(x_ref.at[rows, pl.ds(c * bk, bk)],
+                   mask=rmask[:, None] & (cols < width)[None, :], other=0).astype(jnp.float32)
+    return acc + jnp.sum(x * x, axis=1)
+  return jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros(rmask.shape, jnp.float32))
+
+
+def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg):
+  """Program (head, part, row block): columns part·bh + [0, bh) of each half of one head of
+  RMSNorm(x) @ qkv for a block of rows (RoPE pairs column j with j + H/2, so a program holds
+  whole pairs; bh = H/2 under q/k norm, which needs the whole head), then the head's bias,
+  q/k norm and RoPE; q heads to q_ref [R, N, H], k/v heads to kv_ref [R, 2K, H].
+  refs: layer, x, positions, attn_norm, qkv kernel, [qkv bias], [q_norm, k_norm], freqs; the
+  outputs q [R, N, H] and kv [R, 2K, H]."""
+  refs = list(refs)
+  layer_ref, x_ref, pos_ref, norm_ref, w_ref = refs[:5]
+  bias_ref = refs.pop(5) if cfg.qkv_bias else None
+  qn_ref, kn_ref = (refs.pop(5), refs.pop(5)) if cfg.qk_norm else (None, None)
+  freq_ref, q_ref, kv_ref = refs[5:]
+  head, part, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  layer = layer_ref[()]
+  n, k_heads, h2 = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim // 2
+  lo_cols, hi_cols = pl.ds(part * bh, bh), pl.ds(h2 + part * bh, bh)
+  width, dtype = cfg.d_model, jnp.dtype(cfg.dtype)
+  rows = pl.ds(rb * br, br)
+  rmask = rb * br + jnp.arange(br) < n_rows
+  inv = _rms(_sum_squares(x_ref, rows, rmask, width, bk), width, cfg.norm_eps)
+
+  def body(c, acc):
+    lo, hi = acc
+    x = _normed_chunk(x_ref, norm_ref, layer, rows, rmask, c * bk, bk, width, inv, dtype)
+    kmask = (c * bk + jnp.arange(bk) < width)[:, None]
+    w_lo = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), head, lo_cols], mask=kmask,
+                      other=0).astype(jnp.float32)
+    w_hi = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), head, hi_cols], mask=kmask,
+                      other=0).astype(jnp.float32)
+    lo = lo + jnp.sum(x[:, :, None] * w_lo[None], axis=1)
+    hi = hi + jnp.sum(x[:, :, None] * w_hi[None], axis=1)
+    return lo, hi
+
+  zeros = jnp.zeros((br, bh), jnp.float32)
+  lo, hi = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, (zeros, zeros))
+  lo, hi = lo.astype(dtype).astype(jnp.float32), hi.astype(dtype).astype(jnp.float32)
+  if bias_ref is not None:  # the dense layer adds its bias in the model's dtype
+    lo = (lo + bias_ref[layer, head, lo_cols].astype(jnp.float32)).astype(dtype)
+    hi = (hi + bias_ref[layer, head, hi_cols].astype(jnp.float32)).astype(dtype)
+    lo, hi = lo.astype(jnp.float32), hi.astype(jnp.float32)
+  is_q, is_v = head < n, head >= n + k_heads
+  if qn_ref is not None:  # Qwen3: RMSNorm over each q/k head, before RoPE
+    inv_h = _rms(jnp.sum(lo * lo, axis=1) + jnp.sum(hi * hi, axis=1), 2 * h2, cfg.norm_eps)
+    g_lo = jnp.where(is_q, qn_ref[layer, pl.ds(0, h2)], kn_ref[layer, pl.ds(0, h2)])
+    g_hi = jnp.where(is_q, qn_ref[layer, pl.ds(h2, h2)], kn_ref[layer, pl.ds(h2, h2)])
+    n_lo = ((lo * inv_h[:, None]) * g_lo.astype(jnp.float32)[None]).astype(dtype)
+    n_hi = ((hi * inv_h[:, None]) * g_hi.astype(jnp.float32)[None]).astype(dtype)
+    lo = jnp.where(is_v, lo, n_lo.astype(jnp.float32))
+    hi = jnp.where(is_v, hi, n_hi.astype(jnp.float32))
+  # RoPE on q and k heads, angles in float32.
+  pos = plgpu.load(pos_ref.at[rows], mask=rmask, other=0).astype(jnp.float32)
+  angles = pos[:, None] * freq_ref[layer, lo_cols][None, :]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  rot_lo, rot_hi = _rope_pair(lo, hi, cos, sin)
+  r_lo = jnp.where(is_v, lo, rot_lo).astype(dtype)
+  r_hi = jnp.where(is_v, hi, rot_hi).astype(dtype)
+  q_head, kv_head = jnp.minimum(head, n - 1), jnp.maximum(head - n, 0)
+  q_mask, kv_mask = (rmask & is_q)[:, None], (rmask & ~is_q)[:, None]
+  plgpu.store(q_ref.at[rows, q_head, lo_cols], r_lo.astype(q_ref.dtype), mask=q_mask)
+  plgpu.store(q_ref.at[rows, q_head, hi_cols], r_hi.astype(q_ref.dtype), mask=q_mask)
+  plgpu.store(kv_ref.at[rows, kv_head, lo_cols], r_lo.astype(kv_ref.dtype), mask=kv_mask)
+  plgpu.store(kv_ref.at[rows, kv_head, hi_cols], r_hi.astype(kv_ref.dtype), mask=kv_mask)
+
+
+def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_ref, new_ref,
+                      out_ref, *, gp, bs, bt, cfg):
+  """Program (kv head, row): the G query heads of one token (row r = b·T + t) that share kv
+  head `kvh`, over the cache slots `old_ref[b, t]` allows and this call's new tokens
+  `new_ref[b, t]` allows, as one softmax (computed online over blocks of slots)."""
+  kvh, row = pl.program_id(0), pl.program_id(1)
+  layer = layer_ref[()]
+  g, k_heads, dtype = cfg.n_heads // cfg.n_kv_heads, cfg.n_kv_heads, jnp.dtype(cfg.dtype)
+  t_len = old_ref.shape[1]
+  size = cache_k_ref.shape[2]
+  b, t = row // t_len, row % t_len
+  gmask = jnp.arange(gp) < g
+  q = plgpu.load(q_ref.at[row, pl.ds(kvh * g, gp), :], mask=gmask[:, None], other=0)
+  q = (q.astype(jnp.float32) * cfg.query_scale).astype(dtype).astype(jnp.float32)  # [Gp, H]
+  neg = jnp.finfo(jnp.float32).min
+
+  def attend(carry, k, v, visible):
+    """One block of keys k[X, H], values v[X, H], visible bool[X]."""
+    m, l, acc = carry
+    logits = jnp.sum(q[:, None, :] * k[None], axis=2)  # [Gp, X]
+    logits = jnp.where(visible[None, :], logits, neg)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+    scale = jnp.exp(m - m_new)
+    p = jnp.where(visible[None, :], jnp.exp(logits - m_new[:, None]), 0.0)
+    acc = acc * scale[:, None] + jnp.sum(p[:, :, None] * v[None], axis=1)
+    return m_new, l * scale + jnp.sum(p, axis=1), acc
+
+  def cache_block(c, carry):
+    slots = c * bs + jnp.arange(bs)
+    smask = slots < size
+    visible = _visible(plgpu.load(old_ref.at[b, t, pl.ds(c * bs, bs)], mask=smask, other=0))
+    k = plgpu.load(cache_k_ref.at[layer, b, pl.ds(c * bs, bs), kvh, :], mask=smask[:, None],
+                   other=0).astype(jnp.float32)
+    v = plgpu.load(cache_v_ref.at[layer, b, pl.ds(c * bs, bs), kvh, :], mask=smask[:, None],
+                   other=0).astype(jnp.float32)
+    return attend(carry, k, v, visible & smask)
+
+  head_dim = cfg.head_dim
+  carry = (jnp.full((gp,), neg, jnp.float32), jnp.zeros((gp,), jnp.float32),
+           jnp.zeros((gp, head_dim), jnp.float32))
+  carry = jax.lax.fori_loop(0, pl.cdiv(size, bs), cache_block, carry)
+
+  def new_block(c, carry):
+    """This call's tokens c·bt .. c·bt + bt − 1: rows b·T + j of the new K/V (`_qkv_kernel`)."""
+    jmask = c * bt + jnp.arange(bt) < t_len
+    visible = _visible(plgpu.load(new_ref.at[b, t, pl.ds(c * bt, bt)], mask=jmask, other=0))
+    first = b * t_len + c * bt
+    k = plgpu.load(kv_ref.at[pl.ds(first, bt), kvh, :], mask=jmask[:, None],
+                   other=0).astype(jnp.float32)
+    v = plgpu.load(kv_ref.at[pl.ds(first, bt), k_heads + kvh, :], mask=jmask[:, None],
+                   other=0).astype(jnp.float32)
+    return attend(carry, k, v, visible & jmask)
+
+  _, l, acc = jax.lax.fori_loop(0, pl.cdiv(t_len, bt), new_block, carry)
+  out = (acc / l[:, None]).astype(out_ref.dtype)
+  plgpu.store(out_ref.at[row, pl.ds(kvh * g, gp), :], out, mask=gmask[:, None])
+
+
+def _product_kernel(layer_ref, x_ref, w_ref, res_ref, out_ref, *, n_rows, br, bk, bn, dtype):
+  """Program (column block, row block): res + x @ w[layer] for a block of rows and columns,
+  x [R, I], w [L, I, O], res/out [R, O]; the product rounded to `dtype`, then added."""
+  cb, rb = pl.program_id(0), pl.program_id(1)
+  layer = layer_ref[()]
+  width, n_out = x_ref.shape[1], w_ref.shape[2]
+  rows, cols = pl.ds(rb * br, br), pl.ds(cb * bn, bn)
+  rmask = rb * br + jnp.arange(br) < n_rows
+  cmask = cb * bn + jnp.arange(bn) < n_out
+
+  def body(c, acc):
+    kmask = c * bk + jnp.arange(bk) < width
+    x = plgpu.load(x_ref.at[rows, pl.ds(c * bk, bk)], mask=rmask[:, None] & kmask[None, :],
+                   other=0).astype(jnp.float32)
+    w = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), cols], mask=kmask[:, None] & cmask[None],
+                   other=0).astype(jnp.float32)
+    return acc + jnp.sum(x[:, :, None] * w[None], axis=1)
+
+  acc = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros((br, bn), jnp.float32))
+  mask = rmask[:, None] & cmask[None, :]
+  res = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32)
+  out = res + acc.astype(dtype).astype(jnp.float32)
+  plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
+
+
+def _mlp_in_kernel(layer_ref, x_ref, norm_ref, w_ref, out_ref, *, n_rows, br, bk, bn, cfg):
+  """Program (column block, row block): silu(gate) · up of RMSNorm(x), gate/up = the columns
+  of gate_up [L, D, 2, F]; out [R, F]."""
+  cb, rb = pl.program_id(0), pl.program_id(1)
+  layer = layer_ref[()]
+  width, n_out, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
+  rows, cols = pl.ds(rb * br, br), pl.ds(cb * bn, bn)
+  rmask = rb * br + jnp.arange(br) < n_rows
+  cmask = cb * bn + jnp.arange(bn) < n_out
+  inv = _rms(_sum_squares(x_ref, rows, rmask, width, bk), width, cfg.norm_eps)
+
+  def body(c, acc):
+    gate, up = acc
+    x = _normed_chunk(x_ref, norm_ref, layer, rows, rmask, c * bk, bk, width, inv, dtype)
+    wmask = (c * bk + jnp.arange(bk) < width)[:, None] & cmask[None]
+    w_gate = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), jnp.int32(0), cols], mask=wmask,
+                        other=0).astype(jnp.float32)
+    w_up = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), jnp.int32(1), cols], mask=wmask,
+                      other=0).astype(jnp.float32)
+    return (gate + jnp.sum(x[:, :, None] * w_gate[None], axis=1),
+            up + jnp.sum(x[:, :, None] * w_up[None], axis=1))
+
+  zeros = jnp.zeros((br, bn), jnp.float32)
+  gate, up = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, (zeros, zeros))
+  gate, up = gate.astype(dtype).astype(jnp.float32), up.astype(dtype).astype(jnp.float32)
+  act = (gate * jax.nn.sigmoid(gate)).astype(dtype).astype(jnp.float32)
+  plgpu.store(out_ref.at[rows, cols], (act * up).astype(out_ref.dtype),
+              mask=rmask[:, None] & cmask[None, :])
+
+
+def layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, hidden=False):
+  """The decoder's layer stack on the kernels above (`decoder.Decoder` with `cfg.pallas`).
+
+  params: the scanned layers' params (stacked [L, ...], fused layout); x [B, T, D] the
+  embedded tokens; positions int32[B, T]; cache_k/v [L, B, S, K, H] as they were before this
+  call; mask_old bool[B, T, S] (the cache slots each token sees), mask_new bool[B, T, T]
+  (`layers.split_mask`). Returns (x [B, T, D] after the last layer, (new_k, new_v)
+  [L, B, T, K, H], residuals [L, B, T, D] (each layer's input) or None unless `hidden`)."""
+  reason = unsupported(cfg)
+  if reason is not None:
+    raise ValueError(f"model pallas=1 does not compute {reason}.")
+  _check_backend()
+  # Triton where the program is lowered for an NVIDIA GPU (also when compiled for one on a
+  # machine without it), Pallas's interpreter elsewhere: chosen at lowering, not tracing.
+  run = functools.partial(_layers, cfg, hidden=hidden)
+  return jax.lax.platform_dependent(
+      params, x, positions, cache_k, cache_v, mask_old, mask_new,
+      cuda=functools.partial(run, interpret=False), default=functools.partial(run, interpret=True))
+
+
+def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, hidden,
+            interpret):
+  b, t, d = x.shape
+  n_rows = b * t
+  n, k_heads, head_dim, d_ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+  n_layers, g = cfg.n_layers, cfg.n_heads // cfg.n_kv_heads
+  dtype = jnp.dtype(cfg.dtype)
+  attn = params["attn"]
+  qkv_w = attn["qkv"]["kernel"]                                  # [L, D, N+2K, H]
+  qkv_b = attn["qkv"].get("bias")                                # [L, N+2K, H]
+  q_norm = attn.get("q_norm", {}).get("scale")                   # [L, H]
+  k_norm = attn.get("k_norm", {}).get("scale")
+  o_w = attn["o"]["kernel"].reshape(n_layers, n * head_dim, d)   # [L, N·H, D]: a bitcast
+  gate_up = params["gate_up"]["kernel"]                          # [L, D, 2, F]
+  down = params["down"]["kernel"]                                # [L, F, D]
+  attn_norm, mlp_norm = params["attn_norm"]["scale"], params["mlp_norm"]["scale"]
+  freqs = jnp.asarray(cfg.rope_table())                          # f32[L, H/2]
+
+  br = _row_block(n_rows)
+  n_rb = pl.cdiv(n_rows, br)
+  pos = positions.reshape(n_rows).astype(jnp.int32)
+  old = mask_old.astype(jnp.int32)
+  new = mask_new.astype(jnp.int32)
+  call = functools.partial(pl.pallas_call, interpret=interpret,
+                           compiler_params=_compiler_params())
+  h2 = head_dim // 2
+  bh = h2  # each half's columns a program owns: split until there are _PROGRAMS programs
+  while not cfg.qk_norm and bh > 8 and h2 % (bh // 2) == 0 \
+      and (n + 2 * k_heads) * (h2 // bh) < _PROGRAMS:
+    bh //= 2
+  qkv_bk = _divisor_block(d, _TILE // (2 * br * bh))
+  qkv = call(
+      functools.partial(_qkv_kernel, n_rows=n_rows, br=br, bk=qkv_bk, bh=bh, cfg=cfg),
+      grid=(n + 2 * k_heads, h2 // bh, n_rb),
+      out_shape=(jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype),
+                 jax.ShapeDtypeStruct((n_rows, 2 * k_heads, head_dim), dtype)),
+      name="qkv_rope")
+  gp = pl.next_power_of_2(g)
+  bs = _divisor_block(pl.next_power_of_2(cache_k.shape[2]), max(_TILE // (gp * head_dim), 1))
+  bt = min(bs, pl.next_power_of_2(t))
+  attention = call(
+      functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, cfg=cfg),
+      grid=(k_heads, n_rows), out_shape=jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype),
+      name="attention")
+
+  def product(width, n_out):
+    bn = _column_block(n_out)
+    bk = _divisor_block(width, _TILE // (br * bn))
+    return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
+                                  dtype=dtype),
+                grid=(pl.cdiv(n_out, bn), n_rb),
+                out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product_residual")
+
+  o_product, down_product = product(n * head_dim, d), product(d_ff, d)
+  mlp_bn = _column_block(d_ff)
+  mlp_in = call(
+      functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br,
+                        bk=_divisor_block(d, _TILE // (2 * br * mlp_bn)), bn=mlp_bn, cfg=cfg),
+      grid=(pl.cdiv(d_ff, mlp_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d_ff), dtype),
+      name="norm_gate_up")
+
+  # The layers written out: a layer is five kernels and no loop bookkeeping (a loop's counter
+  # would be a sixth); the layer index is a constant operand, the weights stay stacked.
+  optional = ([qkv_b] if cfg.qkv_bias else []) + ([q_norm, k_norm] if cfg.qk_norm else [])
+  x = x.reshape(n_rows, d)
+  new_kv, residuals = [], []
+  for i in range(n_layers):
+    idx = jnp.int32(i)
+    residuals.append(x)
+    q, kv = qkv(idx, x, pos, attn_norm, qkv_w, *optional, freqs)
+    heads = attention(idx, q, cache_k, cache_v, kv, old, new)
+    x = o_product(idx, heads.reshape(n_rows, n * head_dim), o_w, x)
+    x = down_product(idx, mlp_in(idx, x, mlp_norm, gate_up), down, x)
+    new_kv.append(kv)
+  kv = jnp.stack(new_kv).reshape(n_layers, b, t, 2 * k_heads, head_dim)
+  residuals = jnp.stack(residuals).reshape(n_layers, b, t, d) if hidden else None
+  return x.reshape(b, t, d), (kv[..., :k_heads, :], kv[..., k_heads:, :]), residuals

@@ -1,0 +1,159 @@
+"""The hand-written decoder layers (`models/pallas_layers.py`, `LlamaConfig.pallas`), run in
+Pallas's interpreter on CPU: the same forward as XLA's layers for one-token decoding and for
+chain- and tree-shaped verification calls (masks, scratch slots, a dropped write, hidden
+states), so every decoding mode's exactness (its chi-square test on XLA's layers) carries over;
+greedy decoding and greedy chain speculative decoding token for token; planted bugs that the
+comparison catches; bad input. (A chi-square run of 3,000 rows through the interpreter takes
+~8 minutes on 2 cores: the interpreter runs a kernel's programs one after another.) The kernels' Triton lowering for an H200 is checked by
+experiments/scale/kernels.py (it needs the CUDA plugin, not installed here)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spec_jax import testing
+from spec_jax.decoding import generate as generate_lib
+from spec_jax.decoding.drafters import lm
+from spec_jax.decoding.drafters import trees
+from spec_jax.decoding.sampling import Sampling
+from spec_jax.models import decoder, draft_init, families, llama, pallas_layers
+from spec_jax.models import layers as L
+
+S = 24  # cache slots
+
+
+def _model(dtype="float32", **overrides):
+  """test-tiny, fused, with weights spread enough that every term matters."""
+  cfg = dataclasses.replace(llama.model_config("test-tiny"), fused=True, dtype=dtype,
+                            param_dtype=dtype, **overrides)
+  params = decoder.init_params(cfg, jax.random.key(0))
+  noise = testing.perturbed(params, 0.05)
+  return cfg, noise
+
+
+def _call(b, t, tree):
+  """A call's inputs: a cache of random contents, T new tokens per row at random positions;
+  `tree`: a random ancestor mask over the new tokens, written to scratch slots past the
+  positions, one of them out of range (its write is dropped, as a parked padding write is)."""
+  rng = np.random.default_rng(b * 10 + t)
+  tokens = jnp.asarray(rng.integers(0, 257, (b, t)), jnp.int32)
+  start = rng.integers(4, S - 2 * t - 1, (b,))
+  positions = start[:, None] + np.arange(t)[None]
+  mask = np.arange(S)[None, None, :] <= positions[:, :, None]
+  slots = positions.copy()
+  if tree:
+    slots = start[:, None] + t + np.arange(t)[None]
+    slots[0, -1] = S + 3  # dropped
+    ancestors = np.tril(rng.random((b, t, t)) < 0.5) | np.eye(t, dtype=bool)[None]
+    mask = np.broadcast_to(np.arange(S)[None, None, :] < start[:, None, None], (b, t, S)).copy()
+    rows = np.arange(b)[:, None, None]
+    keep = np.clip(slots, 0, S - 1)[:, None, :]
+    mask[rows, np.arange(t)[None, :, None], keep] |= ancestors & (slots < S)[:, None, :]
+  return tokens, jnp.asarray(positions, jnp.int32), jnp.asarray(mask), jnp.asarray(slots,
+                                                                                  jnp.int32)
+
+
+def _forwards(cfg, params, b, t, tree, hidden=(1, -1)):
+  """(XLA layers' output, the kernels' output) of one call: logits, hidden, cache."""
+  rng = np.random.default_rng(7)
+  cache = L.init_cache(cfg, b, S)
+  cache = L.KVCache(k=jnp.asarray(rng.normal(size=cache.k.shape), cfg.dtype),
+                    v=jnp.asarray(rng.normal(size=cache.v.shape), cfg.dtype))
+  tokens, positions, mask, slots = _call(b, t, tree)
+  outs = []
+  for c in (cfg, dataclasses.replace(cfg, pallas=True)):
+    apply = jax.jit(decoder.make_apply(c, hidden))
+    outs.append(apply(params, tokens, positions, cache, mask, slots))
+  return outs
+
+
+def _max_differences(cfg, params, b, t, tree):
+  (logits, hidden, cache), (p_logits, p_hidden, p_cache) = _forwards(cfg, params, b, t, tree)
+  diff = lambda x, y: float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))  # noqa: E731
+  return dict(logits=diff(logits, p_logits), hidden=max(diff(hidden[k], p_hidden[k])
+                                                         for k in hidden),
+              k=diff(cache.k, p_cache.k), v=diff(cache.v, p_cache.v))
+
+
+CASES = {
+    "decode": (dict(), 2, 1, False),
+    "chain-qk-norm-bias": (dict(qk_norm=True, qkv_bias=True), 3, 4, False),
+    "tree": (dict(), 2, 5, True),
+    # head_dim 32: each head's columns split over programs (RoPE pairs kept together).
+    "split-heads": (dict(head_dim=32, n_heads=2, n_kv_heads=1), 1, 1, False),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kernels_equal_xla_layers_float32(case):
+  overrides, b, t, tree = CASES[case]
+  cfg, params = _model(**overrides)
+  diffs = _max_differences(cfg, params, b, t, tree)
+  # Logits of this model reach ~±5: the two differ by float32 rounding (summation order).
+  assert max(diffs.values()) < 2e-5, diffs
+
+
+def test_kernels_close_to_xla_layers_bfloat16():
+  """bfloat16: the same rounding points, but the softmax weights stay float32 here (XLA
+  rounds them to bfloat16 before the value product): close, to bfloat16's precision."""
+  cfg, params = _model("bfloat16")
+  diffs = _max_differences(cfg, params, 2, 3, True)
+  assert diffs["logits"] < 0.1 and diffs["k"] < 0.05 and diffs["v"] < 0.05, diffs
+
+
+def _plant_rope_sign(monkeypatch):
+  real = pallas_layers._rope_pair  # noqa: SLF001
+  monkeypatch.setattr(pallas_layers, "_rope_pair",
+                      lambda lo, hi, cos, sin: real(lo, hi, cos, -sin))
+
+
+def _plant_all_new_visible(monkeypatch):
+  monkeypatch.setattr(pallas_layers, "_visible", lambda loaded: loaded > -1)
+
+
+def _plant_norm_width(monkeypatch):
+  real = pallas_layers._rms  # noqa: SLF001
+  monkeypatch.setattr(pallas_layers, "_rms", lambda sumsq, width, eps: real(sumsq, width - 1, eps))
+
+
+@pytest.mark.parametrize("plant", [_plant_rope_sign, _plant_all_new_visible, _plant_norm_width])
+def test_planted_bugs_fail_the_comparison(plant, monkeypatch):
+  """A sign flipped in RoPE, every cache slot and new token visible, RMSNorm over one element
+  too few: each moves the kernels' output far past the tolerance above."""
+  plant(monkeypatch)
+  cfg, params = _model()
+  diffs = _max_differences(cfg, params, 2, 5, True)
+  assert max(diffs.values()) > 1e-3, diffs
+
+
+def test_greedy_decoding_equals_xla_layers():
+  """Autoregressive greedy decoding (a ragged batch with stop tokens) and greedy chain
+  speculative decoding, verifier and drafter on the kernels, emit the XLA layers' greedy
+  output token for token."""
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, fused=True)
+  d_cfg, d_params = v_cfg, testing.perturbed(v_params, 0.1)  # agrees often, not always
+  v_pallas = dataclasses.replace(v_cfg, pallas=True)
+  reference = testing.greedy_reference(v_cfg, v_params)
+  prompts, stops, want = reference
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_pallas,
+                             sampling=Sampling(), max_new_tokens=14, stop_ids=stops)
+  assert ar.new_tokens() == want
+  drafter = lm.LMDrafter(dataclasses.replace(d_cfg, pallas=True), trees.chain(3))
+  testing.assert_greedy_equal(v_pallas, v_params, drafter, d_params, reference)
+
+
+def test_bad_input_names_the_field():
+  with pytest.raises(ValueError, match="model.size.*fused=1:pallas=1"):
+    draft_init.parse_size("smollm2-135m:pallas=1")
+  with pytest.raises(ValueError, match="model.size.*without unrolled"):
+    draft_init.parse_size("smollm2-135m:fused=1:unrolled=1:pallas=1")
+  with pytest.raises(ValueError, match="pallas=1.*unfused layout"):
+    llama.model_config("test-tiny", pallas=True)
+  with pytest.raises(ValueError, match="pallas=1.*'gemma' family"):
+    families.model_config("gemma3-270m", fused=True, pallas=True)
+  with pytest.raises(ValueError, match="pallas=1.*sliding-window"):
+    llama.model_config("test-tiny", fused=True, pallas=True, layer_windows=(4, 0))
+  assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
