@@ -57,9 +57,10 @@ _MAX_ROWS = 16  # rows a program takes at once
 # Calls of more new tokens a row (prefill) keep XLA's layers: their products are matrix
 # products, which cuBLAS does better than these matrix-vector kernels.
 MAX_TOKENS = 64
-# Programs a kernel aims at (an H200 has 132 SMs): at one token a step each kernel reads a
-# layer's weights once, and it needs many SMs' loads in flight to stream them at full speed.
-_PROGRAMS = 64
+# Programs a kernel aims at, about two per SM of an H100/H200 (132): at one token a step each
+# kernel reads a layer's weights once, and it needs every SM's loads in flight to stream them at
+# full speed. Small models cannot fill it (the 135M shape's widths give 36-96 programs).
+_PROGRAMS = 256
 
 
 def unsupported(cfg) -> str | None:
@@ -366,8 +367,10 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
   call = functools.partial(pl.pallas_call, interpret=interpret,
                            compiler_params=_compiler_params())
   h2 = head_dim // 2
-  bh = h2  # each half's columns a program owns: split until there are _PROGRAMS programs
-  while not cfg.qk_norm and bh > 8 and h2 % (bh // 2) == 0 \
+  # Each half's columns a program owns: split until there are _PROGRAMS programs, down to
+  # 32-byte segments of each weight row (one memory sector).
+  bh, narrowest = h2, max(8, 32 // dtype.itemsize)
+  while not cfg.qk_norm and bh > narrowest and h2 % (bh // 2) == 0 \
       and (n + 2 * k_heads) * (h2 // bh) < _PROGRAMS:
     bh //= 2
   qkv_bk = _divisor_block(d, _TILE // (2 * br * bh))
