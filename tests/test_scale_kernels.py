@@ -10,7 +10,7 @@ import pytest
 from experiments.scale import kernels
 
 # The entry: a prefill fusion, then the decode loop (63 iterations) whose body runs a loop fusion,
-# a copy and the layer loop (30 iterations); each layer runs an input fusion, an async fusion
+# a copy, a Pallas kernel (a Triton custom call) and the layer loop (30 iterations); each layer runs an input fusion, an async fusion
 # (start and done; its wrapped computation holds a dynamic-update-slice) and a cuBLAS call.
 HLO = """HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
 
@@ -54,6 +54,8 @@ HLO = """HloModule m, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
 %decode (d: (s32[], f32[8])) -> (s32[], f32[8]) {
   %h = f32[8]{0} fusion(%y), kind=kLoop, calls=%fused_reduce
   %cp = f32[8]{0} copy(%h)
+  %pallas_call.3 = (f32[1,9,64]{2,1,0}, f32[1,6,64]{2,1,0}) custom-call(%h, %cp), custom_call_target="__gpu$xla.gpu.triton", backend_config={"name":"qkv_rope","grid_x":60}
+  %q = f32[1,9,64]{2,1,0} get-tuple-element(%pallas_call.3), index=0
   %layers = (s32[], f32[8]) while(%t1), condition=%layer_cond, body=%layer, backend_config={"known_trip_count":{"n":"30"}}
   ROOT %t = (s32[], f32[8]) tuple(%i, %h)
 }
@@ -68,7 +70,7 @@ ENTRY %main (a: f32[8]) -> f32[8] {
 def test_kernels_per_decode_step_are_counted_from_the_hlo():
   got = kernels.kernels_per_iteration(HLO, 63)
   assert dict(got) == {"fusion:kLoop": 1 + 30, "copy": 1, "fusion:kInput": 30,
-                       "custom-call:__cublas$gemm": 30}
-  assert sum(got.values()) == 92
+                       "custom-call:__cublas$gemm": 30, "custom-call:__gpu$xla.gpu.triton": 1}
+  assert sum(got.values()) == 93
   with pytest.raises(RuntimeError, match="one loop of 64 iterations"):
     kernels.kernels_per_iteration(HLO, 64)
