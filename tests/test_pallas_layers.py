@@ -84,6 +84,9 @@ CASES = {
     "tree": (dict(), 2, 5, True),
     # head_dim 32: each head's columns split over programs (RoPE pairs kept together).
     "split-heads": (dict(head_dim=32, n_heads=2, n_kv_heads=1), 1, 1, False),
+    # Widths no power of two divides whole, as the real shapes have (SmolLM2: G = 3 query heads
+    # a kv head, N = 9, D = 576): masked tiles at every edge.
+    "odd-widths": (dict(n_heads=6, n_kv_heads=2, d_model=48, d_ff=72), 3, 2, True),
 }
 
 
