@@ -160,3 +160,19 @@ def test_bad_input_names_the_field():
   with pytest.raises(ValueError, match="pallas=1.*sliding-window"):
     llama.model_config("test-tiny", fused=True, pallas=True, layer_windows=(4, 0))
   assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
+
+
+def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
+  """experiments/scale/pallas_tiles.py (the GPU loan's tile sweep) on test-tiny in the
+  interpreter: a row per setting beside XLA's fused layers; a setting naming no field of
+  Tiles is refused before any work."""
+  from experiments.scale import pallas_tiles  # noqa: PLC0415
+  with pytest.raises(ValueError, match="--settings: 'warps=2'.*num_warps"):
+    pallas_tiles.main(["--settings", "default,warps=2", "--out", str(tmp_path)])
+  rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
+                            "--settings", "default,num_warps=2", "--bandwidth_mb", "4",
+                            "--out", str(tmp_path)])
+  assert [r["run"] for r in rows] == ["xla-fused", "pallas default", "pallas num_warps=2"]
+  assert rows[2]["tiles"]["num_warps"] == 2 and rows[0]["vs_xla_fused"] == 1.0
+  assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
+  assert pallas_layers.TILES == pallas_layers.Tiles()

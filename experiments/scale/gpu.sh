@@ -6,12 +6,14 @@
 #       (8B, batch 1) fused and unrolled, r(T) and the one-block feature drafter's c for Llama 3.1
 #       8B, the headline steps with Triton's GEMM fusions (the earlier default), then the other
 #       presets (experiments/scale/gpu_cublas/<run>/);
-#   bash experiments/scale/gpu.sh bars      the issue's three GPU bars first, each beside its
-#       baseline in the same run (batch 1 unless said): the 135M shape's step on the hand-written
-#       kernels (configs/scale.py `pallas`, float32 and bfloat16) beside XLA's fused layers, the
-#       8B step fused and unrolled and on the kernels beside the default, the 8B step at batch 1,
-#       8 and 32 (the throughput bar), the 135M kernels at batch 8 and 32
+#   bash experiments/scale/gpu.sh bars      the issue's GPU bars first, each beside its baseline
+#       in the same run, batch 1: the 135M shape's float32 step on the hand-written kernels
+#       (configs/scale.py `pallas`) beside XLA's fused layers, the 8B step fused and unrolled
+#       beside the default, then the kernels' tile sweep (experiments/scale/pallas_tiles.py)
 #       (experiments/scale/gpu_bars/<run>/);
+#   bash experiments/scale/gpu.sh bars2     the rest of the bars: the 8B step on the kernels, the
+#       135M bfloat16 step on the kernels and on XLA's fused layers, the 8B step at batch 1, 8
+#       and 32 (the throughput bar), the 135M kernels at batch 8 and 32 (gpu_bars/ too);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -89,15 +91,25 @@ DSF="--xla_gpu_enable_dynamic_slice_fusion=true"
 # The layer scan (a while loop of known trip count) unrolled into straight-line code.
 UNROLL="--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL"
 
+W_BARS=experiments/scale/gpu_bars
+B1=gpu,batch_sizes=1
+SMOL_F=(--config.model.size=smollm2-135m:fused=1)
+SMOL_P=(--config.model.size=smollm2-135m:fused=1:pallas=1)
 if [ "${1:-presets}" = bars ]; then
-  W=experiments/scale/gpu_bars
-  B1=gpu,batch_sizes=1
-  SMOL_F=(--config.model.size=smollm2-135m:fused=1)
-  SMOL_P=(--config.model.size=smollm2-135m:fused=1:pallas=1)
+  W=$W_BARS
   step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
   step smollm2-135m-f32-pallas $B1,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
   step llama3.1-8b $B1,preset=llama3.1-8b
   step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
+  left=$((540 - SECONDS))
+  echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
+  if [ "$left" -ge 60 ]; then
+    timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --out "$W/pallas-tiles" \
+        >>"$LOG" 2>&1
+    echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  fi
+elif [ "${1:-presets}" = bars2 ]; then
+  W=$W_BARS
   step llama3.1-8b-pallas $B1,preset=llama3.1-8b,pallas
   step smollm2-135m-pallas $B1 "${SMOL[@]}" "${SMOL_P[@]}"
   step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"

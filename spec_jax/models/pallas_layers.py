@@ -43,6 +43,7 @@ Shape legend: `layers.py`; R = B·T rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -50,17 +51,32 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Elements of the largest intermediate tile ([rows, contracting block, columns] broadcast
-# products), sized for 4 warps: 64 float32 registers a thread.
-_TILE = 8192
-_MAX_ROWS = 16  # rows a program takes at once
 # Calls of more new tokens a row (prefill) keep XLA's layers: their products are matrix
 # products, which cuBLAS does better than these matrix-vector kernels.
 MAX_TOKENS = 64
-# Programs a kernel aims at, about two per SM of an H100/H200 (132): at one token a step each
-# kernel reads a layer's weights once, and it needs every SM's loads in flight to stream them at
-# full speed. Small models cannot fill it (the 135M shape's widths give 36-96 programs).
-_PROGRAMS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """How the kernels cut their work (chosen without a GPU to time them; the next GPU loan
+  sweeps them: experiments/scale/pallas_tiles.py).
+
+  tile: elements of the largest intermediate tile ([rows, contracting block, columns]
+    broadcast products); 8192 over 4 warps is 64 float32 registers a thread.
+  programs: programs a kernel aims at, about two per SM of an H100/H200 (132): at one token a
+    step each kernel reads a layer's weights once, and it needs every SM's loads in flight to
+    stream them at full speed (the 135M shape's widths give 36-96).
+  rows: rows (tokens) a program takes at once.
+  num_warps, num_stages: Triton's, per kernel."""
+  tile: int = 8192
+  programs: int = 256
+  rows: int = 16
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+# The tiles every call uses (read when a program is traced).
+TILES = Tiles()
 
 
 def unsupported(cfg) -> str | None:
@@ -88,21 +104,13 @@ def _divisor_block(n: int, cap: int) -> int:
   return cap
 
 
-def _row_block(rows: int) -> int:
-  return min(pl.next_power_of_2(rows), _MAX_ROWS)
-
-
-def _column_block(n: int) -> int:
-  """Output columns a program owns: the widest of 64, 32, 16 that still gives _PROGRAMS
+def _column_block(n: int, programs: int) -> int:
+  """Output columns a program owns: the widest of 64, 32, 16 that still gives `programs`
   programs, else 16 (64-byte float32 segments of each weight row)."""
   for block in (64, 32):
-    if n % block == 0 and n // block >= _PROGRAMS:
+    if n % block == 0 and n // block >= programs:
       return block
   return 16
-
-
-def _compiler_params():
-  return plgpu.CompilerParams(num_warps=4, num_stages=2)
 
 
 def _check_backend() -> None:
@@ -359,21 +367,23 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
   attn_norm, mlp_norm = params["attn_norm"]["scale"], params["mlp_norm"]["scale"]
   freqs = jnp.asarray(cfg.rope_table())                          # f32[L, H/2]
 
-  br = _row_block(n_rows)
+  tiles = TILES
+  br = min(pl.next_power_of_2(n_rows), tiles.rows)
   n_rb = pl.cdiv(n_rows, br)
   pos = positions.reshape(n_rows).astype(jnp.int32)
   old = mask_old.astype(jnp.int32)
   new = mask_new.astype(jnp.int32)
   call = functools.partial(pl.pallas_call, interpret=interpret,
-                           compiler_params=_compiler_params())
+                           compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps,
+                                                                num_stages=tiles.num_stages))
   h2 = head_dim // 2
-  # Each half's columns a program owns: split until there are _PROGRAMS programs, down to
+  # Each half's columns a program owns: split until there are tiles.programs programs, down to
   # 32-byte segments of each weight row (one memory sector).
   bh, narrowest = h2, max(8, 32 // dtype.itemsize)
   while not cfg.qk_norm and bh > narrowest and h2 % (bh // 2) == 0 \
-      and (n + 2 * k_heads) * (h2 // bh) < _PROGRAMS:
+      and (n + 2 * k_heads) * (h2 // bh) < tiles.programs:
     bh //= 2
-  qkv_bk = _divisor_block(d, _TILE // (2 * br * bh))
+  qkv_bk = _divisor_block(d, tiles.tile // (2 * br * bh))
   qkv = call(
       functools.partial(_qkv_kernel, n_rows=n_rows, br=br, bk=qkv_bk, bh=bh, cfg=cfg),
       grid=(n + 2 * k_heads, h2 // bh, n_rb),
@@ -381,7 +391,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
                  jax.ShapeDtypeStruct((n_rows, 2 * k_heads, head_dim), dtype)),
       name="qkv_rope")
   gp = pl.next_power_of_2(g)
-  bs = _divisor_block(pl.next_power_of_2(cache_k.shape[2]), max(_TILE // (gp * head_dim), 1))
+  bs = _divisor_block(pl.next_power_of_2(cache_k.shape[2]), max(tiles.tile // (gp * head_dim), 1))
   bt = min(bs, pl.next_power_of_2(t))
   attention = call(
       functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, cfg=cfg),
@@ -389,18 +399,18 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
       name="attention")
 
   def product(width, n_out):
-    bn = _column_block(n_out)
-    bk = _divisor_block(width, _TILE // (br * bn))
+    bn = _column_block(n_out, tiles.programs)
+    bk = _divisor_block(width, tiles.tile // (br * bn))
     return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
                                   dtype=dtype),
                 grid=(pl.cdiv(n_out, bn), n_rb),
                 out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product_residual")
 
   o_product, down_product = product(n * head_dim, d), product(d_ff, d)
-  mlp_bn = _column_block(d_ff)
+  mlp_bn = _column_block(d_ff, tiles.programs)
   mlp_in = call(
       functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br,
-                        bk=_divisor_block(d, _TILE // (2 * br * mlp_bn)), bn=mlp_bn, cfg=cfg),
+                        bk=_divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn, cfg=cfg),
       grid=(pl.cdiv(d_ff, mlp_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d_ff), dtype),
       name="norm_gate_up")
 

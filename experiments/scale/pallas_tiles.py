@@ -1,0 +1,145 @@
+"""The decode step on the hand-written kernels (`spec_jax/models/pallas_layers.py`) for several
+tile choices (`pallas_layers.Tiles`), beside XLA's fused layers, timed in one process on one GPU.
+
+The kernels' tiles were chosen without a GPU; this is the sweep that picks them with one short
+run. Each setting changes one field of the default `Tiles()`; every one decodes `--steps` greedy
+tokens in one compiled loop (the benchmark's fixed decode loop without sampling or stop tokens)
+from a random 64-token context, random weights (seed 0), and the settings are timed round-robin
+(medians of `--repeats`). Rows: ms a step, the memory roofline (parameter bytes over the read
+bandwidth measured in the same run, `timing.memory_bandwidth`), × roofline and × XLA's fused
+layers.
+
+  python experiments/scale/pallas_tiles.py --out experiments/scale/gpu_bars/pallas-tiles
+  python experiments/scale/pallas_tiles.py --size smollm2-135m --dtype bfloat16 --batch 8 ...
+
+`bash experiments/scale/gpu.sh bars` runs it after the bars' steps. About 10-20 s of compiling
+a setting on an H200 (estimated). On CPU the kernels run in Pallas's interpreter: the numbers
+mean nothing there (tests/test_pallas_layers.py runs it so, on test-tiny, to keep it working).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))
+
+# One field of Tiles() changed per setting: what a GPU run should tell apart first.
+SETTINGS = ("default", "programs=64", "programs=128", "programs=512", "tile=4096",
+            "tile=16384", "num_warps=2", "num_warps=8", "num_stages=1", "num_stages=3")
+CONTEXT = 64
+
+
+def parse_setting(text: str):
+  """'default' or 'field=value' → Tiles; ValueError naming the field."""
+  from spec_jax.models import pallas_layers  # noqa: PLC0415
+  if text == "default":
+    return pallas_layers.Tiles()
+  field, _, value = text.partition("=")
+  names = [f.name for f in dataclasses.fields(pallas_layers.Tiles)]
+  if field not in names or not value.isdigit() or int(value) < 1:
+    raise ValueError(f"--settings: {text!r} is not 'default' or FIELD=N with FIELD one of "
+                     f"{', '.join(names)} and N >= 1.")
+  return dataclasses.replace(pallas_layers.Tiles(), **{field: int(value)})
+
+
+def decode_loop(cfg, steps: int):
+  """jitted (params, cache, token[B], position) → (token, cache): `steps` greedy steps."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from spec_jax.models import decoder  # noqa: PLC0415
+  apply = decoder.make_apply(cfg)
+
+  def run(params, cache, token, position):
+    def step(i, carry):
+      token, cache = carry
+      positions = jnp.full((token.shape[0], 1), position + i, jnp.int32)
+      logits, _, cache = apply(params, token[:, None], positions, cache)
+      return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32), cache
+    return jax.lax.fori_loop(0, steps, step, (token, cache))
+
+  return jax.jit(run, donate_argnums=1)
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--size", default="smollm2-135m", help="a family size or a preset")
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--steps", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--settings", default=",".join(SETTINGS),
+                      help="comma-separated: default, or FIELD=N of pallas_layers.Tiles")
+  parser.add_argument("--bandwidth_mb", type=int, default=512)
+  parser.add_argument("--out", default=str(HERE / "gpu_bars" / "pallas-tiles"))
+  args = parser.parse_args(argv)
+  settings = {text: parse_setting(text) for text in args.settings.split(",")}  # before any work
+  from spec_jax import cli  # noqa: PLC0415
+  cli.set_xla_defaults()
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from spec_jax.evaluation import report, timing  # noqa: PLC0415
+  from spec_jax.models import decoder, families, layers, pallas_layers  # noqa: PLC0415
+  vocab = 257 if args.size == "test-tiny" else 49152
+  cfg = families.model_config(args.size, vocab_size=vocab, dtype=args.dtype,
+                              param_dtype=args.dtype)
+  cfg = dataclasses.replace(cfg, fused=True)
+  kernels_cfg = dataclasses.replace(cfg, pallas=True)  # refuses a family the kernels lack
+  params = decoder.init_params(cfg, jax.random.key(0))
+  size = CONTEXT + args.steps
+  token = jnp.zeros((args.batch,), jnp.int32)
+
+  def timed_call(run_cfg, tiles):
+    run = decode_loop(run_cfg, args.steps)
+    state = {"cache": layers.init_cache(cfg, args.batch, size)}
+
+    def call():
+      pallas_layers.TILES = tiles  # read when `run` is traced, on its first call
+      out, state["cache"] = run(params, state["cache"], token, CONTEXT)
+      return out
+    return call
+
+  calls = {"xla-fused": timed_call(cfg, pallas_layers.Tiles())}
+  calls.update({f"pallas {text}": timed_call(kernels_cfg, tiles)
+                for text, tiles in settings.items()})
+  print(f"{len(calls)} programs, {args.steps} steps each; compiling and timing "
+        f"(round-robin, {args.repeats} repeats)", flush=True)
+  times = timing.round_robin(calls, args.repeats)
+  pallas_layers.TILES = pallas_layers.Tiles()
+  bandwidth = timing.memory_bandwidth(args.bandwidth_mb * 2**20, args.repeats)
+  roofline_ms = 1000 * timing.param_bytes(params) / bandwidth
+  base_ms = 1000 * times["xla-fused"]["median_s"] / args.steps
+  rows = []
+  for name, t in times.items():
+    ms = 1000 * t["median_s"] / args.steps
+    tiles = settings.get(name.removeprefix("pallas "))
+    rows.append(dict(
+        run=name, size=args.size, dtype=args.dtype, batch_size=args.batch, steps=args.steps,
+        layers="xla-fused" if tiles is None else "pallas",
+        tiles=None if tiles is None else dataclasses.asdict(tiles),
+        ms_per_step=round(ms, 4), roofline_ms_per_step=round(roofline_ms, 5),
+        vs_roofline=round(ms / roofline_ms, 3), vs_xla_fused=round(ms / base_ms, 3),
+        compile_s=round(t["compile_s"], 2), memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),
+        device=timing.device_description(), device_kind=jax.devices()[0].device_kind,
+        jax=jax.__version__))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  report.write_results(str(out), rows, echo=False)
+  lines = [f"| run | ms a step | × roofline ({roofline_ms:.3f} ms) | × XLA fused | compile s |",
+           "|---|---:|---:|---:|---:|"]
+  lines += [f"| {r['run']} | {r['ms_per_step']:.3f} | {r['vs_roofline']:.2f} | "
+            f"{r['vs_xla_fused']:.2f} | {r['compile_s']:.0f} |" for r in rows]
+  text = (f"{args.size} {args.dtype}, batch {args.batch}, {args.steps} steps, "
+          f"{rows[0]['device']}, jax {jax.__version__}\n\n" + "\n".join(lines) + "\n")
+  (out / "results.md").write_text(text)
+  print(text, flush=True)
+  (out / "command.json").write_text(json.dumps(sys.argv) + "\n")
+  return rows
+
+
+if __name__ == "__main__":
+  main()
