@@ -215,6 +215,21 @@ def check_decode_mesh(mesh: Mesh, batch_size: int, kv_heads: dict[str, int | Non
           f"= a divisor of {heads}.")
 
 
+def check_kernels_on_mesh(mesh: Mesh, models: dict[str, Any]) -> None:
+  """ValueError unless every model (name → config; None or a config without `pallas` skips)
+  running its layers on the hand-written GPU kernels (`LlamaConfig.pallas`) decodes on one
+  device: a Pallas kernel has no partitioning rule, so on a mesh XLA would gather its sharded
+  weights to every device on every call."""
+  if mesh.size == 1:
+    return
+  for name, cfg in models.items():
+    if getattr(cfg, "pallas", False):
+      raise ValueError(
+          f"The {name} runs its layers on hand-written kernels (model.size ...:pallas=1), which "
+          f"run on one device, but the decoding mesh has {mesh.size}. Fix: --config.mesh.data=1 "
+          "--config.mesh.fsdp=1 --config.mesh.tensor=1, or drop :pallas=1 from the size.")
+
+
 def cache_sharding(mesh: Mesh) -> NamedSharding:
   """k, v [L, B, S, K, H]: rows over the batch axes, key/value heads over 'tensor'."""
   return NamedSharding(mesh, P(None, BATCH_AXES, None, "tensor", None))

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_jax import testing
+from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding.drafters import lm
 from spec_jax.decoding.drafters import trees
@@ -160,6 +160,17 @@ def test_bad_input_names_the_field():
   with pytest.raises(ValueError, match="pallas=1.*sliding-window"):
     llama.model_config("test-tiny", fused=True, pallas=True, layer_windows=(4, 0))
   assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
+  # On a decoding mesh of several devices, before compiling anything.
+  cfg, params = testing.tiny_model(fused=True, pallas=True)
+  mesh = parallel.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})
+  prompts = generate_lib.pad_prompts([[1, 2], [3, 4]], 2, pad_id=0)
+  with pytest.raises(ValueError, match="The model runs its layers on hand-written kernels.*"
+                                       "mesh.data=1"):
+    generate_lib.generate(params, prompts, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                          max_new_tokens=2, mesh=mesh)
+  with pytest.raises(ValueError, match="The verifier runs its layers on hand-written kernels"):
+    testing.lm_speculative(cfg, params, cfg, params, prompts, jax.random.key(0), mesh=mesh,
+                           sampling=Sampling(), max_new_tokens=2)
 
 
 def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):

@@ -244,6 +244,7 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
     fixed_steps = not stop_ids
   if mesh is not None:
     parallel.check_decode_mesh(mesh, prompts.tokens.shape[0], {"model": cfg.n_kv_heads})
+    parallel.check_kernels_on_mesh(mesh, {"model": cfg})
     params = parallel.place_params(params, mesh)
     prompts = on_mesh(prompts, mesh)
   args = (params, prompts.tokens, prompts.lengths, rng)

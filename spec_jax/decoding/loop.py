@@ -316,6 +316,8 @@ def lower(verifier_params, drafter_params, tokens, lengths, rng, *, verifier, dr
   if mesh is not None:
     parallel.check_decode_mesh(mesh, tokens.shape[0],
                                {"verifier": _kv_heads(verifier), "drafter": _kv_heads(drafter)})
+    parallel.check_kernels_on_mesh(mesh, {"verifier": getattr(verifier, "cfg", None),
+                                          "drafter": getattr(drafter, "cfg", None)})
   return _generate_jit.lower(
       verifier_params, drafter_params, tokens, lengths, rng, verifier=verifier, drafter=drafter,
       decode=decode, sampling=sampling,
@@ -370,6 +372,8 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
     parallel.check_decode_mesh(
         mesh, prompts.tokens.shape[0],
         {"verifier": _kv_heads(verifier), "drafter": _kv_heads(drafter)})
+    parallel.check_kernels_on_mesh(mesh, {"verifier": getattr(verifier, "cfg", None),
+                                          "drafter": getattr(drafter, "cfg", None)})
     verifier_params = parallel.place_params(verifier_params, mesh)
     drafter_params = parallel.place_params(drafter_params, mesh)
     prompts = generate_lib.on_mesh(prompts, mesh)
