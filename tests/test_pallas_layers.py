@@ -19,16 +19,24 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding.drafters import lm
 from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import decoder, draft_init, families, llama, pallas_layers
+from spec_jax.models import decoder, draft_init, families, gemma, llama, pallas_layers
 from spec_jax.models import layers as L
 
 S = 24  # cache slots
 
 
-def _model(dtype="float32", **overrides):
-  """test-tiny, fused, with weights spread enough that every term matters."""
-  cfg = dataclasses.replace(llama.model_config("test-tiny"), fused=True, dtype=dtype,
-                            param_dtype=dtype, **overrides)
+# A Gemma 3 of test-tiny's shape: q/k norm, a sliding-window layer (3 tokens, its own RoPE base)
+# and a global one, norms after each sublayer, GELU.
+GEMMA = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+             d_ff=64, rope_theta=10_000.0, rope_local_theta=1_000.0, query_pre_attn_scalar=16.0,
+             qk_norm=True, layer_windows=(3, 0))
+
+
+def _model(dtype="float32", family="llama", **overrides):
+  """test-tiny (or its Gemma twin), fused, with weights spread enough that every term
+  matters."""
+  base = llama.model_config("test-tiny") if family == "llama" else gemma.GemmaConfig(**GEMMA)
+  cfg = dataclasses.replace(base, fused=True, dtype=dtype, param_dtype=dtype, **overrides)
   params = decoder.init_params(cfg, jax.random.key(0))
   noise = testing.perturbed(params, 0.05)
   return cfg, noise
@@ -60,8 +68,10 @@ def _forwards(cfg, params, b, t, tree, hidden=(1, -1)):
   """(XLA layers' output, the kernels' output) of one call: logits, hidden, cache."""
   rng = np.random.default_rng(7)
   cache = L.init_cache(cfg, b, S)
+  slot_pos = None if cache.pos is None else jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32),
+                                                              (b, S))
   cache = L.KVCache(k=jnp.asarray(rng.normal(size=cache.k.shape), cfg.dtype),
-                    v=jnp.asarray(rng.normal(size=cache.v.shape), cfg.dtype))
+                    v=jnp.asarray(rng.normal(size=cache.v.shape), cfg.dtype), pos=slot_pos)
   tokens, positions, mask, slots = _call(b, t, tree)
   outs = []
   for c in (cfg, dataclasses.replace(cfg, pallas=True)):
@@ -80,6 +90,11 @@ def _max_differences(cfg, params, b, t, tree):
 
 CASES = {
     "decode": (dict(), 2, 1, False),
+    "gemma3-decode": (dict(family="gemma"), 2, 1, False),
+    "gemma3-tree": (dict(family="gemma"), 2, 5, True),
+    # Gemma 2: attention logits soft-capped, no q/k norm, no windows.
+    "gemma2-chain": (dict(family="gemma", qk_norm=False, layer_windows=(),
+                          attn_logit_softcap=2.0), 2, 3, False),
     "chain-qk-norm-bias": (dict(qk_norm=True, qkv_bias=True), 3, 4, False),
     "tree": (dict(), 2, 5, True),
     # head_dim 32: each head's columns split over programs (RoPE pairs kept together).
@@ -122,12 +137,25 @@ def _plant_norm_width(monkeypatch):
   monkeypatch.setattr(pallas_layers, "_rms", lambda sumsq, width, eps: real(sumsq, width - 1, eps))
 
 
-@pytest.mark.parametrize("plant", [_plant_rope_sign, _plant_all_new_visible, _plant_norm_width])
-def test_planted_bugs_fail_the_comparison(plant, monkeypatch):
+def _plant_no_window(monkeypatch):
+  real = pallas_layers._layers  # noqa: SLF001
+  monkeypatch.setattr(pallas_layers, "_layers", lambda cfg, *args, **kwargs: real(
+      dataclasses.replace(cfg, layer_windows=()), *args, **kwargs))
+
+
+def _plant_gain_offset(monkeypatch):
+  monkeypatch.setattr(pallas_layers, "_gain", lambda gain, cfg: gain.astype(jnp.float32))
+
+
+@pytest.mark.parametrize("plant, family", [
+    (_plant_rope_sign, "llama"), (_plant_all_new_visible, "llama"), (_plant_norm_width, "llama"),
+    (_plant_no_window, "gemma"), (_plant_gain_offset, "gemma")])
+def test_planted_bugs_fail_the_comparison(plant, family, monkeypatch):
   """A sign flipped in RoPE, every cache slot and new token visible, RMSNorm over one element
-  too few: each moves the kernels' output far past the tolerance above."""
+  too few; in Gemma, the sliding window ignored, the norms' gain without its stored offset:
+  each moves the kernels' output far past the tolerance above."""
   plant(monkeypatch)
-  cfg, params = _model()
+  cfg, params = _model(family=family)
   diffs = _max_differences(cfg, params, 2, 5, True)
   assert max(diffs.values()) > 1e-3, diffs
 
@@ -155,10 +183,7 @@ def test_bad_input_names_the_field():
     draft_init.parse_size("smollm2-135m:fused=1:unrolled=1:pallas=1")
   with pytest.raises(ValueError, match="pallas=1.*unfused layout"):
     llama.model_config("test-tiny", pallas=True)
-  with pytest.raises(ValueError, match="pallas=1.*'gemma' family"):
-    families.model_config("gemma3-270m", fused=True, pallas=True)
-  with pytest.raises(ValueError, match="pallas=1.*sliding-window"):
-    llama.model_config("test-tiny", fused=True, pallas=True, layer_windows=(4, 0))
+  assert families.model_config("gemma3-270m", fused=True, pallas=True).pallas
   assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
   # On a decoding mesh of several devices, before compiling anything.
   cfg, params = testing.tiny_model(fused=True, pallas=True)

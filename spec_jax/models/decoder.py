@@ -76,7 +76,7 @@ class Decoder(nn.Module):
       # training, prefill and steered calls keep XLA's layers.
       x, (new_k, new_v), residuals = pallas_layers.layers(
           cfg, self.variables["params"]["layers"], x, positions, cache.k, cache.v, mask_old,
-          mask_new, hidden=bool(self.hidden_layers))
+          mask_new, cache.pos, hidden=bool(self.hidden_layers))
     elif cfg.unrolled:  # straight-line layers with their own params "layers_<i>"
       x, ((new_k, new_v), residuals) = _unrolled(
           cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)

@@ -45,10 +45,11 @@ class LlamaConfig:
   unrolled: the layers as straight-line code, each with its own params ("layers_<i>") instead
     of a scan over params stacked under "layers": the same model, no layer loop and no slicing
     of stacked weights (`model.size=...:unrolled=1`; `layers.unstack_layers` converts).
-  pallas: the decoding calls' layers (any call with a cache and no steering) as five
-    hand-written GPU kernels each (`pallas_layers.py`) instead of XLA's fusions: the same model
-    and params; needs the fused, scanned layout (`model.size=...:fused=1:pallas=1`). Kernels run
-    on NVIDIA GPUs, and in Pallas's interpreter on CPU (slow; for tests).
+  pallas: the decoding calls' layers (a cache, at most `pallas_layers.MAX_TOKENS` tokens a row,
+    no steering) as five hand-written GPU kernels each (`pallas_layers.py`; Llama and Gemma
+    families) instead of XLA's fusions: the same model and params; needs the fused, scanned
+    layout (`model.size=...:fused=1:pallas=1`). Kernels run on NVIDIA GPUs, and in Pallas's
+    interpreter on CPU (slow; for tests).
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int

@@ -1,5 +1,5 @@
-"""The Llama decoder layers as five hand-written GPU kernels each (`LlamaConfig.pallas`;
-docs/design.md §5).
+"""The decoder layers of the Llama and Gemma families as five hand-written GPU kernels each
+(`LlamaConfig.pallas`; docs/design.md §2).
 
 A small model's decode step on a GPU is bound by kernel launches, not bytes: XLA's fusion leaves
 ~19-26 kernels a layer (RMSNorm's reduction and scaling, each product, RoPE, the softmax's two
@@ -15,6 +15,12 @@ elementwise step fused into the product that reads or writes it:
   3. `_product_kernel`   the o product plus the residual;
   4. `_mlp_in_kernel`    RMSNorm, the fused gate/up product, silu(gate) · up;
   5. `_product_kernel`   the down product plus the residual.
+
+Gemma's norms after each sublayer (x + RMSNorm(h)) need a whole row of the product h, so there
+the two product kernels write h alone and the next kernel, which reads whole rows anyway,
+resolves x + RMSNorm(h) as it reads the stream (one program writes it out for later kernels);
+its sliding windows (a static window per layer, keys compared by the cache's slot positions),
+q/k norms, GELU and Gemma 2's attention soft-capping are terms inside the kernels above.
 
 Every stage needs all of the previous stage's output (a norm or a product over the full width),
 so five is the floor without a grid-wide barrier. The layers are written out (no loop counter
@@ -81,10 +87,8 @@ TILES = Tiles()
 
 def unsupported(cfg) -> str | None:
   """Why these kernels cannot compute `cfg`'s layers (None: they can)."""
-  if getattr(cfg, "FAMILY", "") != "llama":
-    return f"the {cfg.FAMILY!r} family's layers (norm offsets, windows, soft-capping, GELU)"
-  if cfg.has_windows:
-    return "sliding-window layers"
+  if getattr(cfg, "FAMILY", "") not in ("llama", "gemma"):
+    return f"the {getattr(cfg, 'FAMILY', type(cfg).__name__)!r} family's layers"
   if not cfg.fused:
     return "the unfused layout (the kernels read 'qkv' and 'gate_up': add :fused=1)"
   if cfg.unrolled:
@@ -123,14 +127,65 @@ def _rms(sumsq, width: int, eps: float):
   return jax.lax.rsqrt(sumsq / width + eps)
 
 
-def _normed_chunk(x_ref, gain_ref, layer, rows, rmask, k0, bk, width, inv, dtype):
-  """Block [rows, k0:k0+bk] of RMSNorm(x) in the model's dtype, as float32 (zero outside)."""
-  cols = k0 + jnp.arange(bk)
-  cmask = cols < width
-  x = plgpu.load(x_ref.at[rows, pl.ds(k0, bk)], mask=rmask[:, None] & cmask[None, :],
-                 other=0).astype(jnp.float32)
-  gain = plgpu.load(gain_ref.at[layer, pl.ds(k0, bk)], mask=cmask, other=0).astype(jnp.float32)
-  return ((x * inv[:, None]) * gain[None, :]).astype(dtype).astype(jnp.float32)
+def _gain(gain, cfg):
+  """RMSNorm's gain from its stored scale (float32): Gemma stores gain − 1."""
+  gain = gain.astype(jnp.float32)
+  return gain + cfg.norm_offset if cfg.norm_offset else gain
+
+
+def _scaled(x, inv, gain_ref, layer, c, bk, width, cfg):
+  """RMSNorm's output on block c of a row block x[rows, bk] (float32) with inverse RMS inv[rows]:
+  (x · inv) · gain, rounded to the model's dtype, as float32 (zero past the width)."""
+  cmask = c * bk + jnp.arange(bk) < width
+  gain = _gain(plgpu.load(gain_ref.at[layer, pl.ds(c * bk, bk)], mask=cmask, other=0), cfg)
+  return ((x * inv[:, None]) * gain[None, :]).astype(cfg.dtype).astype(jnp.float32)
+
+
+def _row_chunks(ref, rows, rmask, width, bk):
+  """chunk(c) → block [rows, c·bk : (c+1)·bk] of ref [R, width] in float32, zero outside."""
+  def chunk(c):
+    cmask = c * bk + jnp.arange(bk) < width
+    return plgpu.load(ref.at[rows, pl.ds(c * bk, bk)], mask=rmask[:, None] & cmask[None, :],
+                      other=0).astype(jnp.float32)
+  return chunk
+
+
+def _sum_squares(chunk, width, bk, rmask):
+  def body(c, acc):
+    x = chunk(c)
+    return acc + jnp.sum(x * x, axis=1)
+  return jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros(rmask.shape, jnp.float32))
+
+
+def _stream(x_ref, pending, rows, rmask, width, bk, cfg):
+  """chunk(c) → block c of the residual stream for a block of rows (float32 holding values of
+  the model's dtype): x, or, where the previous sublayer's output still waits for its norm
+  (Gemma's post-attention and post-MLP norms; pending = (h_ref, gain_ref, gain layer)),
+  x + RMSNorm(h), rounded as the XLA block rounds it."""
+  load_x = _row_chunks(x_ref, rows, rmask, width, bk)
+  if pending is None:
+    return load_x
+  h_ref, gain_ref, gain_layer = pending
+  load_h = _row_chunks(h_ref, rows, rmask, width, bk)
+  inv = _rms(_sum_squares(load_h, width, bk, rmask), width, cfg.norm_eps)
+
+  def chunk(c):
+    normed = _scaled(load_h(c), inv, gain_ref, gain_layer, c, bk, width, cfg)
+    return (load_x(c) + normed).astype(cfg.dtype).astype(jnp.float32)
+  return chunk
+
+
+def _store_stream(chunk, out_ref, rows, rmask, width, bk, when):
+  """Where `when`, write the stream `chunk` gives to out_ref [R, width] (one program of a
+  grid writes the stream it resolved, for the next kernels)."""
+  @pl.when(when)
+  def _():
+    def body(c, carry):
+      cmask = c * bk + jnp.arange(bk) < width
+      plgpu.store(out_ref.at[rows, pl.ds(c * bk, bk)], chunk(c).astype(out_ref.dtype),
+                  mask=rmask[:, None] & cmask[None, :])
+      return carry
+    jax.lax.fori_loop(0, pl.cdiv(width, bk), body, 0)
 
 
 def _rope_pair(lo, hi, cos, sin):
@@ -143,39 +198,36 @@ def _visible(loaded):
   return loaded != 0
 
 
-def _sum_squares(x_ref, rows, rmask, width, bk):
-  def body(c, acc):
-    cols = c * bk + jnp.arange(bk)
-    x = plgpu.load(x_ref.at[rows, pl.ds(c * bk, bk)],
-                   mask=rmask[:, None] & (cols < width)[None, :], other=0).astype(jnp.float32)
-    return acc + jnp.sum(x * x, axis=1)
-  return jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros(rmask.shape, jnp.float32))
-
-
-def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg):
+def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg, pending):
   """Program (head, part, row block): columns part·bh + [0, bh) of each half of one head of
   RMSNorm(x) @ qkv for a block of rows (RoPE pairs column j with j + H/2, so a program holds
   whole pairs; bh = H/2 under q/k norm, which needs the whole head), then the head's bias,
   q/k norm and RoPE; q heads to q_ref [R, N, H], k/v heads to kv_ref [R, 2K, H].
-  refs: layer, x, positions, attn_norm, qkv kernel, [qkv bias], [q_norm, k_norm], freqs; the
-  outputs q [R, N, H] and kv [R, 2K, H]."""
+  refs: layer, x, [the previous layer's MLP output and post-MLP norm scale when `pending`],
+  positions, attn_norm, qkv kernel, [qkv bias], [q_norm, k_norm], freqs; the outputs q
+  [R, N, H], kv [R, 2K, H] and, when `pending`, the stream x + RMSNorm(h) [R, D]."""
   refs = list(refs)
-  layer_ref, x_ref, pos_ref, norm_ref, w_ref = refs[:5]
-  bias_ref = refs.pop(5) if cfg.qkv_bias else None
-  qn_ref, kn_ref = (refs.pop(5), refs.pop(5)) if cfg.qk_norm else (None, None)
-  freq_ref, q_ref, kv_ref = refs[5:]
-  head, part, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  layer_ref, x_ref = refs.pop(0), refs.pop(0)
   layer = layer_ref[()]
+  pend = (refs.pop(0), refs.pop(0), layer - 1) if pending else None
+  pos_ref, norm_ref, w_ref = refs.pop(0), refs.pop(0), refs.pop(0)
+  bias_ref = refs.pop(0) if cfg.qkv_bias else None
+  qn_ref, kn_ref = (refs.pop(0), refs.pop(0)) if cfg.qk_norm else (None, None)
+  freq_ref, q_ref, kv_ref = refs[:3]
+  head, part, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   n, k_heads, h2 = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim // 2
   lo_cols, hi_cols = pl.ds(part * bh, bh), pl.ds(h2 + part * bh, bh)
   width, dtype = cfg.d_model, jnp.dtype(cfg.dtype)
   rows = pl.ds(rb * br, br)
   rmask = rb * br + jnp.arange(br) < n_rows
-  inv = _rms(_sum_squares(x_ref, rows, rmask, width, bk), width, cfg.norm_eps)
+  stream = _stream(x_ref, pend, rows, rmask, width, bk, cfg)
+  if pending:
+    _store_stream(stream, refs[3], rows, rmask, width, bk, (head == 0) & (part == 0))
+  inv = _rms(_sum_squares(stream, width, bk, rmask), width, cfg.norm_eps)
 
   def body(c, acc):
     lo, hi = acc
-    x = _normed_chunk(x_ref, norm_ref, layer, rows, rmask, c * bk, bk, width, inv, dtype)
+    x = _scaled(stream(c), inv, norm_ref, layer, c, bk, width, cfg)
     kmask = (c * bk + jnp.arange(bk) < width)[:, None]
     w_lo = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), head, lo_cols], mask=kmask,
                       other=0).astype(jnp.float32)
@@ -193,12 +245,13 @@ def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg):
     hi = (hi + bias_ref[layer, head, hi_cols].astype(jnp.float32)).astype(dtype)
     lo, hi = lo.astype(jnp.float32), hi.astype(jnp.float32)
   is_q, is_v = head < n, head >= n + k_heads
-  if qn_ref is not None:  # Qwen3: RMSNorm over each q/k head, before RoPE
+  if qn_ref is not None:  # Qwen3, Gemma 3: RMSNorm over each q/k head, before RoPE
     inv_h = _rms(jnp.sum(lo * lo, axis=1) + jnp.sum(hi * hi, axis=1), 2 * h2, cfg.norm_eps)
-    g_lo = jnp.where(is_q, qn_ref[layer, pl.ds(0, h2)], kn_ref[layer, pl.ds(0, h2)])
-    g_hi = jnp.where(is_q, qn_ref[layer, pl.ds(h2, h2)], kn_ref[layer, pl.ds(h2, h2)])
-    n_lo = ((lo * inv_h[:, None]) * g_lo.astype(jnp.float32)[None]).astype(dtype)
-    n_hi = ((hi * inv_h[:, None]) * g_hi.astype(jnp.float32)[None]).astype(dtype)
+    g_lo = _gain(jnp.where(is_q, qn_ref[layer, pl.ds(0, h2)], kn_ref[layer, pl.ds(0, h2)]), cfg)
+    g_hi = _gain(jnp.where(is_q, qn_ref[layer, pl.ds(h2, h2)], kn_ref[layer, pl.ds(h2, h2)]),
+                 cfg)
+    n_lo = ((lo * inv_h[:, None]) * g_lo[None]).astype(dtype)
+    n_hi = ((hi * inv_h[:, None]) * g_hi[None]).astype(dtype)
     lo = jnp.where(is_v, lo, n_lo.astype(jnp.float32))
     hi = jnp.where(is_v, hi, n_hi.astype(jnp.float32))
   # RoPE on q and k heads, angles in float32.
@@ -216,11 +269,16 @@ def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg):
   plgpu.store(kv_ref.at[rows, kv_head, hi_cols], r_hi.astype(kv_ref.dtype), mask=kv_mask)
 
 
-def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_ref, new_ref,
-                      out_ref, *, gp, bs, bt, cfg):
+def _attention_kernel(*refs, gp, bs, bt, cfg, window):
   """Program (kv head, row): the G query heads of one token (row r = b·T + t) that share kv
   head `kvh`, over the cache slots `old_ref[b, t]` allows and this call's new tokens
-  `new_ref[b, t]` allows, as one softmax (computed online over blocks of slots)."""
+  `new_ref[b, t]` allows, as one softmax (computed online over blocks of slots).
+  refs: layer, q, cache k, cache v, the new kv, mask_old, mask_new, [positions [R] and the
+  cache's slot positions [B, S] for a sliding window], out. window: this layer's sliding window
+  (static; 0 = global): a key is visible only if its position > the query's − window."""
+  layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_ref, new_ref = refs[:7]
+  pos_ref, key_pos_ref = refs[7:9] if window else (None, None)
+  out_ref = refs[-1]
   kvh, row = pl.program_id(0), pl.program_id(1)
   layer = layer_ref[()]
   g, k_heads, dtype = cfg.n_heads // cfg.n_kv_heads, cfg.n_kv_heads, jnp.dtype(cfg.dtype)
@@ -231,11 +289,14 @@ def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_re
   q = plgpu.load(q_ref.at[row, pl.ds(kvh * g, gp), :], mask=gmask[:, None], other=0)
   q = (q.astype(jnp.float32) * cfg.query_scale).astype(dtype).astype(jnp.float32)  # [Gp, H]
   neg = jnp.finfo(jnp.float32).min
+  low = pos_ref[row] - window if window else None  # keys at or below are out of the window
 
   def attend(carry, k, v, visible):
     """One block of keys k[X, H], values v[X, H], visible bool[X]."""
     m, l, acc = carry
     logits = jnp.sum(q[:, None, :] * k[None], axis=2)  # [Gp, X]
+    if cfg.attn_softcap:  # Gemma 2: cap · tanh(logits / cap)
+      logits = jnp.tanh(logits / cfg.attn_softcap) * cfg.attn_softcap
     logits = jnp.where(visible[None, :], logits, neg)
     m_new = jnp.maximum(m, jnp.max(logits, axis=1))
     scale = jnp.exp(m - m_new)
@@ -247,6 +308,8 @@ def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_re
     slots = c * bs + jnp.arange(bs)
     smask = slots < size
     visible = _visible(plgpu.load(old_ref.at[b, t, pl.ds(c * bs, bs)], mask=smask, other=0))
+    if window:
+      visible &= plgpu.load(key_pos_ref.at[b, pl.ds(c * bs, bs)], mask=smask, other=0) > low
     k = plgpu.load(cache_k_ref.at[layer, b, pl.ds(c * bs, bs), kvh, :], mask=smask[:, None],
                    other=0).astype(jnp.float32)
     v = plgpu.load(cache_v_ref.at[layer, b, pl.ds(c * bs, bs), kvh, :], mask=smask[:, None],
@@ -263,6 +326,8 @@ def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_re
     jmask = c * bt + jnp.arange(bt) < t_len
     visible = _visible(plgpu.load(new_ref.at[b, t, pl.ds(c * bt, bt)], mask=jmask, other=0))
     first = b * t_len + c * bt
+    if window:
+      visible &= plgpu.load(pos_ref.at[pl.ds(first, bt)], mask=jmask, other=0) > low
     k = plgpu.load(kv_ref.at[pl.ds(first, bt), kvh, :], mask=jmask[:, None],
                    other=0).astype(jnp.float32)
     v = plgpu.load(kv_ref.at[pl.ds(first, bt), k_heads + kvh, :], mask=jmask[:, None],
@@ -274,9 +339,12 @@ def _attention_kernel(layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_re
   plgpu.store(out_ref.at[row, pl.ds(kvh * g, gp), :], out, mask=gmask[:, None])
 
 
-def _product_kernel(layer_ref, x_ref, w_ref, res_ref, out_ref, *, n_rows, br, bk, bn, dtype):
-  """Program (column block, row block): res + x @ w[layer] for a block of rows and columns,
-  x [R, I], w [L, I, O], res/out [R, O]; the product rounded to `dtype`, then added."""
+def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
+  """Program (column block, row block): x @ w[layer] for a block of rows and columns, rounded to
+  `dtype`, plus res where `residual` (refs: layer, x [R, I], w [L, I, O], [res [R, O]], out
+  [R, O]). Without: the sublayer's output, whose norm the next kernel applies (Gemma)."""
+  layer_ref, x_ref, w_ref = refs[:3]
+  res_ref, out_ref = refs[3:] if residual else (None, refs[3])
   cb, rb = pl.program_id(0), pl.program_id(1)
   layer = layer_ref[()]
   width, n_out = x_ref.shape[1], w_ref.shape[2]
@@ -294,25 +362,35 @@ def _product_kernel(layer_ref, x_ref, w_ref, res_ref, out_ref, *, n_rows, br, bk
 
   acc = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros((br, bn), jnp.float32))
   mask = rmask[:, None] & cmask[None, :]
-  res = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32)
-  out = res + acc.astype(dtype).astype(jnp.float32)
+  out = acc.astype(dtype).astype(jnp.float32)
+  if residual:
+    out = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32) + out
   plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
 
 
-def _mlp_in_kernel(layer_ref, x_ref, norm_ref, w_ref, out_ref, *, n_rows, br, bk, bn, cfg):
-  """Program (column block, row block): silu(gate) · up of RMSNorm(x), gate/up = the columns
-  of gate_up [L, D, 2, F]; out [R, F]."""
-  cb, rb = pl.program_id(0), pl.program_id(1)
+def _mlp_in_kernel(*refs, n_rows, br, bk, bn, cfg, pending):
+  """Program (column block, row block): act(gate) · up of RMSNorm(x), gate/up = the columns of
+  gate_up [L, D, 2, F], act = SiLU (Llama) or tanh-approximated GELU (Gemma).
+  refs: layer, x, [the attention's output h and the post-attention norm scale when
+  `pending`], mlp_norm, gate_up; out [R, F] and, when `pending`, the stream x + RMSNorm(h)."""
+  refs = list(refs)
+  layer_ref, x_ref = refs.pop(0), refs.pop(0)
   layer = layer_ref[()]
+  pend = (refs.pop(0), refs.pop(0), layer) if pending else None
+  norm_ref, w_ref, out_ref = refs[:3]
+  cb, rb = pl.program_id(0), pl.program_id(1)
   width, n_out, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
   rows, cols = pl.ds(rb * br, br), pl.ds(cb * bn, bn)
   rmask = rb * br + jnp.arange(br) < n_rows
   cmask = cb * bn + jnp.arange(bn) < n_out
-  inv = _rms(_sum_squares(x_ref, rows, rmask, width, bk), width, cfg.norm_eps)
+  stream = _stream(x_ref, pend, rows, rmask, width, bk, cfg)
+  if pending:
+    _store_stream(stream, refs[3], rows, rmask, width, bk, cb == 0)
+  inv = _rms(_sum_squares(stream, width, bk, rmask), width, cfg.norm_eps)
 
   def body(c, acc):
     gate, up = acc
-    x = _normed_chunk(x_ref, norm_ref, layer, rows, rmask, c * bk, bk, width, inv, dtype)
+    x = _scaled(stream(c), inv, norm_ref, layer, c, bk, width, cfg)
     wmask = (c * bk + jnp.arange(bk) < width)[:, None] & cmask[None]
     w_gate = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), jnp.int32(0), cols], mask=wmask,
                         other=0).astype(jnp.float32)
@@ -324,32 +402,41 @@ def _mlp_in_kernel(layer_ref, x_ref, norm_ref, w_ref, out_ref, *, n_rows, br, bk
   zeros = jnp.zeros((br, bn), jnp.float32)
   gate, up = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, (zeros, zeros))
   gate, up = gate.astype(dtype).astype(jnp.float32), up.astype(dtype).astype(jnp.float32)
-  act = (gate * jax.nn.sigmoid(gate)).astype(dtype).astype(jnp.float32)
+  if cfg.FAMILY == "gemma":
+    act = jax.nn.gelu(gate, approximate=True)
+  else:
+    act = gate * jax.nn.sigmoid(gate)
+  act = act.astype(dtype).astype(jnp.float32)
   plgpu.store(out_ref.at[rows, cols], (act * up).astype(out_ref.dtype),
               mask=rmask[:, None] & cmask[None, :])
 
 
-def layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, hidden=False):
+def layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key_pos=None,
+           hidden=False):
   """The decoder's layer stack on the kernels above (`decoder.Decoder` with `cfg.pallas`).
 
   params: the scanned layers' params (stacked [L, ...], fused layout); x [B, T, D] the
   embedded tokens; positions int32[B, T]; cache_k/v [L, B, S, K, H] as they were before this
   call; mask_old bool[B, T, S] (the cache slots each token sees), mask_new bool[B, T, T]
-  (`layers.split_mask`). Returns (x [B, T, D] after the last layer, (new_k, new_v)
-  [L, B, T, K, H], residuals [L, B, T, D] (each layer's input) or None unless `hidden`)."""
+  (`layers.split_mask`); key_pos int32[B, S] the cache's slot positions (models with sliding
+  windows). Returns (x [B, T, D] after the last layer, (new_k, new_v) [L, B, T, K, H],
+  residuals [L, B, T, D] (each layer's input) or None unless `hidden`)."""
   reason = unsupported(cfg)
   if reason is not None:
     raise ValueError(f"model pallas=1 does not compute {reason}.")
   _check_backend()
+  if cfg.has_windows and key_pos is None:
+    raise ValueError("A model with sliding-window layers needs the cache's slot positions "
+                     "(KVCache.pos) on the kernels.")
   # Triton where the program is lowered for an NVIDIA GPU (also when compiled for one on a
   # machine without it), Pallas's interpreter elsewhere: chosen at lowering, not tracing.
   run = functools.partial(_layers, cfg, hidden=hidden)
   return jax.lax.platform_dependent(
-      params, x, positions, cache_k, cache_v, mask_old, mask_new,
+      params, x, positions, cache_k, cache_v, mask_old, mask_new, key_pos,
       cuda=functools.partial(run, interpret=False), default=functools.partial(run, interpret=True))
 
 
-def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, hidden,
+def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key_pos, *, hidden,
             interpret):
   b, t, d = x.shape
   n_rows = b * t
@@ -365,6 +452,10 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
   gate_up = params["gate_up"]["kernel"]                          # [L, D, 2, F]
   down = params["down"]["kernel"]                                # [L, F, D]
   attn_norm, mlp_norm = params["attn_norm"]["scale"], params["mlp_norm"]["scale"]
+  # Gemma: a norm after each sublayer, before its residual add ([L, D] each; None for Llama).
+  post_attn = params.get("post_attn_norm", {}).get("scale")
+  post_mlp = params.get("post_mlp_norm", {}).get("scale")
+  post = post_attn is not None
   freqs = jnp.asarray(cfg.rope_table())                          # f32[L, H/2]
 
   tiles = TILES
@@ -376,6 +467,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
   call = functools.partial(pl.pallas_call, interpret=interpret,
                            compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps,
                                                                 num_stages=tiles.num_stages))
+  stream_shape = jax.ShapeDtypeStruct((n_rows, d), dtype)
   h2 = head_dim // 2
   # Each half's columns a program owns: split until there are tiles.programs programs, down to
   # 32-byte segments of each weight row (one memory sector).
@@ -384,49 +476,77 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, *, 
       and (n + 2 * k_heads) * (h2 // bh) < tiles.programs:
     bh //= 2
   qkv_bk = _divisor_block(d, tiles.tile // (2 * br * bh))
-  qkv = call(
-      functools.partial(_qkv_kernel, n_rows=n_rows, br=br, bk=qkv_bk, bh=bh, cfg=cfg),
-      grid=(n + 2 * k_heads, h2 // bh, n_rb),
-      out_shape=(jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype),
-                 jax.ShapeDtypeStruct((n_rows, 2 * k_heads, head_dim), dtype)),
-      name="qkv_rope")
+
+  def qkv(pending):
+    outs = (jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype),
+            jax.ShapeDtypeStruct((n_rows, 2 * k_heads, head_dim), dtype))
+    return call(functools.partial(_qkv_kernel, n_rows=n_rows, br=br, bk=qkv_bk, bh=bh, cfg=cfg,
+                                  pending=pending),
+                grid=(n + 2 * k_heads, h2 // bh, n_rb),
+                out_shape=outs + ((stream_shape,) if pending else ()), name="qkv_rope")
+
   gp = pl.next_power_of_2(g)
   bs = _divisor_block(pl.next_power_of_2(cache_k.shape[2]), max(tiles.tile // (gp * head_dim), 1))
   bt = min(bs, pl.next_power_of_2(t))
-  attention = call(
-      functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, cfg=cfg),
-      grid=(k_heads, n_rows), out_shape=jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype),
-      name="attention")
+
+  def attention(window):
+    return call(functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, cfg=cfg, window=window),
+                grid=(k_heads, n_rows),
+                out_shape=jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype), name="attention")
 
   def product(width, n_out):
     bn = _column_block(n_out, tiles.programs)
     bk = _divisor_block(width, tiles.tile // (br * bn))
     return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
-                                  dtype=dtype),
+                                  dtype=dtype, residual=not post),
                 grid=(pl.cdiv(n_out, bn), n_rb),
-                out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product_residual")
+                out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product")
 
   o_product, down_product = product(n * head_dim, d), product(d_ff, d)
   mlp_bn = _column_block(d_ff, tiles.programs)
   mlp_in = call(
-      functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br,
-                        bk=_divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn, cfg=cfg),
-      grid=(pl.cdiv(d_ff, mlp_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d_ff), dtype),
+      functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=post,
+                        bk=_divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn),
+      grid=(pl.cdiv(d_ff, mlp_bn), n_rb),
+      out_shape=(jax.ShapeDtypeStruct((n_rows, d_ff), dtype),) + ((stream_shape,) if post else ()),
       name="norm_gate_up")
 
   # The layers written out: a layer is five kernels and no loop bookkeeping (a loop's counter
-  # would be a sixth); the layer index is a constant operand, the weights stay stacked.
+  # would be a sixth); the layer index is a constant operand, the weights stay stacked. With
+  # post-sublayer norms (Gemma) a product's output h waits for its norm and residual add in the
+  # next kernel, which needs the whole row anyway: x + RMSNorm(h) is resolved there, written
+  # out by one program, and after the last layer here.
   optional = ([qkv_b] if cfg.qkv_bias else []) + ([q_norm, k_norm] if cfg.qk_norm else [])
+  windows = cfg.windows()
+  window_args = (pos, key_pos.astype(jnp.int32)) if cfg.has_windows else ()
+  kernels = {"qkv": qkv(False), "qkv_pending": qkv(True) if post else None}
+  attentions = {w: attention(w) for w in sorted(set(windows))}
   x = x.reshape(n_rows, d)
+  pending = None  # the previous layer's MLP output, before its norm (Gemma)
   new_kv, residuals = [], []
   for i in range(n_layers):
     idx = jnp.int32(i)
+    if pending is None:
+      q, kv = kernels["qkv"](idx, x, pos, attn_norm, qkv_w, *optional, freqs)
+    else:
+      q, kv, x = kernels["qkv_pending"](idx, x, pending, post_mlp, pos, attn_norm, qkv_w,
+                                        *optional, freqs)
     residuals.append(x)
-    q, kv = qkv(idx, x, pos, attn_norm, qkv_w, *optional, freqs)
-    heads = attention(idx, q, cache_k, cache_v, kv, old, new)
-    x = o_product(idx, heads.reshape(n_rows, n * head_dim), o_w, x)
-    x = down_product(idx, mlp_in(idx, x, mlp_norm, gate_up), down, x)
+    heads = attentions[windows[i]](idx, q, cache_k, cache_v, kv, old, new, *window_args)
+    heads = heads.reshape(n_rows, n * head_dim)
+    if post:
+      h = o_product(idx, heads, o_w)
+      act, x = mlp_in(idx, x, h, post_attn, mlp_norm, gate_up)
+      pending = down_product(idx, act, down)
+    else:
+      x = o_product(idx, heads, o_w, x)
+      (act,) = mlp_in(idx, x, mlp_norm, gate_up)
+      x = down_product(idx, act, down, x)
     new_kv.append(kv)
+  if pending is not None:  # the last layer's post-MLP norm and residual add (as `gemma.Block`)
+    h = pending.astype(jnp.float32)
+    normed = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + cfg.norm_eps)
+    x = x + (normed * _gain(post_mlp[n_layers - 1], cfg)).astype(dtype)
   kv = jnp.stack(new_kv).reshape(n_layers, b, t, 2 * k_heads, head_dim)
   residuals = jnp.stack(residuals).reshape(n_layers, b, t, d) if hidden else None
   return x.reshape(b, t, d), (kv[..., :k_heads, :], kv[..., k_heads:, :]), residuals
