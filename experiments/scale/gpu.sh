@@ -13,7 +13,8 @@
 #       (experiments/scale/gpu_bars/<run>/);
 #   bash experiments/scale/gpu.sh bars2     the rest of the bars: the 8B step on the kernels, the
 #       135M bfloat16 step on the kernels and on XLA's fused layers, the 8B step at batch 1, 8
-#       and 32 (the throughput bar), the 135M kernels at batch 8 and 32 (gpu_bars/ too);
+#       and 32 (the throughput bar), the 135M kernels at batch 8 and 32, Gemma 3 1B on the
+#       kernels beside its fused layers (gpu_bars/ too);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -115,6 +116,8 @@ elif [ "${1:-presets}" = bars2 ]; then
   step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"
   step llama3.1-8b-batches gpu,preset=llama3.1-8b
   step smollm2-135m-f32-pallas-batches gpu,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
+  step gemma3-1b-fused $B1,preset=gemma3-1b,fused
+  step gemma3-1b-pallas $B1,preset=gemma3-1b,pallas
 elif [ "${1:-presets}" = levers ]; then
   # At batch 1 (the bars' batch size; one compiled program per run), most informative first.
   W=experiments/scale/gpu_levers
