@@ -114,6 +114,23 @@ def test_kernels_equal_xla_layers_float32(case):
   assert max(diffs.values()) < 2e-5, diffs
 
 
+def test_a_token_that_sees_nothing_stays_finite():
+  """A parked padding token (its write dropped, its mask empty) attends to nothing: zeros, not
+  0 / 0, so its logits stay finite (XLA's softmax spreads it evenly); the other rows agree."""
+  cfg, params = _model()
+  rng = np.random.default_rng(3)
+  cache = L.init_cache(cfg, 2, S)
+  cache = L.KVCache(k=jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32),
+                    v=jnp.asarray(rng.normal(size=cache.v.shape), jnp.float32))
+  tokens, positions, mask, slots = _call(2, 1, False)
+  mask = mask.at[0].set(False)
+  slots = slots.at[0].set(S + 1)
+  outs = [jax.jit(decoder.make_apply(c))(params, tokens, positions, cache, mask, slots)[0]
+          for c in (cfg, dataclasses.replace(cfg, pallas=True))]
+  assert bool(jnp.all(jnp.isfinite(outs[1])))
+  np.testing.assert_allclose(outs[1][1], outs[0][1], atol=2e-5)
+
+
 def test_kernels_close_to_xla_layers_bfloat16():
   """bfloat16: the same rounding points, but the softmax weights stay float32 here (XLA
   rounds them to bfloat16 before the value product): close, to bfloat16's precision."""

@@ -335,7 +335,8 @@ def _attention_kernel(*refs, gp, bs, bt, cfg, window):
     return attend(carry, k, v, visible & jmask)
 
   _, l, acc = jax.lax.fori_loop(0, pl.cdiv(t_len, bt), new_block, carry)
-  out = (acc / l[:, None]).astype(out_ref.dtype)
+  # A token that sees nothing (a parked padding row) gets zeros, not 0 / 0.
+  out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(out_ref.dtype)
   plgpu.store(out_ref.at[row, pl.ds(kvh * g, gp), :], out, mask=gmask[:, None])
 
 
