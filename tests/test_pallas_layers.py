@@ -114,6 +114,21 @@ def test_kernels_equal_xla_layers_float32(case):
   assert max(diffs.values()) < 2e-5, diffs
 
 
+def test_feature_drafter_on_the_kernels():
+  """A feature drafter (EAGLE: fc of the verifier's features and the embeddings before the
+  layers) on the kernels: the same drafting call as on XLA's layers."""
+  cfg, params = _model(feature_width=24)
+  rng = np.random.default_rng(5)
+  cache = L.init_cache(cfg, 2, S)
+  tokens, positions, mask, slots = _call(2, 3, False)
+  features = jnp.asarray(rng.normal(size=(2, 3, 24)), jnp.float32)
+  outs = [jax.jit(decoder.make_apply(c, (-1,)))(params, tokens, positions, cache, mask, slots,
+                                               features=features)
+          for c in (cfg, dataclasses.replace(cfg, pallas=True))]
+  np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-5)
+  np.testing.assert_allclose(outs[1][1][-1], outs[0][1][-1], atol=2e-5)
+
+
 def test_a_token_that_sees_nothing_stays_finite():
   """A parked padding token (its write dropped, its mask empty) attends to nothing: zeros, not
   0 / 0, so its logits stay finite (XLA's softmax spreads it evenly); the other rows agree."""
