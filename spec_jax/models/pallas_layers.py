@@ -108,13 +108,14 @@ def _divisor_block(n: int, cap: int) -> int:
   return cap
 
 
-def _column_block(n: int, programs: int) -> int:
-  """Output columns a program owns: the widest of 64, 32, 16 that still gives `programs`
-  programs, else 16 (64-byte float32 segments of each weight row)."""
-  for block in (64, 32):
-    if n % block == 0 and n // block >= programs:
+def _column_block(n: int, programs: int, itemsize: int) -> int:
+  """Output columns a program owns: the widest of 64, 32, 16, 8 that still gives `programs`
+  programs, else the narrowest whose weight-row segments fill a 32-byte memory sector."""
+  narrowest = max(8, 32 // itemsize)
+  for block in (64, 32, 16):
+    if block > narrowest and n % block == 0 and n // block >= programs:
       return block
-  return 16
+  return narrowest
 
 
 def _check_backend() -> None:
@@ -496,7 +497,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 out_shape=jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype), name="attention")
 
   def product(width, n_out):
-    bn = _column_block(n_out, tiles.programs)
+    bn = _column_block(n_out, tiles.programs, dtype.itemsize)
     bk = _divisor_block(width, tiles.tile // (br * bn))
     return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
                                   dtype=dtype, residual=not post),
@@ -504,7 +505,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product")
 
   o_product, down_product = product(n * head_dim, d), product(d_ff, d)
-  mlp_bn = _column_block(d_ff, tiles.programs)
+  mlp_bn = _column_block(d_ff, tiles.programs, dtype.itemsize)
   mlp_in = call(
       functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=post,
                         bk=_divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn),
