@@ -146,6 +146,18 @@ def test_a_token_that_sees_nothing_stays_finite():
   np.testing.assert_allclose(outs[1][1], outs[0][1], atol=2e-5)
 
 
+@pytest.mark.parametrize("case", ["decode", "tree", "gemma3-tree"])
+def test_attention_split_over_programs_equals_xla_layers(case, monkeypatch):
+  """Tiles small enough that the cache's 24 slots split over three attention programs (blocks
+  of 4 slots, 8 slots a program; the o product combines them) and every product loops over
+  many small blocks: still XLA's layers."""
+  monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=8))
+  overrides, b, t, tree = CASES[case]
+  cfg, params = _model(**overrides)
+  diffs = _max_differences(cfg, params, b, t, tree)
+  assert max(diffs.values()) < 2e-5, diffs
+
+
 def test_kernels_close_to_xla_layers_bfloat16():
   """bfloat16: the same rounding points, but the softmax weights stay float32 here (XLA
   rounds them to bfloat16 before the value product): close, to bfloat16's precision."""

@@ -10,9 +10,10 @@ elementwise step fused into the product that reads or writes it:
 
   1. `_qkv_kernel`       RMSNorm, the fused q/k/v product (+ bias), per-head q/k norm, RoPE;
                          q [R, N, H] and the new k/v [R, 2K, H];
-  2. `_attention_kernel` one query token's G heads of one kv head against the cache (`mask_old`)
-                         and this call's new tokens (`mask_new`), online softmax (flash decoding);
-  3. `_product_kernel`   the o product plus the residual;
+  2. `_attention_kernel` one query token's G heads of one kv head against a split of the cache
+                         (`mask_old`) and this call's new tokens (`mask_new`), online softmax
+                         (flash decoding);
+  3. `_attention_out_kernel` the splits combined, the o product, the residual;
   4. `_mlp_in_kernel`    RMSNorm, the fused gate/up product, silu(gate) · up;
   5. `_product_kernel`   the down product plus the residual.
 
@@ -73,10 +74,13 @@ class Tiles:
     step each kernel reads a layer's weights once, and it needs every SM's loads in flight to
     stream them at full speed (the 135M shape's widths give 36-96).
   rows: rows (tokens) a program takes at once.
+  split: cache slots an attention program reads at most: a longer cache is split over
+    programs (flash decoding), combined by the o-product kernel.
   num_warps, num_stages: Triton's, per kernel."""
   tile: int = 8192
   programs: int = 256
   rows: int = 16
+  split: int = 256
   num_warps: int = 4
   num_stages: int = 2
 
@@ -270,17 +274,22 @@ def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg, pending):
   plgpu.store(kv_ref.at[rows, kv_head, hi_cols], r_hi.astype(kv_ref.dtype), mask=kv_mask)
 
 
-def _attention_kernel(*refs, gp, bs, bt, cfg, window):
-  """Program (kv head, row): the G query heads of one token (row r = b·T + t) that share kv
-  head `kvh`, over the cache slots `old_ref[b, t]` allows and this call's new tokens
-  `new_ref[b, t]` allows, as one softmax (computed online over blocks of slots).
+def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
+  """Program (kv head, row, split): the G query heads of one token (row r = b·T + t) that
+  share kv head `kvh`, over the cache slots `old_ref[b, t]` allows in this split's
+  `split_blocks` blocks of slots, and, in the last split, this call's new tokens
+  `new_ref[b, t]` allows: a softmax computed online over blocks (flash decoding). Each split
+  writes its unnormalised output, maximum and sum; `_attention_out_kernel` combines the splits
+  as it reads them, so a long cache spreads over many programs at no extra kernel.
   refs: layer, q, cache k, cache v, the new kv, mask_old, mask_new, [positions [R] and the
-  cache's slot positions [B, S] for a sliding window], out. window: this layer's sliding window
-  (static; 0 = global): a key is visible only if its position > the query's − window."""
+  cache's slot positions [B, S] for a sliding window], acc [splits, R, N, H], m and l
+  [splits, R, N]. window: this layer's sliding window (static; 0 = global): a key is visible
+  only if its position > the query's − window."""
   layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_ref, new_ref = refs[:7]
   pos_ref, key_pos_ref = refs[7:9] if window else (None, None)
-  out_ref = refs[-1]
-  kvh, row = pl.program_id(0), pl.program_id(1)
+  acc_ref, m_ref, l_ref = refs[-3:]
+  kvh, row, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  splits = acc_ref.shape[0]
   layer = layer_ref[()]
   g, k_heads, dtype = cfg.n_heads // cfg.n_kv_heads, cfg.n_kv_heads, jnp.dtype(cfg.dtype)
   t_len = old_ref.shape[1]
@@ -320,7 +329,9 @@ def _attention_kernel(*refs, gp, bs, bt, cfg, window):
   head_dim = cfg.head_dim
   carry = (jnp.full((gp,), neg, jnp.float32), jnp.zeros((gp,), jnp.float32),
            jnp.zeros((gp, head_dim), jnp.float32))
-  carry = jax.lax.fori_loop(0, pl.cdiv(size, bs), cache_block, carry)
+  first_block = split * split_blocks
+  last_block = jnp.minimum(first_block + split_blocks, pl.cdiv(size, bs))
+  carry = jax.lax.fori_loop(first_block, last_block, cache_block, carry)
 
   def new_block(c, carry):
     """This call's tokens c·bt .. c·bt + bt − 1: rows b·T + j of the new K/V (`_qkv_kernel`)."""
@@ -333,12 +344,63 @@ def _attention_kernel(*refs, gp, bs, bt, cfg, window):
                    other=0).astype(jnp.float32)
     v = plgpu.load(kv_ref.at[pl.ds(first, bt), k_heads + kvh, :], mask=jmask[:, None],
                    other=0).astype(jnp.float32)
-    return attend(carry, k, v, visible & jmask)
+    return attend(carry, k, v, visible & jmask & (split == splits - 1))  # the last split's
 
-  _, l, acc = jax.lax.fori_loop(0, pl.cdiv(t_len, bt), new_block, carry)
-  # A token that sees nothing (a parked padding row) gets zeros, not 0 / 0.
-  out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(out_ref.dtype)
-  plgpu.store(out_ref.at[row, pl.ds(kvh * g, gp), :], out, mask=gmask[:, None])
+  m, l, acc = jax.lax.fori_loop(0, pl.cdiv(t_len, bt), new_block, carry)
+  heads = pl.ds(kvh * g, gp)
+  plgpu.store(acc_ref.at[split, row, heads, :], acc, mask=gmask[:, None])
+  plgpu.store(m_ref.at[split, row, heads], m, mask=gmask)
+  plgpu.store(l_ref.at[split, row, heads], l, mask=gmask)
+
+
+def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual):
+  """`_product_kernel` for the o product, reading its input from the attention's splits:
+  block c of row r is head n's Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s (M = max_s m_s), the
+  softmax over every split at once, rounded to `dtype` as XLA's attention output is.
+  refs: layer, acc [splits, R, N, H], m, l [splits, R, N], o [L, N·H, D], [res [R, D]], out."""
+  layer_ref, acc_ref, m_ref, l_ref, w_ref = refs[:5]
+  res_ref, out_ref = refs[5:] if residual else (None, refs[5])
+  cb, rb = pl.program_id(0), pl.program_id(1)
+  layer = layer_ref[()]
+  splits, n_out = acc_ref.shape[0], w_ref.shape[2]
+  width = w_ref.shape[1]
+  rows, cols = pl.ds(rb * br, br), pl.ds(cb * bn, bn)
+  rmask = rb * br + jnp.arange(br) < n_rows
+  cmask = cb * bn + jnp.arange(bn) < n_out
+  neg = jnp.finfo(jnp.float32).min
+
+  def heads(c):
+    """Block c (bk columns inside one head, bk | H) of the attention output, float32."""
+    per_head = head_dim // bk
+    head = jax.lax.div(c, jnp.int32(per_head))  # c ≥ 0: no floor-division sign fix-ups
+    offset = (c - head * per_head) * bk
+
+    def top(s, best):
+      return jnp.maximum(best, plgpu.load(m_ref.at[s, rows, head], mask=rmask, other=neg))
+    best = jax.lax.fori_loop(0, splits, top, jnp.full((br,), neg, jnp.float32))
+
+    def gather(s, carry):
+      num, den = carry
+      weight = jnp.exp(plgpu.load(m_ref.at[s, rows, head], mask=rmask, other=neg) - best)
+      den = den + weight * plgpu.load(l_ref.at[s, rows, head], mask=rmask, other=0)
+      part = plgpu.load(acc_ref.at[s, rows, head, pl.ds(offset, bk)], mask=rmask[:, None],
+                        other=0)
+      return num + weight[:, None] * part, den
+    num, den = jax.lax.fori_loop(0, splits, gather, (jnp.zeros((br, bk), jnp.float32),
+                                                     jnp.zeros((br,), jnp.float32)))
+    # A token that sees nothing (a parked padding row) gets zeros, not 0 / 0.
+    return (num / jnp.where(den > 0, den, 1.0)[:, None]).astype(dtype).astype(jnp.float32)
+
+  def body(c, acc):
+    w = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), cols], mask=cmask[None], other=0)
+    return acc + jnp.sum(heads(c)[:, :, None] * w.astype(jnp.float32)[None], axis=1)
+
+  acc = jax.lax.fori_loop(0, width // bk, body, jnp.zeros((br, bn), jnp.float32))
+  mask = rmask[:, None] & cmask[None, :]
+  out = acc.astype(dtype).astype(jnp.float32)
+  if residual:
+    out = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32) + out
+  plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
 
 
 def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
@@ -488,13 +550,20 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 out_shape=outs + ((stream_shape,) if pending else ()), name="qkv_rope")
 
   gp = pl.next_power_of_2(g)
-  bs = _divisor_block(pl.next_power_of_2(cache_k.shape[2]), max(tiles.tile // (gp * head_dim), 1))
+  size = cache_k.shape[2]
+  bs = _divisor_block(pl.next_power_of_2(size), max(tiles.tile // (gp * head_dim), 1))
   bt = min(bs, pl.next_power_of_2(t))
+  split_blocks = max(tiles.split // bs, 1)
+  splits = pl.cdiv(pl.cdiv(size, bs), split_blocks)
 
   def attention(window):
-    return call(functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, cfg=cfg, window=window),
-                grid=(k_heads, n_rows),
-                out_shape=jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype), name="attention")
+    return call(functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt,
+                                  split_blocks=split_blocks, cfg=cfg, window=window),
+                grid=(k_heads, n_rows, splits),
+                out_shape=(jax.ShapeDtypeStruct((splits, n_rows, n, head_dim), jnp.float32),
+                           jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32),
+                           jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32)),
+                name="attention")
 
   def product(width, n_out):
     bn = _column_block(n_out, tiles.programs, dtype.itemsize)
@@ -504,7 +573,14 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 grid=(pl.cdiv(n_out, bn), n_rb),
                 out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product")
 
-  o_product, down_product = product(n * head_dim, d), product(d_ff, d)
+  down_product = product(d_ff, d)
+  o_bn = _column_block(d, tiles.programs, dtype.itemsize)
+  o_product = call(
+      functools.partial(_attention_out_kernel, n_rows=n_rows, br=br, bn=o_bn, head_dim=head_dim,
+                        bk=_divisor_block(head_dim, tiles.tile // (br * o_bn)), dtype=dtype,
+                        residual=not post),
+      grid=(pl.cdiv(d, o_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d), dtype),
+      name="attention_out")
   mlp_bn = _column_block(d_ff, tiles.programs, dtype.itemsize)
   mlp_in = call(
       functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=post,
@@ -535,13 +611,12 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                                         *optional, freqs)
     residuals.append(x)
     heads = attentions[windows[i]](idx, q, cache_k, cache_v, kv, old, new, *window_args)
-    heads = heads.reshape(n_rows, n * head_dim)
     if post:
-      h = o_product(idx, heads, o_w)
+      h = o_product(idx, *heads, o_w)
       act, x = mlp_in(idx, x, h, post_attn, mlp_norm, gate_up)
       pending = down_product(idx, act, down)
     else:
-      x = o_product(idx, heads, o_w, x)
+      x = o_product(idx, *heads, o_w, x)
       (act,) = mlp_in(idx, x, mlp_norm, gate_up)
       x = down_product(idx, act, down, x)
     new_kv.append(kv)
