@@ -72,7 +72,7 @@ class Tiles:
     broadcast products); 8192 over 4 warps is 64 float32 registers a thread.
   programs: programs a kernel aims at, about two per SM of an H100/H200 (132): at one token a
     step each kernel reads a layer's weights once, and it needs every SM's loads in flight to
-    stream them at full speed (the 135M shape's widths give 36-96).
+    stream them at full speed (the 135M shape's widths give 60-192).
   rows: rows (tokens) a program takes at once.
   split: cache slots an attention program reads at most: a longer cache is split over
     programs (flash decoding), combined by the o-product kernel.
