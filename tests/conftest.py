@@ -84,6 +84,24 @@ def fresh_programs():
   jax.clear_caches()
 
 
+# Seconds any one test may take before its worker is killed (a minute is the slowest test's cold
+# run on 2 cores).
+HANG_SECONDS = 300
+
+
+@pytest.fixture(autouse=True)
+def _hang_watchdog():
+  """A test that hangs kills its worker after HANG_SECONDS, printing every thread's traceback,
+  so pytest.ini's rerun runs it once more on a fresh worker instead of the suite waiting
+  forever. XLA:CPU's cross-device collectives can deadlock (docs/design.md §5, the CPU
+  collectives trap): a 48-step sharded training loop once hung in a cold-cache run, waiting on
+  a step's metrics, and passed alone in 3 s."""
+  import faulthandler  # noqa: PLC0415
+  faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+  yield
+  faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.fixture(autouse=True)
 def _optimization_level(request):
   """Full XLA optimization for tests marked `optimized` (see JAX_DISABLE_MOST_OPTIMIZATIONS
