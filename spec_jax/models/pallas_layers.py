@@ -2,7 +2,7 @@
 (`LlamaConfig.pallas`; docs/design.md §2).
 
 A small model's decode step on a GPU is bound by kernel launches, not bytes: XLA's fusion leaves
-~19-26 kernels a layer (RMSNorm's reduction and scaling, each product, RoPE, the softmax's two
+~19-32 kernels a layer (RMSNorm's reduction and scaling, each product, RoPE, the softmax's two
 reductions, the residual adds, the cache slice, the loop counter; experiments/scale/results.md),
 ~1.5-2 µs each, while the 135M shape's layer reads its 14 MB of float32 weights in ~4 µs. Here
 each layer is five Pallas kernels (Triton lowering), each the whole of one stage, with every
@@ -14,7 +14,7 @@ elementwise step fused into the product that reads or writes it:
                          (`mask_old`) and this call's new tokens (`mask_new`), online softmax
                          (flash decoding);
   3. `_attention_out_kernel` the splits combined, the o product, the residual;
-  4. `_mlp_in_kernel`    RMSNorm, the fused gate/up product, silu(gate) · up;
+  4. `_mlp_in_kernel`    RMSNorm, the fused gate/up product, act(gate) · up;
   5. `_product_kernel`   the down product plus the residual.
 
 Gemma's norms after each sublayer (x + RMSNorm(h)) need a whole row of the product h, so there
