@@ -88,19 +88,21 @@ def _max_differences(cfg, params, b, t, tree):
               k=diff(cache.k, p_cache.k), v=diff(cache.v, p_cache.v))
 
 
+# Cases with two layers also check that a kernel offsets its loads by the layer (and, in Gemma,
+# carries the pending norm across layers); the rest take one layer, to compile faster.
 CASES = {
     # head_dim 32: each head's columns split over programs (RoPE pairs kept together).
     "decode-split-heads": (dict(head_dim=32), 2, 1, False),
     "gemma3-tree": (dict(family="gemma"), 2, 5, True),
     # Gemma 2: attention logits soft-capped, no q/k norm, no windows.
     "gemma2-chain": (dict(family="gemma", qk_norm=False, layer_windows=(),
-                          attn_logit_softcap=2.0), 2, 3, False),
+                          attn_logit_softcap=2.0, n_layers=1), 2, 3, False),
     "tree": (dict(), 2, 5, True),
     # Widths no power of two divides whole, as the real shapes have (SmolLM2: G = 3 query heads
     # a kv head, N = 9, D = 576): masked tiles at every edge; with Qwen3's q/k norm and
     # Qwen2's q/k/v bias.
     "odd-widths-qk-norm-bias": (dict(n_heads=6, n_kv_heads=2, d_model=48, d_ff=72, qk_norm=True,
-                                     qkv_bias=True), 3, 2, True),
+                                     qkv_bias=True, n_layers=1), 3, 2, True),
 }
 
 
@@ -116,7 +118,7 @@ def test_kernels_equal_xla_layers_float32(case):
 def test_feature_drafter_on_the_kernels():
   """A feature drafter (EAGLE: fc of the verifier's features and the embeddings before the
   layers) on the kernels: the same drafting call as on XLA's layers."""
-  cfg, params = _model(feature_width=24)
+  cfg, params = _model(feature_width=24, n_layers=1)
   rng = np.random.default_rng(5)
   cache = L.init_cache(cfg, 2, S)
   tokens, positions, mask, slots = _call(2, 3, False)
@@ -131,7 +133,7 @@ def test_feature_drafter_on_the_kernels():
 def test_a_token_that_sees_nothing_stays_finite():
   """A parked padding token (its write dropped, its mask empty) attends to nothing: zeros, not
   0 / 0, so its logits stay finite (XLA's softmax spreads it evenly); the other rows agree."""
-  cfg, params = _model()
+  cfg, params = _model(n_layers=1)
   rng = np.random.default_rng(3)
   cache = L.init_cache(cfg, 2, S)
   cache = L.KVCache(k=jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32),
@@ -159,7 +161,7 @@ def test_attention_split_over_programs_equals_xla_layers(monkeypatch):
 def test_kernels_close_to_xla_layers_bfloat16():
   """bfloat16: the same rounding points, but the softmax weights stay float32 here (XLA
   rounds them to bfloat16 before the value product): close, to bfloat16's precision."""
-  cfg, params = _model("bfloat16")
+  cfg, params = _model("bfloat16", n_layers=1)
   diffs = _max_differences(cfg, params, 2, 3, True)
   assert diffs["logits"] < 0.1 and diffs["k"] < 0.05 and diffs["v"] < 0.05, diffs
 
