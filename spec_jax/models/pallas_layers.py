@@ -353,6 +353,15 @@ def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
   plgpu.store(l_ref.at[split, row, heads], l, mask=gmask)
 
 
+def _store_product(acc, res_ref, out_ref, rows, cols, mask, dtype):
+  """A product kernel's end: the float32 sum rounded to `dtype` (a dense layer's output), plus
+  the residual when there is one, stored to the [rows, cols] block."""
+  out = acc.astype(dtype).astype(jnp.float32)
+  if res_ref is not None:
+    out = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32) + out
+  plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
+
+
 def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual):
   """`_product_kernel` for the o product, reading its input from the attention's splits:
   block c of row r is head n's Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s (M = max_s m_s), the
@@ -396,11 +405,7 @@ def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual):
     return acc + jnp.sum(heads(c)[:, :, None] * w.astype(jnp.float32)[None], axis=1)
 
   acc = jax.lax.fori_loop(0, width // bk, body, jnp.zeros((br, bn), jnp.float32))
-  mask = rmask[:, None] & cmask[None, :]
-  out = acc.astype(dtype).astype(jnp.float32)
-  if residual:
-    out = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32) + out
-  plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
+  _store_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype)
 
 
 def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
@@ -425,11 +430,7 @@ def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
     return acc + jnp.sum(x[:, :, None] * w[None], axis=1)
 
   acc = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros((br, bn), jnp.float32))
-  mask = rmask[:, None] & cmask[None, :]
-  out = acc.astype(dtype).astype(jnp.float32)
-  if residual:
-    out = plgpu.load(res_ref.at[rows, cols], mask=mask, other=0).astype(jnp.float32) + out
-  plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
+  _store_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype)
 
 
 def _mlp_in_kernel(*refs, n_rows, br, bk, bn, cfg, pending):
