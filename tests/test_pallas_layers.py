@@ -254,5 +254,14 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
                             "--out", str(tmp_path)])
   assert [r["run"] for r in rows] == ["xla-fused", "pallas default", "pallas num_warps=2"]
   assert rows[2]["tiles"]["num_warps"] == 2 and rows[0]["vs_xla_fused"] == 1.0
+  # The kernels decode XLA's greedy tokens; a differing token is counted where it comes.
+  assert all(r["tokens_agree"] == 2 and r["top_logit_diff"] < 1e-4 for r in rows)
+  ref_tokens, ref_tops = np.array([[3, 4, 5], [6, 7, 8]]), np.zeros((2, 3))
+  assert pallas_tiles.agreement(ref_tokens, ref_tops + 0.5, ref_tokens, ref_tops) == (3, 0.5)
+  tokens = ref_tokens.copy()
+  tokens[1, 1] = 0
+  assert pallas_tiles.agreement(tokens, ref_tops, ref_tokens, ref_tops) == (1, 0.0)
+  tokens[0, 0] = 0
+  assert pallas_tiles.agreement(tokens, ref_tops, ref_tokens, ref_tops) == (0, 0.0)
   assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
   assert pallas_layers.TILES == pallas_layers.Tiles()
