@@ -265,3 +265,8 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
   assert pallas_tiles.agreement(tokens, ref_tops, ref_tokens, ref_tops) == (0, 0.0)
   assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
   assert pallas_layers.TILES == pallas_layers.Tiles()
+  # A budget spent before the second program: the first alone is timed.
+  rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
+                            "--settings", "default", "--bandwidth_mb", "4", "--budget_s",
+                            "1e-9", "--out", str(tmp_path)])
+  assert [r["run"] for r in rows] == ["xla-fused"]

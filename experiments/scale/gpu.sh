@@ -106,7 +106,7 @@ if [ "${1:-presets}" = bars ]; then
   echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
   if [ "$left" -ge 60 ]; then
     timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --out "$W/pallas-tiles" \
-        >>"$LOG" 2>&1
+        --budget_s "$((left - 40))" >>"$LOG" 2>&1
     echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
   fi
 elif [ "${1:-presets}" = bars2 ]; then
