@@ -8,7 +8,10 @@ import os
 # XLA:CPU's classic fusion emitters instead of its MLIR ones: compiling is most of the suite's
 # time, and they compile the tiny models' loops ~35% faster (measured 2026-11-24: six decoding
 # loops 14.9 → 9.4 s); launched subprocesses (multi-host: TEST_XLA_FLAGS) use them too.
-TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false "
+# Each program's machine code as one LLVM module instead of parallel split parts: two workers
+# already keep both cores busy, and the split's threads only add overhead (measured 2026-11-28:
+# four decoding loops, two processes at once, 2.8 → 2.2 s of compiling each).
+TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
                   "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + TEST_XLA_FLAGS)
