@@ -22,7 +22,9 @@ written out with per-layer weights instead of a scan over stacked ones (`:unroll
 configs/scale.py:gpu,fused,unrolled; `pallas`, the decoding calls' layers as five hand-written
 GPU kernels each (`:fused=1:pallas=1`, spec_jax/models/pallas_layers.py; ~6 kernels a layer
 against XLA's ~19-26), e.g. configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh
-bars runs it beside the XLA layers).
+bars runs it beside the XLA layers); `attn_kernel`, XLA's layers with each decoding call's
+attention as one hand-written kernel (`:attn_kernel=1`, ~7 kernels a layer fewer; the weight
+products stay on cuBLAS), e.g. configs/scale.py:gpu,preset=llama3.1-8b,fused,unrolled,attn_kernel.
 
 Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype, batch_size,
 ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
@@ -49,7 +51,7 @@ SUITE_TAU = ((4, 2.33),)
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, cost=False, gpu=False, preset="llama3.2-1b",
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
-                          fused=False, unrolled=False, pallas=False)
+                          fused=False, unrolled=False, pallas=False, attn_kernel=False)
   dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
   batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
   tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
@@ -61,7 +63,8 @@ def get_config(arg=None):
   config.mesh = common.mesh(data=1)
   size = (("test-tiny" if args.smoke else args.preset)
           + (":fused=1" if args.fused or args.pallas else "")
-          + (":unrolled=1" if args.unrolled else "") + (":pallas=1" if args.pallas else ""))
+          + (":unrolled=1" if args.unrolled else "") + (":pallas=1" if args.pallas else "")
+          + (":attn_kernel=1" if args.attn_kernel else ""))
   if args.cost:
     config.verifier = common.model(size=size, dtype=dtype)
     # The one-block feature drafter of that verifier, random (cost_model: no checkpoint).

@@ -60,7 +60,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   q/k/v and gate/up as one weight product each (`LlamaConfig.fused`; loaded weights converted by
   `layers.fuse_params`); `unrolled=1` writes the layers out, each with its own params
   (`LlamaConfig.unrolled`, `layers.unstack_layers`); `pallas=1` (with fused=1) computes the
-  decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same params).
+  decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same params),
+  `attn_kernel=1` their attention alone (`LlamaConfig.attn_kernel`).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
   'smollm2', 'gemma3-270m' (the packaged models) or a .gguf path → weights from the GGUF
@@ -105,6 +106,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
     params = None if params is None else layers.unstack_layers(params, cfg.n_layers)
   if size.pallas and not cfg.pallas:
     cfg = dataclasses.replace(cfg, pallas=True)
+  if size.attn_kernel and not cfg.attn_kernel:
+    cfg = dataclasses.replace(cfg, attn_kernel=True)
   return cfg, params
 
 

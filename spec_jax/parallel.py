@@ -217,17 +217,19 @@ def check_decode_mesh(mesh: Mesh, batch_size: int, kv_heads: dict[str, int | Non
 
 def check_kernels_on_mesh(mesh: Mesh, models: dict[str, Any]) -> None:
   """ValueError unless every model (name → config; None or a config without `pallas` skips)
-  running its layers on the hand-written GPU kernels (`LlamaConfig.pallas`) decodes on one
-  device: a Pallas kernel has no partitioning rule, so on a mesh XLA would gather its sharded
-  weights to every device on every call."""
+  running its layers or its attention on hand-written GPU kernels (`LlamaConfig.pallas`,
+  `LlamaConfig.attn_kernel`) decodes on one device: a Pallas kernel has no partitioning rule,
+  so on a mesh XLA would gather its sharded weights or cache to every device on every call."""
   if mesh.size == 1:
     return
   for name, cfg in models.items():
-    if getattr(cfg, "pallas", False):
-      raise ValueError(
-          f"The {name} runs its layers on hand-written kernels (model.size ...:pallas=1), which "
-          f"run on one device, but the decoding mesh has {mesh.size}. Fix: --config.mesh.data=1 "
-          "--config.mesh.fsdp=1 --config.mesh.tensor=1, or drop :pallas=1 from the size.")
+    for option, what in (("pallas", "its layers"), ("attn_kernel", "its attention")):
+      if getattr(cfg, option, False):
+        raise ValueError(
+            f"The {name} runs {what} on hand-written kernels (model.size ...:{option}=1), "
+            f"which run on one device, but the decoding mesh has {mesh.size}. Fix: "
+            "--config.mesh.data=1 --config.mesh.fsdp=1 --config.mesh.tensor=1, or drop "
+            f":{option}=1 from the size.")
 
 
 def cache_sharding(mesh: Mesh) -> NamedSharding:

@@ -33,13 +33,14 @@ GEMMA = dict(vocab_size=257, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, he
 
 
 def _model(dtype="float32", family="llama", **overrides):
-  """test-tiny (or its Gemma twin), fused, with weights spread enough that every term
-  matters."""
+  """test-tiny (or its Gemma twin), fused unless overridden, with weights spread enough that
+  every term matters; unrolled=True: per-layer params."""
   base = llama.model_config("test-tiny") if family == "llama" else gemma.GemmaConfig(**GEMMA)
-  cfg = dataclasses.replace(base, fused=True, dtype=dtype, param_dtype=dtype, **overrides)
-  params = decoder.init_params(cfg, jax.random.key(0))
-  noise = testing.perturbed(params, 0.05)
-  return cfg, noise
+  cfg = dataclasses.replace(base, **{"fused": True, "dtype": dtype, "param_dtype": dtype,
+                                     **overrides})
+  params = testing.perturbed(decoder.init_params(dataclasses.replace(cfg, unrolled=False),
+                                                 jax.random.key(0)), 0.05)
+  return cfg, (L.unstack_layers(params, cfg.n_layers) if cfg.unrolled else params)
 
 
 def _call(b, t, tree):
@@ -64,8 +65,9 @@ def _call(b, t, tree):
                                                                                   jnp.int32)
 
 
-def _forwards(cfg, params, b, t, tree, hidden=(1, -1)):
-  """(XLA layers' output, the kernels' output) of one call: logits, hidden, cache."""
+def _forwards(cfg, params, b, t, tree, hidden=(1, -1), option="pallas"):
+  """(XLA layers' output, the kernels' output) of one call: logits, hidden, cache. option:
+  the kernels' config field (`pallas`: the whole layers; `attn_kernel`: the attention)."""
   rng = np.random.default_rng(7)
   cache = L.init_cache(cfg, b, S)
   slot_pos = None if cache.pos is None else jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32),
@@ -74,14 +76,15 @@ def _forwards(cfg, params, b, t, tree, hidden=(1, -1)):
                     v=jnp.asarray(rng.normal(size=cache.v.shape), cfg.dtype), pos=slot_pos)
   tokens, positions, mask, slots = _call(b, t, tree)
   outs = []
-  for c in (cfg, dataclasses.replace(cfg, pallas=True)):
+  for c in (cfg, dataclasses.replace(cfg, **{option: True})):
     apply = jax.jit(decoder.make_apply(c, hidden))
     outs.append(apply(params, tokens, positions, cache, mask, slots))
   return outs
 
 
-def _max_differences(cfg, params, b, t, tree):
-  (logits, hidden, cache), (p_logits, p_hidden, p_cache) = _forwards(cfg, params, b, t, tree)
+def _max_differences(cfg, params, b, t, tree, option="pallas"):
+  (logits, hidden, cache), (p_logits, p_hidden, p_cache) = _forwards(cfg, params, b, t, tree,
+                                                                     option=option)
   diff = lambda x, y: float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))))  # noqa: E731
   return dict(logits=diff(logits, p_logits), hidden=max(diff(hidden[k], p_hidden[k])
                                                          for k in hidden),
@@ -270,3 +273,89 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
                             "--settings", "default", "--bandwidth_mb", "4", "--budget_s",
                             "1e-9", "--out", str(tmp_path)])
   assert [r["run"] for r in rows] == ["xla-fused"]
+
+
+# The attention kernel inside XLA's layers (`LlamaConfig.attn_kernel`): every layout (scanned:
+# the layer index and, in Gemma 3, the window traced; unrolled; unfused), a long cache's splits
+# combined by XLA.
+ATTENTION_CASES = {
+    "decode-split-heads": CASES["decode-split-heads"],
+    "tree-unrolled": (dict(unrolled=True), 2, 5, True),
+    "tree-unfused": (dict(fused=False), 2, 5, True),
+    "gemma3-tree": CASES["gemma3-tree"],
+    "gemma2-chain": CASES["gemma2-chain"],
+    "odd-widths-qk-norm-bias": CASES["odd-widths-qk-norm-bias"],
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+def test_attention_kernel_equals_xla_layers(case):
+  overrides, b, t, tree = ATTENTION_CASES[case]
+  cfg, params = _model(**overrides)
+  diffs = _max_differences(cfg, params, b, t, tree, option="attn_kernel")
+  assert max(diffs.values()) < 2e-5, diffs
+
+
+def test_attention_kernel_split_cache_equals_xla_layers(monkeypatch):
+  """The cache's 24 slots over three programs of 8, their outputs combined in XLA (Gemma 3's
+  tree call, its window traced per layer)."""
+  monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=8))
+  overrides, b, t, tree = CASES["gemma3-tree"]
+  cfg, params = _model(**overrides)
+  diffs = _max_differences(cfg, params, b, t, tree, option="attn_kernel")
+  assert max(diffs.values()) < 2e-5, diffs
+
+
+def _plant_first_layer(monkeypatch):
+  real = pallas_layers.attention
+  monkeypatch.setattr(pallas_layers, "attention", lambda cfg, q, k, v, ck, cv, layer, *args:
+                      real(cfg, q, k, v, ck, cv, 0, *args))
+
+
+def _plant_window_global(monkeypatch):
+  real = pallas_layers.attention
+  monkeypatch.setattr(pallas_layers, "attention", lambda *args: real(*args[:-1], 0))
+
+
+@pytest.mark.parametrize("plant, family, split", [
+    (_plant_first_layer, "llama", 0), (_plant_window_global, "gemma", 0),
+    (_plant_all_new_visible, "llama", 0), (_plant_window_global, "gemma", 8)])
+def test_attention_kernel_planted_bugs_fail(plant, family, split, monkeypatch):
+  """Every layer reading the first layer's cache; Gemma's window ignored (also over split
+  programs); every slot visible: each fails the comparison above."""
+  plant(monkeypatch)
+  if split:
+    monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=split))
+  cfg, params = _model(family=family)
+  diffs = _max_differences(cfg, params, 2, 5, True, option="attn_kernel")
+  assert max(diffs.values()) > 1e-3, diffs
+
+
+def test_attention_kernel_greedy_decoding_equals_xla_layers():
+  """Greedy AR (a ragged batch with stop tokens) and greedy chain speculative decoding with
+  the verifier and drafter attending on the kernel: XLA's greedy output token for token."""
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
+  v_kernel = dataclasses.replace(v_cfg, attn_kernel=True)
+  reference = testing.greedy_reference(v_cfg, v_params)
+  prompts, stops, want = reference
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_kernel,
+                             sampling=Sampling(), max_new_tokens=14, stop_ids=stops)
+  assert ar.new_tokens() == want
+  drafter = lm.LMDrafter(v_kernel, trees.chain(3))
+  testing.assert_greedy_equal(v_kernel, v_params, drafter, testing.perturbed(v_params, 0.1),
+                              reference)
+
+
+def test_attention_kernel_bad_input_names_the_field():
+  with pytest.raises(ValueError, match="model.size.*attn_kernel=1.*keep one of them"):
+    draft_init.parse_size("smollm2-135m:fused=1:pallas=1:attn_kernel=1")
+  with pytest.raises(ValueError, match="attn_kernel=1 with pallas=1"):
+    llama.model_config("test-tiny", fused=True, pallas=True, attn_kernel=True)
+  assert draft_init.parse_size("smollm2-135m:unrolled=1:attn_kernel=1").attn_kernel == 1
+  cfg, params = testing.tiny_model(attn_kernel=True)
+  mesh = parallel.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})
+  prompts = generate_lib.pad_prompts([[1, 2], [3, 4]], 2, pad_id=0)
+  with pytest.raises(ValueError, match="runs its attention on hand-written kernels.*"
+                                       "drop :attn_kernel=1"):
+    generate_lib.generate(params, prompts, jax.random.key(0), cfg=cfg, sampling=Sampling(),
+                          max_new_tokens=2, mesh=mesh)

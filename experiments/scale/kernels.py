@@ -133,7 +133,7 @@ def _model_config(size: str, dtype: str, vocab_size: int):
   cfg = families.model_config(spec.variant, vocab_size=vocab_size, dtype=dtype,
                               param_dtype=dtype)
   return dataclasses.replace(cfg, fused=bool(spec.fused), unrolled=bool(spec.unrolled),
-                             pallas=bool(spec.pallas))
+                             pallas=bool(spec.pallas), attn_kernel=bool(spec.attn_kernel))
 
 
 def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,

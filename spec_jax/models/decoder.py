@@ -70,10 +70,19 @@ class Decoder(nn.Module):
       mask_old, mask_new, layer_caches, key_pos = None, mask, None, None
     freqs = jnp.asarray(cfg.rope_table())  # f32[L, H/2]: per-layer RoPE (Gemma: local/global)
     windows = jnp.asarray(cfg.windows(), jnp.int32) if cfg.has_windows else None  # [L]
-    if getattr(cfg, "pallas", False) and cache is not None and steer is None \
-        and tokens.shape[1] <= pallas_layers.MAX_TOKENS and not self.is_initializing():
-      # Hand-written GPU kernels, five a layer, over the stacked params (`pallas_layers`);
-      # training, prefill and steered calls keep XLA's layers.
+    # The decoding calls (a cache, at most MAX_TOKENS tokens a row, no steering) may run on
+    # hand-written kernels; training, prefill and steered calls keep XLA's layers.
+    kernels = cache is not None and steer is None and not self.is_initializing() \
+        and tokens.shape[1] <= pallas_layers.MAX_TOKENS
+    cache_axis = 0  # the scan hands each layer its slice of the cache
+    if kernels and getattr(cfg, "attn_kernel", False):
+      # XLA's layers with one attention kernel each, reading the stacked cache at the layer's
+      # index (scanned beside the params), no slice; the masks as int32 once for every layer.
+      layer_caches = L.KernelCache(cache.k, cache.v, jnp.arange(cfg.n_layers, dtype=jnp.int32))
+      cache_axis = L.KernelCache(nn.broadcast, nn.broadcast, 0)
+      mask_old, mask_new = mask_old.astype(jnp.int32), mask_new.astype(jnp.int32)
+    if kernels and getattr(cfg, "pallas", False):
+      # Hand-written GPU kernels, five a layer, over the stacked params (`pallas_layers`).
       x, (new_k, new_v), residuals = pallas_layers.layers(
           cfg, self.variables["params"]["layers"], x, positions, cache.k, cache.v, mask_old,
           mask_new, cache.pos, hidden=bool(self.hidden_layers))
@@ -82,8 +91,8 @@ class Decoder(nn.Module):
           cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
     else:
       layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
-                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0, 0,
-                                nn.broadcast),
+                       in_axes=(cache_axis, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0,
+                                0, nn.broadcast),
                        length=cfg.n_layers)
       # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
       x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
@@ -122,6 +131,8 @@ def _unrolled(cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs,
   """The layer scan written out, one block per layer with params "layers_<i>" (`cfg.unrolled`):
   what the scan returns, stacked the same way (new K/V [L, ...], residuals indexable by layer)."""
   def layer(tree, i):
+    if isinstance(tree, L.KernelCache):  # the attention kernel reads the stacked cache
+      return tree._replace(layer=tree.layer[i])
     return None if tree is None else jax.tree.map(lambda a: a[i], tree)
 
   new_k, new_v, residuals = [], [], []

@@ -41,7 +41,8 @@ import numpy as np
 
 from spec_jax.models import decoder, llama
 
-OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled", "pallas")
+OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled", "pallas",
+           "attn_kernel")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -58,6 +59,7 @@ class Size:
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
   unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
   pallas: int | None = None  # 1: decoding layers as hand-written GPU kernels (`LlamaConfig.pallas`)
+  attn_kernel: int | None = None  # 1: decoding attention as one kernel (`LlamaConfig.attn_kernel`)
 
   @property
   def selects_layers(self) -> bool:
@@ -70,7 +72,7 @@ def _ints(value: str) -> tuple[int, ...]:
 
 def parse_size(size: str, field: str = "model.size") -> Size:
   """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
-  [:fused=1][:unrolled=1][:pallas=1]` → Size; ValueError naming `field`."""
+  [:fused=1][:unrolled=1][:pallas=1 | :attn_kernel=1]` → Size; ValueError naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -79,7 +81,8 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "fused=1, unrolled=1, pallas=1, e.g. 'smollm2-135m:layers=0,14,29'.")
+                       "fused=1, unrolled=1, pallas=1, attn_kernel=1, e.g. "
+                       "'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
         kwargs[key] = _ints(value)
@@ -107,6 +110,10 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     raise ValueError(f"{field}={size!r}: pallas=1 runs the decoding calls' layers as "
                      "hand-written GPU kernels over the fused, scanned layout: write "
                      "':fused=1:pallas=1' (without unrolled=1); pallas=0 is the default.")
+  if out.attn_kernel not in (None, 0, 1) or (out.attn_kernel and out.pallas):
+    raise ValueError(f"{field}={size!r}: attn_kernel=1 runs the decoding calls' attention as "
+                     "one hand-written GPU kernel in XLA's layers; pallas=1 already runs the "
+                     "whole layers so: keep one of them (attn_kernel=0 is the default).")
   if out.features not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: features=1 makes a feature drafter (reading the "
                      "verifier's final residual), features=0 an ordinary one, features=2+15+27 "

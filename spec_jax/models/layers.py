@@ -15,12 +15,15 @@ fused, dtype and param_dtype.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from spec_jax.models import pallas_layers
 
 ROPE_SCALINGS = ("none", "linear", "llama3")
 
@@ -40,6 +43,15 @@ class KVCache:
   @property
   def size(self) -> int:
     return self.k.shape[2]
+
+
+class KernelCache(NamedTuple):
+  """What a layer attending on the attention kernel (`LlamaConfig.attn_kernel`) gets in place of
+  its slice of the cache: the whole stacked cache and its own index, so the kernel reads the
+  layer's slots in place (`pallas_layers.attention`)."""
+  k: jax.Array      # [L, B, S, K, H]
+  v: jax.Array
+  layer: jax.Array  # int32 []: this layer
 
 
 def init_cache(cfg, batch: int, size: int) -> KVCache:
@@ -179,12 +191,20 @@ class Attention(nn.Module):
     q = rope(q, positions, freq)
     k = rope(k, positions, freq).astype(cfg.dtype)
     v = v.astype(cfg.dtype)
+    b, t = x.shape[:2]
+    o_product = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
+                                param_dtype=cfg.param_dtype,
+                                kernel_init=nn.initializers.normal(0.02), name="o")
+    if isinstance(layer_cache, KernelCache):  # one kernel, windows included
+      out = pallas_layers.attention(cfg, q, k, v, layer_cache.k, layer_cache.v,
+                                    layer_cache.layer, mask_old, mask_new, positions, key_pos,
+                                    window)
+      return o_product(out), (k, v)
     if window is not None:
       old_window, new_window = window_terms(window, positions, key_pos)
       mask_new = mask_new & new_window
       if mask_old is not None and old_window is not None:
         mask_old = mask_old & old_window
-    b, t = x.shape[:2]
     q = q.reshape(b, t, k_heads, g, cfg.head_dim) * jnp.asarray(cfg.query_scale, q.dtype)
     neg = jnp.finfo(jnp.float32).min
     logits = jnp.einsum("BTKGH,BJKH->BKGTJ", q, k, preferred_element_type=jnp.float32)
@@ -198,11 +218,7 @@ class Attention(nn.Module):
     out = jnp.einsum("BKGTJ,BJKH->BTKGH", weights[..., -t:], v)
     if layer_cache is not None:
       out = out + jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :-t], cache_v)
-    out = out.reshape(b, t, cfg.n_heads, cfg.head_dim)
-    out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                          param_dtype=cfg.param_dtype, kernel_init=nn.initializers.normal(0.02),
-                          name="o")(out)
-    return out, (k, v)
+    return o_product(out.reshape(b, t, cfg.n_heads, cfg.head_dim)), (k, v)
 
 
 def gate_up(cfg, h: jax.Array) -> tuple[jax.Array, jax.Array]:

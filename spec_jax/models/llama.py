@@ -50,6 +50,12 @@ class LlamaConfig:
     families) instead of XLA's fusions: the same model and params; needs the fused, scanned
     layout (`model.size=...:fused=1:pallas=1`). Kernels run on NVIDIA GPUs, and in Pallas's
     interpreter on CPU (slow; for tests).
+  attn_kernel: XLA's layers, but each decoding call's attention (cache and new tokens, softmax,
+    value product, sliding window) as one hand-written GPU kernel reading the stacked cache at
+    the layer's index (`pallas_layers.attention`) instead of XLA's ~8 kernels; any layout, the
+    weight products stay XLA's (cuBLAS), so it serves large batches too
+    (`model.size=...:attn_kernel=1`). Llama and Gemma families; not with `pallas` (which
+    includes it).
   Subclasses (other families, `gemma.GemmaConfig`) change the block and the properties below.
   """
   vocab_size: int
@@ -78,6 +84,7 @@ class LlamaConfig:
   fused: bool = False
   unrolled: bool = False
   pallas: bool = False
+  attn_kernel: bool = False
   family: str = "llama"
 
   FAMILY = "llama"
@@ -124,6 +131,14 @@ class LlamaConfig:
       if reason is not None:
         raise ValueError(f"pallas=1: the hand-written kernels do not compute {reason}. Fix: "
                          "drop :pallas=1 from model.size.")
+    if self.attn_kernel:
+      if self.pallas:
+        raise ValueError("attn_kernel=1 with pallas=1: the layers' kernels include the "
+                         "attention. Fix: keep one of them in model.size.")
+      if self.FAMILY not in ("llama", "gemma"):
+        raise ValueError(f"attn_kernel=1: the attention kernel does not compute the "
+                         f"{self.FAMILY!r} family's attention. Fix: drop :attn_kernel=1 from "
+                         "model.size.")
 
   # What the shared decoder asks of a family.
   def block(self):

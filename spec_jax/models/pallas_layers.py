@@ -37,6 +37,10 @@ axis in float32 (no tensor cores; exact float32 arithmetic). Triton needs power-
 tile is one, and loads and stores past an axis's end are masked. On CPU the same kernels run in
 Pallas's interpreter (tests); TPU has no Triton.
 
+The attention kernel also serves alone, inside XLA's layers (`LlamaConfig.attn_kernel`,
+`attention` below): one kernel in place of XLA's ~8 for a layer's attention, the weight
+products left to XLA (cuBLAS), any layout; a long cache's splits are combined by XLA there.
+
 Rows R = B·T (every token of the call), so the same kernels serve one-token decoding, chain
 verification and tree verification (masks are arguments, as in the XLA layers); calls of more
 than MAX_TOKENS tokens a row (prefill), training and steered calls keep XLA's layers. Numerics:
@@ -274,7 +278,7 @@ def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg, pending):
   plgpu.store(kv_ref.at[rows, kv_head, hi_cols], r_hi.astype(kv_ref.dtype), mask=kv_mask)
 
 
-def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
+def _attention_kernel(*refs, gp, bs, bt, split_blocks, splits, cfg, window, normalize=False):
   """Program (kv head, row, split): the G query heads of one token (row r = b·T + t) that
   share kv head `kvh`, over the cache slots `old_ref[b, t]` allows in this split's
   `split_blocks` blocks of slots, and, in the last split, this call's new tokens
@@ -282,14 +286,16 @@ def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
   writes its unnormalised output, maximum and sum; `_attention_out_kernel` combines the splits
   as it reads them, so a long cache spreads over many programs at no extra kernel.
   refs: layer, q, cache k, cache v, the new kv, mask_old, mask_new, [positions [R] and the
-  cache's slot positions [B, S] for a sliding window], acc [splits, R, N, H], m and l
-  [splits, R, N]. window: this layer's sliding window (static; 0 = global): a key is visible
-  only if its position > the query's − window."""
+  cache's slot positions [B, S] for a sliding window, and the window [] when it is an
+  operand], acc [splits, R, N, H], m and l [splits, R, N]; or, where `normalize` (one split),
+  the attention's output [R, N, H] in the model's dtype instead. window: this layer's sliding
+  window (static; 0 = global; "operand": read from the window ref, ≤ 0 = global): a key is
+  visible only if its position > the query's − window."""
   layer_ref, q_ref, cache_k_ref, cache_v_ref, kv_ref, old_ref, new_ref = refs[:7]
   pos_ref, key_pos_ref = refs[7:9] if window else (None, None)
-  acc_ref, m_ref, l_ref = refs[-3:]
+  window_ref = refs[9] if window == "operand" else None
+  out_refs = refs[-1:] if normalize else refs[-3:]
   kvh, row, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  splits = acc_ref.shape[0]
   layer = layer_ref[()]
   g, k_heads, dtype = cfg.n_heads // cfg.n_kv_heads, cfg.n_kv_heads, jnp.dtype(cfg.dtype)
   t_len = old_ref.shape[1]
@@ -299,7 +305,11 @@ def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
   q = plgpu.load(q_ref.at[row, pl.ds(kvh * g, gp), :], mask=gmask[:, None], other=0)
   q = (q.astype(jnp.float32) * cfg.query_scale).astype(dtype).astype(jnp.float32)  # [Gp, H]
   neg = jnp.finfo(jnp.float32).min
-  low = pos_ref[row] - window if window else None  # keys at or below are out of the window
+  if window_ref is not None:  # a traced window (a scanned layer's): global where ≤ 0
+    width_ = window_ref[()]
+    low = jnp.where(width_ > 0, pos_ref[row] - width_, jnp.iinfo(jnp.int32).min)
+  else:
+    low = pos_ref[row] - window if window else None  # keys at or below are out of the window
 
   def attend(carry, k, v, visible):
     """One block of keys k[X, H], values v[X, H], visible bool[X]."""
@@ -348,6 +358,11 @@ def _attention_kernel(*refs, gp, bs, bt, split_blocks, cfg, window):
 
   m, l, acc = jax.lax.fori_loop(0, pl.cdiv(t_len, bt), new_block, carry)
   heads = pl.ds(kvh * g, gp)
+  if normalize:  # one split: the output itself (zeros for a token that sees nothing)
+    out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(dtype)
+    plgpu.store(out_refs[0].at[row, heads, :], out.astype(out_refs[0].dtype), mask=gmask[:, None])
+    return
+  acc_ref, m_ref, l_ref = out_refs
   plgpu.store(acc_ref.at[split, row, heads, :], acc, mask=gmask[:, None])
   plgpu.store(m_ref.at[split, row, heads], m, mask=gmask)
   plgpu.store(l_ref.at[split, row, heads], l, mask=gmask)
@@ -476,6 +491,75 @@ def _mlp_in_kernel(*refs, n_rows, br, bk, bn, cfg, pending):
               mask=rmask[:, None] & cmask[None, :])
 
 
+def _attention_cut(cfg, size: int, t: int, tiles: Tiles) -> tuple[int, int, int, int, int]:
+  """How `_attention_kernel` cuts a cache of `size` slots and t new tokens a row: (query heads
+  a program pads to, cache slots a block, new tokens a block, blocks a split, splits)."""
+  gp = pl.next_power_of_2(cfg.n_heads // cfg.n_kv_heads)
+  bs = _divisor_block(pl.next_power_of_2(size), max(tiles.tile // (gp * cfg.head_dim), 1))
+  bt = min(bs, pl.next_power_of_2(t))
+  split_blocks = max(tiles.split // bs, 1)
+  return gp, bs, bt, split_blocks, pl.cdiv(pl.cdiv(size, bs), split_blocks)
+
+
+def attention(cfg, q, k, v, cache_k, cache_v, layer, mask_old, mask_new, positions=None,
+              key_pos=None, window=None):
+  """One layer's attention as one kernel inside XLA's layers (`LlamaConfig.attn_kernel`):
+  `_attention_kernel` over the stacked cache at `layer`, so no layer's cache is sliced out.
+
+  q [B, T, N, H] after RoPE (before the query scale), k, v [B, T, K, H] this call's new keys
+  and values; cache_k/v [L, B, S, K, H] as they were before this call; layer int32 [] (traced
+  in a scan); mask_old [B, T, S] and mask_new [B, T, T] (bool or int32; `layers.split_mask`);
+  for models with sliding windows, positions [B, T], key_pos int32[B, S] (`KVCache.pos`) and
+  window int32 [] (this layer's, ≤ 0 = global). Returns the attention's output [B, T, N, H] in
+  cfg.dtype: what `layers.Attention` computes before its o product."""
+  _check_backend()
+  if cfg.has_windows and (key_pos is None or window is None or positions is None):
+    raise ValueError("A model with sliding-window layers needs positions, the cache's slot "
+                     "positions (KVCache.pos) and the layer's window on the attention kernel.")
+  run = functools.partial(_attention, cfg)
+  args = (q, k, v, cache_k, cache_v, jnp.asarray(layer, jnp.int32), mask_old, mask_new)
+  if cfg.has_windows:
+    args += (positions, key_pos, jnp.asarray(window, jnp.int32))
+  return jax.lax.platform_dependent(*args, cuda=functools.partial(run, interpret=False),
+                                    default=functools.partial(run, interpret=True))
+
+
+def _attention(cfg, q, k, v, cache_k, cache_v, layer, mask_old, mask_new, *window_args,
+               interpret):
+  b, t, n, head_dim = q.shape
+  n_rows, k_heads, dtype = b * t, cfg.n_kv_heads, jnp.dtype(cfg.dtype)
+  tiles = TILES
+  gp, bs, bt, split_blocks, splits = _attention_cut(cfg, cache_k.shape[2], t, tiles)
+  kv = jnp.concatenate([k, v], axis=2).reshape(n_rows, 2 * k_heads, head_dim).astype(dtype)
+  if window_args:
+    positions, key_pos, window = window_args
+    window_args = (positions.reshape(n_rows).astype(jnp.int32), key_pos.astype(jnp.int32),
+                   window)
+  normalize = splits == 1
+  if normalize:
+    out_shape = jax.ShapeDtypeStruct((n_rows, n, head_dim), dtype)
+  else:
+    out_shape = (jax.ShapeDtypeStruct((splits, n_rows, n, head_dim), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32))
+  kernel = pl.pallas_call(
+      functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt, split_blocks=split_blocks,
+                        splits=splits, cfg=cfg, normalize=normalize,
+                        window="operand" if window_args else 0),
+      grid=(k_heads, n_rows, splits), out_shape=out_shape, name="attention",
+      interpret=interpret, compiler_params=plgpu.CompilerParams(
+          num_warps=tiles.num_warps, num_stages=tiles.num_stages))
+  out = kernel(layer, q.reshape(n_rows, n, head_dim).astype(dtype), cache_k, cache_v, kv,
+               mask_old.astype(jnp.int32), mask_new.astype(jnp.int32), *window_args)
+  if not normalize:  # a long cache's splits, combined as `_attention_out_kernel` does
+    acc, m, l = out
+    weight = jnp.exp(m - jnp.max(m, axis=0))
+    den = jnp.sum(weight * l, axis=0)
+    out = (jnp.sum(weight[..., None] * acc, axis=0)
+           / jnp.where(den > 0, den, 1.0)[..., None]).astype(dtype)
+  return out.reshape(b, t, n, head_dim)
+
+
 def layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key_pos=None,
            hidden=False):
   """The decoder's layer stack on the kernels above (`decoder.Decoder` with `cfg.pallas`).
@@ -506,7 +590,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
   b, t, d = x.shape
   n_rows = b * t
   n, k_heads, head_dim, d_ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-  n_layers, g = cfg.n_layers, cfg.n_heads // cfg.n_kv_heads
+  n_layers = cfg.n_layers
   dtype = jnp.dtype(cfg.dtype)
   attn = params["attn"]
   qkv_w = attn["qkv"]["kernel"]                                  # [L, D, N+2K, H]
@@ -550,16 +634,12 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 grid=(n + 2 * k_heads, h2 // bh, n_rb),
                 out_shape=outs + ((stream_shape,) if pending else ()), name="qkv_rope")
 
-  gp = pl.next_power_of_2(g)
-  size = cache_k.shape[2]
-  bs = _divisor_block(pl.next_power_of_2(size), max(tiles.tile // (gp * head_dim), 1))
-  bt = min(bs, pl.next_power_of_2(t))
-  split_blocks = max(tiles.split // bs, 1)
-  splits = pl.cdiv(pl.cdiv(size, bs), split_blocks)
+  gp, bs, bt, split_blocks, splits = _attention_cut(cfg, cache_k.shape[2], t, tiles)
 
   def attention(window):
     return call(functools.partial(_attention_kernel, gp=gp, bs=bs, bt=bt,
-                                  split_blocks=split_blocks, cfg=cfg, window=window),
+                                  split_blocks=split_blocks, splits=splits, cfg=cfg,
+                                  window=window),
                 grid=(k_heads, n_rows, splits),
                 out_shape=(jax.ShapeDtypeStruct((splits, n_rows, n, head_dim), jnp.float32),
                            jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32),
