@@ -8,13 +8,16 @@
 #       presets (experiments/scale/gpu_cublas/<run>/);
 #   bash experiments/scale/gpu.sh bars      the issue's GPU bars first, each beside its baseline
 #       in the same run, batch 1: the 135M shape's float32 step on the hand-written kernels
-#       (configs/scale.py `pallas`) beside XLA's fused layers, the 8B step fused and unrolled
-#       beside the default, then the kernels' tile sweep (experiments/scale/pallas_tiles.py)
+#       (configs/scale.py `pallas`) beside XLA's fused layers, the 8B step fused with the
+#       attention kernel (`attn_kernel`), scanned and unrolled, and fused and unrolled without
+#       it, beside the default, the 135M step fused with the attention kernel, then the
+#       kernels' tile sweep (experiments/scale/pallas_tiles.py, within the time left)
 #       (experiments/scale/gpu_bars/<run>/);
 #   bash experiments/scale/gpu.sh bars2     the rest of the bars: the 8B step on the kernels, the
 #       135M bfloat16 step on the kernels and on XLA's fused layers, the 8B step at batch 1, 8
-#       and 32 (the throughput bar), the 135M kernels at batch 8 and 32, Gemma 3 1B on the
-#       kernels beside its fused layers (gpu_bars/ too);
+#       and 32 (the throughput bar) by default and fused with the attention kernel, the 135M
+#       kernels at batch 8 and 32, Gemma 3 1B fused, on the kernels and with the attention
+#       kernel (gpu_bars/ too);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -101,7 +104,13 @@ if [ "${1:-presets}" = bars ]; then
   step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
   step smollm2-135m-f32-pallas $B1,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
   step llama3.1-8b $B1,preset=llama3.1-8b
+  # XLA's layers (products on cuBLAS) with one attention kernel a layer: 539 and 438 kernels a
+  # step against 666 and 563 without (experiments/scale/kernels.json).
+  step llama3.1-8b-fused-attn $B1,preset=llama3.1-8b,fused,attn_kernel
+  step llama3.1-8b-fused-unrolled-attn $B1,preset=llama3.1-8b,fused,unrolled,attn_kernel
   step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
+  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:attn_kernel=1
   left=$((540 - SECONDS))
   echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
   if [ "$left" -ge 60 ]; then
@@ -115,9 +124,11 @@ elif [ "${1:-presets}" = bars2 ]; then
   step smollm2-135m-pallas $B1 "${SMOL[@]}" "${SMOL_P[@]}"
   step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"
   step llama3.1-8b-batches gpu,preset=llama3.1-8b
+  step llama3.1-8b-fused-attn-batches gpu,preset=llama3.1-8b,fused,attn_kernel
   step smollm2-135m-f32-pallas-batches gpu,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
   step gemma3-1b-fused $B1,preset=gemma3-1b,fused
   step gemma3-1b-pallas $B1,preset=gemma3-1b,pallas
+  step gemma3-1b-fused-attn $B1,preset=gemma3-1b,fused,attn_kernel
 elif [ "${1:-presets}" = levers ]; then
   # At batch 1 (the bars' batch size; one compiled program per run), most informative first.
   W=experiments/scale/gpu_levers
