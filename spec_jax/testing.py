@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
@@ -15,6 +16,7 @@ from spec_jax.decoding import loop, protocols
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding.drafters import features as features_lib
+from spec_jax.decoding.drafters import trees
 from spec_jax.models import draft_init, llama
 
 
@@ -154,11 +156,6 @@ def refuse(*args, **kwargs):
 
 # ---------------------------------------------------------------------------------------------
 # Table-driven fakes (t5x-style): the loop and every rule, tested with no transformer at all.
-
-import dataclasses  # noqa: E402
-
-from spec_jax.decoding import protocols  # noqa: E402
-from spec_jax.decoding.drafters import trees  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
