@@ -23,7 +23,7 @@ configs/scale.py:gpu,fused,unrolled; `pallas`, the decoding calls' layers as fiv
 GPU kernels each (`:fused=1:pallas=1`, spec_jax/models/pallas_layers.py; ~6 kernels a layer
 against XLA's ~19-26), e.g. configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh
 bars runs it beside the XLA layers); `attn_kernel`, XLA's layers with each decoding call's
-attention as one hand-written kernel (`:attn_kernel=1`, ~7 kernels a layer fewer; the weight
+attention as one hand-written kernel (`:attn_kernel=1`, 4-5 kernels a layer fewer; the weight
 products stay on cuBLAS), e.g. configs/scale.py:gpu,preset=llama3.1-8b,fused,unrolled,attn_kernel.
 
 Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype, batch_size,

@@ -19,7 +19,8 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding.drafters import lm
 from spec_jax.decoding.drafters import trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import decoder, draft_init, families, gemma, llama, pallas_layers
+from spec_jax.models import decoder, draft_init, families, gemma, llama, pallas_attention
+from spec_jax.models import pallas_layers
 from spec_jax.models import layers as L
 
 S = 24  # cache slots
@@ -154,7 +155,7 @@ def test_attention_split_over_programs_equals_xla_layers(monkeypatch):
   """Tiles small enough that the cache's 24 slots split over three attention programs (blocks
   of 4 slots, 8 slots a program; the o product combines them) and every product loops over
   many small blocks: still XLA's layers (Gemma 3's tree call: windows and pending norms too)."""
-  monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=8))
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, split=8))
   overrides, b, t, tree = CASES["gemma3-tree"]
   cfg, params = _model(**overrides)
   diffs = _max_differences(cfg, params, b, t, tree)
@@ -176,7 +177,7 @@ def _plant_rope_sign(monkeypatch):
 
 
 def _plant_all_new_visible(monkeypatch):
-  monkeypatch.setattr(pallas_layers, "_visible", lambda loaded: loaded > -1)
+  monkeypatch.setattr(pallas_attention, "_visible", lambda loaded: loaded > -1)
 
 
 def _plant_norm_width(monkeypatch):
@@ -267,7 +268,7 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
   tokens[0, 0] = 0
   assert pallas_tiles.agreement(tokens, ref_tops, ref_tokens, ref_tops) == (0, 0.0)
   assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
-  assert pallas_layers.TILES == pallas_layers.Tiles()
+  assert pallas_attention.TILES == pallas_attention.Tiles()
   # A budget spent before the second program: the first alone is timed.
   rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
                             "--settings", "default", "--bandwidth_mb", "4", "--budget_s",
@@ -299,7 +300,7 @@ def test_attention_kernel_equals_xla_layers(case):
 def test_attention_kernel_split_cache_equals_xla_layers(monkeypatch):
   """The cache's 24 slots over three programs of 8, their outputs combined in XLA (Gemma 3's
   tree call, its window traced per layer)."""
-  monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=8))
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, split=8))
   overrides, b, t, tree = CASES["gemma3-tree"]
   cfg, params = _model(**overrides)
   diffs = _max_differences(cfg, params, b, t, tree, option="attn_kernel")
@@ -307,14 +308,14 @@ def test_attention_kernel_split_cache_equals_xla_layers(monkeypatch):
 
 
 def _plant_first_layer(monkeypatch):
-  real = pallas_layers.attention
-  monkeypatch.setattr(pallas_layers, "attention", lambda cfg, q, k, v, ck, cv, layer, *args:
+  real = pallas_attention.attention
+  monkeypatch.setattr(pallas_attention, "attention", lambda cfg, q, k, v, ck, cv, layer, *args:
                       real(cfg, q, k, v, ck, cv, 0, *args))
 
 
 def _plant_window_global(monkeypatch):
-  real = pallas_layers.attention
-  monkeypatch.setattr(pallas_layers, "attention", lambda *args: real(*args[:-1], 0))
+  real = pallas_attention.attention
+  monkeypatch.setattr(pallas_attention, "attention", lambda *args: real(*args[:-1], 0))
 
 
 @pytest.mark.parametrize("plant, family, split", [
@@ -325,7 +326,7 @@ def test_attention_kernel_planted_bugs_fail(plant, family, split, monkeypatch):
   programs); every slot visible: each fails the comparison above."""
   plant(monkeypatch)
   if split:
-    monkeypatch.setattr(pallas_layers, "TILES", pallas_layers.Tiles(tile=64, split=split))
+    monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, split=split))
   cfg, params = _model(family=family)
   diffs = _max_differences(cfg, params, 2, 5, True, option="attn_kernel")
   assert max(diffs.values()) > 1e-3, diffs

@@ -1,5 +1,5 @@
 """The decode step on the hand-written kernels (`spec_jax/models/pallas_layers.py`) for several
-tile choices (`pallas_layers.Tiles`), beside XLA's fused layers, timed in one process on one GPU.
+tile choices (`pallas_attention.Tiles`), beside XLA's fused layers, timed in one process on one GPU.
 
 The kernels' tiles were chosen without a GPU; this is the sweep that picks them with one short
 run. Each setting changes one field of the default `Tiles()`; every one decodes `--steps` greedy
@@ -41,15 +41,15 @@ CONTEXT = 64
 
 def parse_setting(text: str):
   """'default' or 'field=value' → Tiles; ValueError naming the field."""
-  from spec_jax.models import pallas_layers  # noqa: PLC0415
+  from spec_jax.models import pallas_attention  # noqa: PLC0415
   if text == "default":
-    return pallas_layers.Tiles()
+    return pallas_attention.Tiles()
   field, _, value = text.partition("=")
-  names = [f.name for f in dataclasses.fields(pallas_layers.Tiles)]
+  names = [f.name for f in dataclasses.fields(pallas_attention.Tiles)]
   if field not in names or not value.isdigit() or int(value) < 1:
     raise ValueError(f"--settings: {text!r} is not 'default' or FIELD=N with FIELD one of "
                      f"{', '.join(names)} and N >= 1.")
-  return dataclasses.replace(pallas_layers.Tiles(), **{field: int(value)})
+  return dataclasses.replace(pallas_attention.Tiles(), **{field: int(value)})
 
 
 def decode_loop(cfg, steps: int):
@@ -92,7 +92,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--steps", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--settings", default=",".join(SETTINGS),
-                      help="comma-separated: default, or FIELD=N of pallas_layers.Tiles")
+                      help="comma-separated: default, or FIELD=N of pallas_attention.Tiles")
   parser.add_argument("--bandwidth_mb", type=int, default=512)
   parser.add_argument("--budget_s", type=float, default=0.0,
                       help="stop compiling settings (in --settings order) once this many "
@@ -105,7 +105,7 @@ def main(argv=None) -> list[dict]:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   from spec_jax.evaluation import report, timing  # noqa: PLC0415
-  from spec_jax.models import decoder, families, layers, pallas_layers  # noqa: PLC0415
+  from spec_jax.models import decoder, families, layers, pallas_attention  # noqa: PLC0415
   vocab = 257 if args.size == "test-tiny" else 49152
   cfg = families.model_config(args.size, vocab_size=vocab, dtype=args.dtype,
                               param_dtype=args.dtype)
@@ -120,14 +120,14 @@ def main(argv=None) -> list[dict]:
     state = {"cache": layers.init_cache(cfg, args.batch, size)}
 
     def call():
-      pallas_layers.TILES = tiles  # read when `run` is traced, on its first call
+      pallas_attention.TILES = tiles  # read when `run` is traced, on its first call
       # Every call decodes the same: it rewrites the same slots, which only it reads.
       state["out"], state["cache"] = run(params, state["cache"], token, CONTEXT)
       return state["out"]
     call.state = state
     return call
 
-  calls = {"xla-fused": timed_call(cfg, pallas_layers.Tiles())}
+  calls = {"xla-fused": timed_call(cfg, pallas_attention.Tiles())}
   calls.update({f"pallas {text}": timed_call(kernels_cfg, tiles)
                 for text, tiles in settings.items()})
   # Compiling is most of the sweep's time: compile in order (XLA's layers first, always) while
@@ -145,7 +145,7 @@ def main(argv=None) -> list[dict]:
   print(f"{len(calls)} programs, {args.steps} steps each; timing (round-robin, "
         f"{args.repeats} repeats)", flush=True)
   times = timing.round_robin(calls, args.repeats)
-  pallas_layers.TILES = pallas_layers.Tiles()
+  pallas_attention.TILES = pallas_attention.Tiles()
   bandwidth = timing.memory_bandwidth(args.bandwidth_mb * 2**20, args.repeats)
   roofline_ms = 1000 * timing.param_bytes(params) / bandwidth
   base_ms = 1000 * times["xla-fused"]["median_s"] / args.steps

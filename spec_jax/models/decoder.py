@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.models import layers as L
-from spec_jax.models import pallas_layers
+from spec_jax.models import pallas_attention, pallas_layers
 
 
 class Decoder(nn.Module):
@@ -73,7 +73,7 @@ class Decoder(nn.Module):
     # The decoding calls (a cache, at most MAX_TOKENS tokens a row, no steering) may run on
     # hand-written kernels; training, prefill and steered calls keep XLA's layers.
     kernels = cache is not None and steer is None and not self.is_initializing() \
-        and tokens.shape[1] <= pallas_layers.MAX_TOKENS
+        and tokens.shape[1] <= pallas_attention.MAX_TOKENS
     cache_axis = 0  # the scan hands each layer its slice of the cache
     if kernels and getattr(cfg, "attn_kernel", False):
       # XLA's layers with one attention kernel each, reading the stacked cache at the layer's

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_jax.models import pallas_layers
+from spec_jax.models import pallas_attention
 
 ROPE_SCALINGS = ("none", "linear", "llama3")
 
@@ -48,7 +48,7 @@ class KVCache:
 class KernelCache(NamedTuple):
   """What a layer attending on the attention kernel (`LlamaConfig.attn_kernel`) gets in place of
   its slice of the cache: the whole stacked cache and its own index, so the kernel reads the
-  layer's slots in place (`pallas_layers.attention`)."""
+  layer's slots in place (`pallas_attention.attention`)."""
   k: jax.Array      # [L, B, S, K, H]
   v: jax.Array
   layer: jax.Array  # int32 []: this layer
@@ -196,7 +196,7 @@ class Attention(nn.Module):
                                 param_dtype=cfg.param_dtype,
                                 kernel_init=nn.initializers.normal(0.02), name="o")
     if isinstance(layer_cache, KernelCache):  # one kernel, windows included
-      out = pallas_layers.attention(cfg, q, k, v, layer_cache.k, layer_cache.v,
+      out = pallas_attention.attention(cfg, q, k, v, layer_cache.k, layer_cache.v,
                                     layer_cache.layer, mask_old, mask_new, positions, key_pos,
                                     window)
       return o_product(out), (k, v)

@@ -45,14 +45,14 @@ class LlamaConfig:
   unrolled: the layers as straight-line code, each with its own params ("layers_<i>") instead
     of a scan over params stacked under "layers": the same model, no layer loop and no slicing
     of stacked weights (`model.size=...:unrolled=1`; `layers.unstack_layers` converts).
-  pallas: the decoding calls' layers (a cache, at most `pallas_layers.MAX_TOKENS` tokens a row,
+  pallas: the decoding calls' layers (a cache, at most `pallas_attention.MAX_TOKENS` tokens a row,
     no steering) as five hand-written GPU kernels each (`pallas_layers.py`; Llama and Gemma
     families) instead of XLA's fusions: the same model and params; needs the fused, scanned
     layout (`model.size=...:fused=1:pallas=1`). Kernels run on NVIDIA GPUs, and in Pallas's
     interpreter on CPU (slow; for tests).
   attn_kernel: XLA's layers, but each decoding call's attention (cache and new tokens, softmax,
     value product, sliding window) as one hand-written GPU kernel reading the stacked cache at
-    the layer's index (`pallas_layers.attention`) instead of XLA's ~8 kernels; any layout, the
+    the layer's index (`pallas_attention.attention`) instead of XLA's ~8 kernels; any layout, the
     weight products stay XLA's (cuBLAS), so it serves large batches too
     (`model.size=...:attn_kernel=1`). Llama and Gemma families; not with `pallas` (which
     includes it).
