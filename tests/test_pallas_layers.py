@@ -256,8 +256,10 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
   rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
                             "--settings", "default,num_warps=2", "--bandwidth_mb", "4",
                             "--out", str(tmp_path)])
-  assert [r["run"] for r in rows] == ["xla-fused", "pallas default", "pallas num_warps=2"]
-  assert rows[2]["tiles"]["num_warps"] == 2 and rows[0]["vs_xla_fused"] == 1.0
+  assert [r["run"] for r in rows] == ["xla-fused", "xla-fused attn_kernel", "pallas default",
+                                      "pallas num_warps=2"]
+  assert rows[3]["tiles"]["num_warps"] == 2 and rows[0]["vs_xla_fused"] == 1.0
+  assert rows[1]["layers"] == "xla-fused+attn_kernel" and rows[1]["tiles"] is None
   # The kernels decode XLA's greedy tokens; a differing token is counted where it comes.
   assert all(r["tokens_agree"] == 2 and r["top_logit_diff"] < 1e-4 for r in rows)
   ref_tokens, ref_tops = np.array([[3, 4, 5], [6, 7, 8]]), np.zeros((2, 3))

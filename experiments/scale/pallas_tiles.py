@@ -1,11 +1,12 @@
 """The decode step on the hand-written kernels (`spec_jax/models/pallas_layers.py`) for several
-tile choices (`pallas_attention.Tiles`), beside XLA's fused layers, timed in one process on one GPU.
+tile choices (`pallas_attention.Tiles`), beside XLA's fused layers, in one process on one GPU.
 
 The kernels' tiles were chosen without a GPU; this is the sweep that picks them with one short
-run. Each setting changes one field of the default `Tiles()`; every one decodes `--steps` greedy
-tokens in one compiled loop (the benchmark's fixed decode loop without sampling or stop tokens)
-from a random 64-token context, random weights (seed 0), and the settings are timed round-robin
-(medians of `--repeats`). Rows: ms a step, the memory roofline (parameter bytes over the read
+run. Each setting changes one field of the default `Tiles()`; beside them run XLA's fused layers
+and the same with one attention kernel a layer (`attn_kernel`). Every program decodes `--steps`
+greedy tokens in one compiled loop (the benchmark's fixed decode loop without sampling or stop
+tokens) from a random 64-token context, random weights (seed 0), and the programs are timed
+round-robin (medians of `--repeats`). Rows: ms a step, the memory roofline (parameter bytes over the read
 bandwidth measured in the same run, `timing.memory_bandwidth`), × roofline and × XLA's fused
 layers, and how far each setting's greedy tokens agree with XLA's fused layers on the same device
 (`tokens_agree`: steps before the first differing token; `top_logit_diff`: the largest
@@ -127,7 +128,11 @@ def main(argv=None) -> list[dict]:
     call.state = state
     return call
 
-  calls = {"xla-fused": timed_call(cfg, pallas_attention.Tiles())}
+  # XLA's fused layers, then the same with one attention kernel a layer (`attn_kernel`: its
+  # row checks that kernel on the GPU too), then the kernels' layers for each setting.
+  calls = {"xla-fused": timed_call(cfg, pallas_attention.Tiles()),
+           "xla-fused attn_kernel": timed_call(dataclasses.replace(cfg, attn_kernel=True),
+                                               pallas_attention.Tiles())}
   calls.update({f"pallas {text}": timed_call(kernels_cfg, tiles)
                 for text, tiles in settings.items()})
   # Compiling is most of the sweep's time: compile in order (XLA's layers first, always) while
@@ -157,7 +162,7 @@ def main(argv=None) -> list[dict]:
     agree, top_diff = agreement(*outputs[name], *outputs["xla-fused"])
     rows.append(dict(
         run=name, size=args.size, dtype=args.dtype, batch_size=args.batch, steps=args.steps,
-        layers="xla-fused" if tiles is None else "pallas",
+        layers="pallas" if tiles else name.replace(" ", "+"),
         tiles=None if tiles is None else dataclasses.asdict(tiles),
         ms_per_step=round(ms, 4), roofline_ms_per_step=round(roofline_ms, 5),
         vs_roofline=round(ms / roofline_ms, 3), vs_xla_fused=round(ms / base_ms, 3),
