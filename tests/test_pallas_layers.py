@@ -299,6 +299,14 @@ def test_attention_kernel_equals_xla_layers(case):
   assert max(diffs.values()) < 2e-5, diffs
 
 
+def test_attention_kernel_close_to_xla_layers_bfloat16():
+  """bfloat16 (the GPU default), unrolled as the 8B bar runs it: close to XLA's layers, to
+  bfloat16's precision (the kernel keeps the softmax weights float32)."""
+  cfg, params = _model("bfloat16", unrolled=True)
+  diffs = _max_differences(cfg, params, 2, 3, True, option="attn_kernel")
+  assert diffs["logits"] < 0.1 and diffs["k"] < 0.05 and diffs["v"] < 0.05, diffs
+
+
 def test_attention_kernel_split_cache_equals_xla_layers(monkeypatch):
   """The cache's 24 slots over three programs of 8, their outputs combined in XLA (Gemma 3's
   tree call, its window traced per layer)."""
