@@ -246,7 +246,7 @@ def test_bad_input_names_the_field():
                            sampling=Sampling(), max_new_tokens=2)
 
 
-def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
+def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path, monkeypatch):
   """experiments/scale/pallas_tiles.py (the GPU loan's tile sweep) on test-tiny in the
   interpreter: a row per setting beside XLA's fused layers; a setting naming no field of
   Tiles is refused before any work."""
@@ -271,6 +271,25 @@ def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path):
   assert pallas_tiles.agreement(tokens, ref_tops, ref_tokens, ref_tops) == (0, 0.0)
   assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
   assert pallas_attention.TILES == pallas_attention.Tiles()
+  # A setting that fails to compile: a row with its error, the rest timed.
+  real = pallas_tiles.decode_loop
+
+  def refused(cfg, steps):
+    run = real(cfg, steps)
+
+    def compile_and_run(*args):  # the sweep sets the tiles just before the first call
+      if cfg.pallas and pallas_attention.TILES.num_warps == 2:
+        raise RuntimeError("planted\nsecond line")
+      return run(*args)
+    return compile_and_run
+  monkeypatch.setattr(pallas_tiles, "decode_loop", refused)
+  rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
+                            "--settings", "default,num_warps=2", "--bandwidth_mb", "4",
+                            "--out", str(tmp_path)])
+  assert [r["run"] for r in rows][-1] == "pallas num_warps=2"
+  assert rows[-1]["error"] == "RuntimeError: planted" and "ms_per_step" in rows[-2]
+  assert "failed: RuntimeError: planted" in (tmp_path / "results.md").read_text()
+  monkeypatch.setattr(pallas_tiles, "decode_loop", real)
   # A budget spent before the second program: the first alone is timed.
   rows = pallas_tiles.main(["--size", "test-tiny", "--steps", "2", "--repeats", "1",
                             "--settings", "default", "--bandwidth_mb", "4", "--budget_s",

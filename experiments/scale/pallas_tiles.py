@@ -12,6 +12,7 @@ layers, and how far each setting's greedy tokens agree with XLA's fused layers o
 (`tokens_agree`: steps before the first differing token; `top_logit_diff`: the largest
 difference of the chosen token's logit over those steps), so a kernel that lowers to Triton
 differently from the interpreter the tests run shows as a row that disagrees, not as a fast one.
+A program that fails to compile gets a row with its error instead of ending the sweep.
 
   python experiments/scale/pallas_tiles.py --out experiments/scale/gpu_bars/pallas-tiles
   python experiments/scale/pallas_tiles.py --size smollm2-135m --dtype bfloat16 --batch 8 ...
@@ -138,15 +139,22 @@ def main(argv=None) -> list[dict]:
   # Compiling is most of the sweep's time: compile in order (XLA's layers first, always) while
   # the budget lasts, so a bounded run (gpu.sh) times what it compiled instead of being killed
   # before any row.
-  start, compile_s = time.perf_counter(), {}
+  start, compile_s, failed = time.perf_counter(), {}, {}
   for name in list(calls):
     if args.budget_s and compile_s and time.perf_counter() - start > args.budget_s:
       print(f"budget of {args.budget_s:.0f} s spent: {name} and later settings skipped",
             flush=True)
-      calls = {n: c for n, c in calls.items() if n in compile_s}
       break
-    compile_s[name] = timing.timed(calls[name])[1]
+    try:
+      compile_s[name] = timing.timed(calls[name])[1]
+    except Exception as e:  # noqa: BLE001  (a setting Triton refuses: its row says why)
+      if name == "xla-fused":
+        raise
+      failed[name] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+      print(f"{name} failed: {failed[name]}", flush=True)
+      continue
     print(f"compiled {name} in {compile_s[name]:.1f} s", flush=True)
+  calls = {n: c for n, c in calls.items() if n in compile_s}
   print(f"{len(calls)} programs, {args.steps} steps each; timing (round-robin, "
         f"{args.repeats} repeats)", flush=True)
   times = timing.round_robin(calls, args.repeats)
@@ -171,6 +179,9 @@ def main(argv=None) -> list[dict]:
         memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),
         device=timing.device_description(), device_kind=jax.devices()[0].device_kind,
         jax=jax.__version__))
+  rows += [dict(run=name, size=args.size, dtype=args.dtype, batch_size=args.batch,
+                steps=args.steps, error=error, device_kind=jax.devices()[0].device_kind,
+                jax=jax.__version__) for name, error in failed.items()]
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   report.write_results(str(out), rows, echo=False)
@@ -179,7 +190,8 @@ def main(argv=None) -> list[dict]:
            "|---|---:|---:|---:|---:|---:|---:|"]
   lines += [f"| {r['run']} | {r['ms_per_step']:.3f} | {r['vs_roofline']:.2f} | "
             f"{r['vs_xla_fused']:.2f} | {r['compile_s']:.0f} | {r['tokens_agree']} | "
-            f"{r['top_logit_diff']:.2g} |" for r in rows]
+            f"{r['top_logit_diff']:.2g} |" if "error" not in r
+            else f"| {r['run']} | failed: {r['error']} | | | | | |" for r in rows]
   text = (f"{args.size} {args.dtype}, batch {args.batch}, {args.steps} steps, "
           f"{rows[0]['device']}, jax {jax.__version__}\n\n" + "\n".join(lines) + "\n")
   (out / "results.md").write_text(text)
