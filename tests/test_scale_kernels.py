@@ -74,3 +74,53 @@ def test_kernels_per_decode_step_are_counted_from_the_hlo():
   assert sum(got.values()) == 93
   with pytest.raises(RuntimeError, match="one loop of 64 iterations"):
     kernels.kernels_per_iteration(HLO, 64)
+
+
+# XLA's thunk sequence of a decode program, as its dump writes it (abridged): the prefill (a
+# command buffer, a cuBLAS call), then the decode loop, whose body launches a command buffer of
+# three kernels, the layer loop (each layer: a kernel, an asynchronous copy and its wait, a
+# cuBLAS call on a slice of the stacked weights, a command buffer of two kernels), a cuBLAS call
+# and a command buffer of one kernel; then two copies after the loop.
+THUNKS = """000: kCommandBuffer  [source       | next=002 (1)]
+    001: kCustomKernel [source       | sink        ] prefill grid: [1, 1, 1] threads: [64, 1, 1]  shared_memory: 0 bytes
+002: kCublasLtMatmul [prev=000 (1) | next=003 (1)] kCublasLtMatmul
+003: kWhile          [prev=002 (1) | next=020 (1)]
+condition:
+    004: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+  body:
+    000: kCommandBuffer  [source       | next=009 (1)]
+        005: kCustomKernel [source       | next=006 (1)] a grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+        006: kCustomKernel [prev=005 (1) | next=007 (1)] qkv_rope grid: [15, 4, 1] threads: [128, 1, 1]  shared_memory: 2048 bytes
+        007: kCopy         [prev=006 (1) | sink        ] kCopy
+    009: kWhile          [prev=000 (1) | next=000 (1)]
+condition:
+        010: kCustomKernel [source | sink] loop_compare_fusion_1 grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+      body:
+        011: kCustomKernel       [source       | next=012 (1)] norm grid: [1, 1, 1] threads: [64, 1, 1]  shared_memory: 0 bytes
+        012: kAsyncStart         [prev=011 (1) | sink        ] stream=computation_stream[2], async_id=12
+            013: kCopy [source | sink] kCopy
+        014: kDynamicSliceFusion [prev=011 (1) | next=000 (1)] params=2, results=2
+            015: kCublasLtMatmul [source | sink] kCublasLtMatmul
+        000: kCommandBuffer      [prev=014 (1) | next=018 (1)]
+            016: kCustomKernel [source       | next=017 (1)] softmax grid: [3, 1, 1] threads: [1024, 1, 1]  shared_memory: 0 bytes
+            017: kCustomKernel [prev=016 (1) | sink        ] add grid: [5, 1, 1] threads: [128, 1, 1]  shared_memory: 0 bytes
+        018: kAsyncDone          [source       | sink        ] async_id=12
+    019: kCublasLtMatmul [prev=000 (1) | next=000 (1)] kCublasLtMatmul
+    000: kCommandBuffer  [prev=019 (1) | sink        ]
+        021: kCustomKernel [source       | sink        ] argmax grid: [16, 1, 1] threads: [256, 1, 1]  shared_memory: 0 bytes
+020: kCopy           [prev=003 (1) | sink        ] kCopy
+021: kCopy           [prev=003 (2) | sink        ] kCopy
+"""
+
+
+def test_host_launches_per_decode_step_are_read_from_the_thunk_sequence():
+  """A command buffer (one CUDA graph) is one launch whatever it holds; the layer loop's body
+  counts times its trips; an asynchronous copy's wait launches nothing; the prefill and the
+  copies after the loop count nothing."""
+  got = kernels.host_launches(THUNKS, layer_trips=30)
+  assert got == dict(launches=1 + 30 * 4 + 2, graphs=1 + 30 + 1,
+                     kernels_in_graphs=3 + 30 * 2 + 1,
+                     outside_graphs={"kCustomKernel": 30, "kAsyncStart": 30,
+                                     "kDynamicSliceFusion": 30, "kCublasLtMatmul": 1})
+  with pytest.raises(RuntimeError, match="no loop"):
+    kernels.host_launches(THUNKS.split("003: kWhile")[0], layer_trips=30)

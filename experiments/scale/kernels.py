@@ -38,6 +38,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
@@ -116,6 +117,69 @@ def kernels_per_iteration(hlo: str, trips: int) -> collections.Counter:
   return count
 
 
+_THUNK = re.compile(r"^(\s*)(\d+): (k\w+)")
+# Thunks that launch nothing themselves: waits on an asynchronous launch's event.
+_NO_LAUNCH = {"kAsyncDone", "kWaitForStreams"}
+
+
+def _thunk_tree(lines: list[str]) -> list[tuple[int, str, list]]:
+  """XLA's thunk sequence dump (`*.thunk_sequence_after_thunk_passes.txt`) as a tree of
+  (indent, kind, children): a command buffer's children are the kernels its CUDA graph holds,
+  a loop's are its "condition" and "body" (each with its thunks)."""
+  root: list = []
+  stack = [(-1, "root", root)]
+  for line in lines:
+    entry = _THUNK.match(line)
+    if entry:
+      indent, kind = len(entry.group(1)), entry.group(3)
+      while stack[-1][0] >= indent:
+        stack.pop()
+    elif line.strip() in ("condition:", "body:"):  # of the innermost loop open above
+      kind = line.strip()[:-1]
+      while stack[-1][1] != "kWhile":
+        stack.pop()
+      indent = stack[-1][0] + 1
+    else:
+      continue
+    node = (indent, kind, [])
+    stack[-1][2].append(node)
+    stack.append(node)
+  return root
+
+
+def host_launches(thunks: str, layer_trips: int) -> dict:
+  """What the host launches for one iteration of the decode loop (the last top-level loop of
+  XLA's thunk sequence `thunks`): every thunk of its body is a launch, a command buffer (one
+  CUDA graph) one whatever it holds, a nested loop (the layer scan, `layer_trips` iterations,
+  its condition not run: known trip count) its body's launches times its trips. Returns
+  launches (graphs included), graphs, kernels_in_graphs and outside_graphs {thunk kind: n}."""
+  loops = [node for node in _thunk_tree(thunks.splitlines()) if node[1] == "kWhile"]
+  if not loops:
+    raise RuntimeError("The thunk sequence has no loop: not a decode program's.")
+  out = dict(launches=0, graphs=0, kernels_in_graphs=0, outside_graphs=collections.Counter())
+
+  def graph_kernels(children) -> int:
+    return sum(graph_kernels(c[2]) if c[2] else 1 for c in children)
+
+  def visit(nodes, times):
+    for _, kind, children in nodes:
+      if kind == "kWhile":
+        body = [c for c in children if c[1] == "body"]
+        visit(body[0][2] if body else [], times * layer_trips)
+      elif kind == "kCommandBuffer":
+        out["launches"] += times
+        out["graphs"] += times
+        out["kernels_in_graphs"] += times * graph_kernels(children)
+      elif kind not in _NO_LAUNCH:
+        out["launches"] += times
+        out["outside_graphs"][kind] += times
+
+  body = [c for c in loops[-1][2] if c[1] == "body"]
+  visit(body[0][2] if body else [], 1)
+  out["outside_graphs"] = dict(out["outside_graphs"].most_common())
+  return out
+
+
 def _callees(line: str, comps: dict) -> list[tuple[str, int | None]]:
   """pod_plan's callees of an HLO line, less the condition of a loop of known trip count (the
   GPU runs such a loop without evaluating it)."""
@@ -137,9 +201,11 @@ def _model_config(size: str, dtype: str, vocab_size: int):
 
 
 def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,
-               prompt_tokens: int = 64, new_tokens: int = 64, vocab_size: int = 49152) -> str:
+               prompt_tokens: int = 64, new_tokens: int = 64, vocab_size: int = 49152,
+               dump_to: str | None = None) -> str:
   """The optimized HLO of the benchmark's decode program (`generate._generate`, the fixed
-  loop) for `target`, compiled from abstract parameters."""
+  loop) for `target`, compiled from abstract parameters; `dump_to`: a folder for XLA's dump of
+  this compile (the thunk sequence the runtime launches, `host_launches`)."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   from jax.experimental import topologies  # noqa: PLC0415
@@ -173,7 +239,7 @@ def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,
         abstract((batch_size,), jnp.int32), abstract((), key_dtype), cfg=cfg,
         sampling=Sampling(), max_new_tokens=new_tokens, stop_ids=(),
         fixed_steps=True).lower(lowering_platforms=("cuda",))
-  return lowered.compile().as_text()
+  return lowered.compile({"xla_dump_to": dump_to} if dump_to else None).as_text()
 
 
 def layer_kernels(hlo: str, n_layers: int) -> list[str]:
@@ -206,16 +272,26 @@ def main(argv=None) -> list[dict]:
   for run in args.runs:
     size, _, dtype = run.partition("@")
     dtype = dtype or "float32"
-    hlo = decode_hlo(size, dtype, args.target, new_tokens=args.new_tokens)
+    with tempfile.TemporaryDirectory() as dump:
+      hlo = decode_hlo(size, dtype, args.target, new_tokens=args.new_tokens, dump_to=dump)
+      (thunks,) = pathlib.Path(dump).glob("*_generate.thunk_sequence_after_thunk_passes.txt")
+      thunks = thunks.read_text()
     count = kernels_per_iteration(hlo, args.new_tokens - 1)
     n_layers = _model_config(size, dtype, 49152).n_layers
+    launches = host_launches(thunks, n_layers)
     rows.append(dict(run=run, size=size, dtype=dtype, batch_size=1, target=args.target,
                      kernels_per_step=sum(count.values()),
                      kernels_per_layer=round(sum(count.values()) / n_layers, 1),
-                     by_kind=dict(count.most_common()), jax=jax.__version__,
+                     by_kind=dict(count.most_common()),
+                     host_launches_per_step=launches["launches"],
+                     graphs_per_step=launches["graphs"],
+                     kernels_in_graphs=launches["kernels_in_graphs"],
+                     launches_outside_graphs=launches["outside_graphs"], jax=jax.__version__,
                      xla_flags=os.environ.get("XLA_FLAGS", "")))
     print(f"{run}: {rows[-1]['kernels_per_step']} kernels a decode step "
-          f"({rows[-1]['kernels_per_layer']} per layer) on {args.target}", flush=True)
+          f"({rows[-1]['kernels_per_layer']} per layer) on {args.target}; the host launches "
+          f"{launches['launches']} a step ({launches['graphs']} CUDA graphs holding "
+          f"{launches['kernels_in_graphs']} kernels)", flush=True)
     if args.layer:
       print("\n".join("    " + line for line in layer_kernels(hlo, n_layers)))
   out = pathlib.Path(args.out)
@@ -223,10 +299,12 @@ def main(argv=None) -> list[dict]:
   keys = {(r["run"], r["target"], r["jax"]) for r in rows}
   merged = [r for r in old if (r["run"], r["target"], r["jax"]) not in keys] + rows
   out.write_text(json.dumps(merged, indent=1) + "\n")
-  print("\n| run | target | jax | kernels a step | per layer |\n|---|---|---|---:|---:|")
+  print("\n| run | target | jax | kernels a step | per layer | host launches a step | CUDA graphs "
+        "|\n|---|---|---|---:|---:|---:|---:|")
   for r in merged:
     print(f"| {r['run']} | {r['target']} | {r['jax']} | {r['kernels_per_step']} | "
-          f"{r['kernels_per_layer']} |")
+          f"{r['kernels_per_layer']} | {r.get('host_launches_per_step', '')} | "
+          f"{r.get('graphs_per_step', '')} |")
   return rows
 
 
