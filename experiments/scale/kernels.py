@@ -47,7 +47,9 @@ from spec_jax import cli  # noqa: E402  (no jax)
 
 # Device descriptions for XLA's deviceless GPU compilation (stream_executor.GpuTargetConfigProto,
 # text format). H100 SXM's figures are the ones XLA's own tests use; the H200 is the same
-# sm_90 chip with its own memory (141 GB at 4.8 TB/s).
+# sm_90 chip with its own memory (141 GB at 4.8 TB/s). The driver version matters: XLA keeps
+# library calls (cuBLAS) and custom calls out of CUDA graphs under a driver older than 12.3
+# (or none named), which the lent GPUs' 580 driver (CUDA 13.0) is not.
 _SM90 = """
 gpu_device_info {{
   threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
@@ -57,8 +59,9 @@ gpu_device_info {{
   clock_rate_ghz: 1.98 device_memory_size: {memory} shared_memory_per_block_optin: 232448
   cuda_compute_capability {{ major: 9 }}
   registers_per_core_limit: 65536 registers_per_block_limit: 65536
+  runtime_version: "12.9.0" driver_version: "13.0.0" compile_time_toolkit_version: "12.9.0"
 }}
-runtime_version {{ major: 12 minor: 8 }}
+runtime_version {{ major: 12 minor: 9 }}
 platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 8 }}
 device_description_str: "{name}"
