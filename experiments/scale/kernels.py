@@ -9,7 +9,9 @@ with the launcher's XLA defaults (`cli.XLA_DEFAULTS`), from abstract parameters,
 thunks one iteration of the decode loop launches in XLA's optimized HLO: every fusion, library
 call and copy, nested loops (the layer scan) times their trip counts. Cross-checked against the
 HLO dumped on an H200: the same count (837 for the 135M shape in float32 under that run's flags,
-Triton's GEMM fusions on). Hand-written Pallas kernels (`model.size=...:fused=1:pallas=1`,
+Triton's GEMM fusions on). It also reads the thunk sequence XLA's runtime executes (the
+compile's dump) for what the host launches a decode step: CUDA graphs (command buffers) and
+launches outside them (`host_launches`). Hand-written Pallas kernels (`model.size=...:fused=1:pallas=1`,
 `models/pallas_layers.py`) lower for the target too: their Triton lowering reads the GPU's kind
 from an abstract mesh of that kind, and each becomes one `__gpu$xla.gpu.triton` custom call.
 
