@@ -197,8 +197,8 @@ class Attention(nn.Module):
                                 kernel_init=nn.initializers.normal(0.02), name="o")
     if isinstance(layer_cache, KernelCache):  # one kernel, windows included
       out = pallas_attention.attention(cfg, q, k, v, layer_cache.k, layer_cache.v,
-                                    layer_cache.layer, mask_old, mask_new, positions, key_pos,
-                                    window)
+                                       layer_cache.layer, mask_old, mask_new, positions,
+                                       key_pos, window)
       return o_product(out), (k, v)
     if window is not None:
       old_window, new_window = window_terms(window, positions, key_pos)

@@ -240,7 +240,7 @@ def _attention(cfg, q, k, v, cache_k, cache_v, layer, mask_old, mask_new, *windo
           num_warps=tiles.num_warps, num_stages=tiles.num_stages))
   out = kernel(layer, q.reshape(n_rows, n, head_dim).astype(dtype), cache_k, cache_v, kv,
                mask_old.astype(jnp.int32), mask_new.astype(jnp.int32), *window_args)
-  if not normalize:  # a long cache's splits, combined as `_attention_out_kernel` does
+  if not normalize:  # a long cache's splits, combined as `pallas_layers._attention_out_kernel` does
     acc, m, l = out
     weight = jnp.exp(m - jnp.max(m, axis=0))
     den = jnp.sum(weight * l, axis=0)
