@@ -17,7 +17,7 @@
 #       135M bfloat16 step on the kernels and on XLA's fused layers, the 8B step at batch 1, 8
 #       and 32 (the throughput bar) by default and fused with the attention kernel, the 135M
 #       kernels at batch 8 and 32, Gemma 3 1B fused, on the kernels and with the attention
-#       kernel (gpu_bars/ too);
+#       kernel, then the 8B shape's three layouts in one process (gpu_bars/ too);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -129,6 +129,16 @@ elif [ "${1:-presets}" = bars2 ]; then
   step gemma3-1b-fused $B1,preset=gemma3-1b,fused
   step gemma3-1b-pallas $B1,preset=gemma3-1b,pallas
   step gemma3-1b-fused-attn $B1,preset=gemma3-1b,fused,attn_kernel
+  # The 8B shape's XLA fused layers, with the attention kernel and on the kernels, in one
+  # process, each checked against XLA's greedy tokens.
+  left=$((540 - SECONDS))
+  echo "== pallas-tiles-8b (t=${SECONDS}s)" >>"$LOG"
+  if [ "$left" -ge 90 ]; then
+    timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --size llama3.1-8b \
+        --dtype bfloat16 --steps 16 --settings default --out "$W/pallas-tiles-8b" \
+        --budget_s "$((left - 60))" >>"$LOG" 2>&1
+    echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  fi
 elif [ "${1:-presets}" = levers ]; then
   # At batch 1 (the bars' batch size; one compiled program per run), most informative first.
   W=experiments/scale/gpu_levers
