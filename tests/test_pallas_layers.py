@@ -208,20 +208,21 @@ def test_planted_bugs_fail_the_comparison(plant, family, monkeypatch):
   assert max(diffs.values()) > 1e-3, diffs
 
 
-def test_greedy_decoding_equals_xla_layers():
+@pytest.mark.parametrize("option, fused", [("pallas", True), ("attn_kernel", False)])
+def test_greedy_decoding_equals_xla_layers(option, fused):
   """Autoregressive greedy decoding (a ragged batch with stop tokens) and greedy chain
-  speculative decoding, verifier and drafter on the kernels, emit the XLA layers' greedy
-  output token for token."""
-  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, fused=True)
-  d_cfg, d_params = v_cfg, testing.perturbed(v_params, 0.1)  # agrees often, not always
-  v_pallas = dataclasses.replace(v_cfg, pallas=True)
+  speculative decoding, verifier and drafter on the kernels (the whole layers, or the
+  attention inside XLA's layers), emit the XLA layers' greedy output token for token."""
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, fused=fused)
+  d_params = testing.perturbed(v_params, 0.1)  # agrees often, not always
+  v_kernels = dataclasses.replace(v_cfg, **{option: True})
   reference = testing.greedy_reference(v_cfg, v_params)
   prompts, stops, want = reference
-  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_pallas,
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_kernels,
                              sampling=Sampling(), max_new_tokens=14, stop_ids=stops)
   assert ar.new_tokens() == want
-  drafter = lm.LMDrafter(dataclasses.replace(d_cfg, pallas=True), trees.chain(3))
-  testing.assert_greedy_equal(v_pallas, v_params, drafter, d_params, reference)
+  drafter = lm.LMDrafter(v_kernels, trees.chain(3))
+  testing.assert_greedy_equal(v_kernels, v_params, drafter, d_params, reference)
 
 
 def test_bad_input_names_the_field():
@@ -359,21 +360,6 @@ def test_attention_kernel_planted_bugs_fail(plant, family, split, monkeypatch):
   cfg, params = _model(family=family)
   diffs = _max_differences(cfg, params, 2, 5, True, option="attn_kernel")
   assert max(diffs.values()) > 1e-3, diffs
-
-
-def test_attention_kernel_greedy_decoding_equals_xla_layers():
-  """Greedy AR (a ragged batch with stop tokens) and greedy chain speculative decoding with
-  the verifier and drafter attending on the kernel: XLA's greedy output token for token."""
-  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
-  v_kernel = dataclasses.replace(v_cfg, attn_kernel=True)
-  reference = testing.greedy_reference(v_cfg, v_params)
-  prompts, stops, want = reference
-  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_kernel,
-                             sampling=Sampling(), max_new_tokens=14, stop_ids=stops)
-  assert ar.new_tokens() == want
-  drafter = lm.LMDrafter(v_kernel, trees.chain(3))
-  testing.assert_greedy_equal(v_kernel, v_params, drafter, testing.perturbed(v_params, 0.1),
-                              reference)
 
 
 def test_attention_kernel_bad_input_names_the_field():
