@@ -234,15 +234,21 @@ def test_bad_input_names_the_field():
     llama.model_config("test-tiny", pallas=True)
   assert families.model_config("gemma3-270m", fused=True, pallas=True).pallas
   assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
-  # On a decoding mesh of several devices, before compiling anything.
-  cfg, params = testing.tiny_model(fused=True, pallas=True)
+
+
+@pytest.mark.parametrize("option, what", [("pallas", "its layers"),
+                                          ("attn_kernel", "its attention")])
+def test_kernels_are_refused_on_a_decoding_mesh(option, what):
+  """On a decoding mesh of several devices, before compiling anything: one line naming the
+  size option and the fix, for AR decoding and for speculative decoding's verifier."""
+  cfg, params = testing.tiny_model(fused=True, **{option: True})
   mesh = parallel.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})
   prompts = generate_lib.pad_prompts([[1, 2], [3, 4]], 2, pad_id=0)
-  with pytest.raises(ValueError, match="The model runs its layers on hand-written kernels.*"
-                                       "mesh.data=1"):
+  with pytest.raises(ValueError, match=f"The model runs {what} on hand-written kernels.*"
+                                       f"mesh.data=1.*drop :{option}=1"):
     generate_lib.generate(params, prompts, jax.random.key(0), cfg=cfg, sampling=Sampling(),
                           max_new_tokens=2, mesh=mesh)
-  with pytest.raises(ValueError, match="The verifier runs its layers on hand-written kernels"):
+  with pytest.raises(ValueError, match=f"The verifier runs {what} on hand-written kernels"):
     testing.lm_speculative(cfg, params, cfg, params, prompts, jax.random.key(0), mesh=mesh,
                            sampling=Sampling(), max_new_tokens=2)
 
@@ -368,10 +374,3 @@ def test_attention_kernel_bad_input_names_the_field():
   with pytest.raises(ValueError, match="attn_kernel=1 with pallas=1"):
     llama.model_config("test-tiny", fused=True, pallas=True, attn_kernel=True)
   assert draft_init.parse_size("smollm2-135m:unrolled=1:attn_kernel=1").attn_kernel == 1
-  cfg, params = testing.tiny_model(attn_kernel=True)
-  mesh = parallel.make_mesh({"data": 2, "fsdp": 1, "tensor": 1})
-  prompts = generate_lib.pad_prompts([[1, 2], [3, 4]], 2, pad_id=0)
-  with pytest.raises(ValueError, match="runs its attention on hand-written kernels.*"
-                                       "drop :attn_kernel=1"):
-    generate_lib.generate(params, prompts, jax.random.key(0), cfg=cfg, sampling=Sampling(),
-                          max_new_tokens=2, mesh=mesh)
