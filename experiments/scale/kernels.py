@@ -11,9 +11,10 @@ call and copy, nested loops (the layer scan) times their trip counts. Cross-chec
 HLO dumped on an H200: the same count (837 for the 135M shape in float32 under that run's flags,
 Triton's GEMM fusions on). It also reads the thunk sequence XLA's runtime executes (the
 compile's dump) for what the host launches a decode step: CUDA graphs (command buffers) and
-launches outside them (`host_launches`). Hand-written Pallas kernels (`model.size=...:fused=1:pallas=1`,
-`models/pallas_layers.py`) lower for the target too: their Triton lowering reads the GPU's kind
-from an abstract mesh of that kind, and each becomes one `__gpu$xla.gpu.triton` custom call.
+launches outside them (`host_launches`). Hand-written Pallas kernels
+(`model.size=...:fused=1:pallas=1`, `models/pallas_layers.py`; `:attn_kernel=1`) lower for the
+target too: their Triton lowering reads the GPU's kind from an abstract mesh of that kind, and
+each becomes one `__gpu$xla.gpu.triton` custom call.
 
   # once: the CUDA plugin of the installed jax, into a folder of its own (it needs no GPU)
   pip install --target /tmp/cuda-plugin --no-deps "jax-cuda12-plugin==$(python -c \

@@ -6,9 +6,9 @@ run. Each setting changes one field of the default `Tiles()`; beside them run XL
 and the same with one attention kernel a layer (`attn_kernel`). Every program decodes `--steps`
 greedy tokens in one compiled loop (the benchmark's fixed decode loop without sampling or stop
 tokens) from a random 64-token context, random weights (seed 0), and the programs are timed
-round-robin (medians of `--repeats`). Rows: ms a step, the memory roofline (parameter bytes over the read
-bandwidth measured in the same run, `timing.memory_bandwidth`), × roofline and × XLA's fused
-layers, and how far each setting's greedy tokens agree with XLA's fused layers on the same device
+round-robin (medians of `--repeats`). Rows: ms a step, the memory roofline (parameter bytes
+over the read bandwidth measured in the same run, `timing.memory_bandwidth`), × roofline and
+× XLA's fused layers, and how far each setting's greedy tokens agree with XLA's fused layers on the same device
 (`tokens_agree`: steps before the first differing token; `top_logit_diff`: the largest
 difference of the chosen token's logit over those steps), so a kernel that lowers to Triton
 differently from the interpreter the tests run shows as a row that disagrees, not as a fast one.
