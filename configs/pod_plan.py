@@ -1,7 +1,9 @@
 """Pod plan: Llama 3.1 70B + its one-block feature drafter on 64 devices (fsdp 8 × tensor 8) and
 Llama 3.1 8B on 8 (tensor 8), batch 32, 4k-slot caches, bfloat16, compiled ahead of time on fake
-CPU devices with abstract parameters (nothing allocated): per-device memory against a TPU v5e
-(16 GiB) and an H100 (80 GB), collectives per round, the roofline's round-time estimate.
+CPU devices with abstract parameters (nothing allocated), placed as decoding places them
+(weights stay put, activations move: spec_jax/parallel.py `decode_param_rule`): per-device
+memory against a TPU v5e (16 GiB) and an H100 (80 GB), collectives per round, the roofline's
+round-time estimate.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=64 JAX_PLATFORMS=cpu \\
       python launch.py --config configs/pod_plan.py --workdir experiments/scale
@@ -19,8 +21,8 @@ of time for a v5e slice of each plan's size (jax.experimental.topologies; `pip i
 'libtpu==0.0.42.*'` or jax[tpu]; no TPU needed).
 Args: plans=PRESET:DxFxT+... (e.g. plans=llama3.1-70b:1x8x8), batch, context, prompt, gamma,
 dtype, temperature, topology, must_fit=v5e|h100 (a plan over it is an error).
-Time (2 CPU cores): the default ~3.5 min (compiles: 70B 2.2 min, 8B 1 min), with
-topology=v5e 6.3 min; smoke ~20 s. 2.4 GB of memory at most.
+Time (2 CPU cores): the default ~20 s (compiles: 70B ~10 s, 8B ~9 s), with topology=v5e
+~1 min; smoke ~20 s. 1.8 GB of memory at most.
 Reference numbers: experiments/scale/results.md (the plan's write-up).
 """
 

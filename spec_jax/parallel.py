@@ -2,10 +2,13 @@
 
 Mesh axes are ('data', 'fsdp', 'tensor'):
   * batches shard their leading (batch) dim over ('data', 'fsdp');
-  * params (and optimizer moments, which share their shapes) shard over 'fsdp' along their
-    largest evenly divisible dim, and over 'tensor' along the next largest one (see
+  * for training, params (and optimizer moments, which share their shapes) shard over 'fsdp'
+    along their largest evenly divisible dim, and over 'tensor' along the next largest one (see
     `param_sharding_rule`); everything else is replicated. Any placement is *correct* (GSPMD
-    inserts the collectives); the rule only decides memory and communication.
+    inserts the collectives); the rule only decides memory and communication;
+  * for decoding, weights stay where they are and activations move (`decode_param_rule`,
+    `decoding_layout`): each kernel's model-width dim over 'fsdp', its heads, feed-forward or
+    vocabulary dim over 'tensor', so a decode round gathers no weight.
 
 Multi-host: `maybe_initialize_distributed` must run before anything touches `jax.devices()`;
 `shard_batch` builds a global array from each process's rows of a host batch.
@@ -17,6 +20,8 @@ step's) results.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from typing import Any, Sequence
 
@@ -115,6 +120,69 @@ def param_sharding_rule(shape: Sequence[int], fsdp: int, tensor: int, *,
   return P(*spec)
 
 
+# Decoding placement: per weight product (the module's name), the mesh axis of each of its
+# kernel's trailing dims. D (the model width) goes over 'fsdp', heads / F / V over 'tensor'.
+DECODE_ROLES = {
+    "q": ("fsdp", "tensor", None),        # [D, N, H]
+    "k": ("fsdp", "tensor", None),        # [D, K, H]
+    "v": ("fsdp", "tensor", None),
+    "qkv": ("fsdp", "tensor", None),      # [D, N+2K, H]
+    "o": ("tensor", None, "fsdp"),        # [N, H, D]
+    "gate": ("fsdp", "tensor"),           # [D, F]
+    "up": ("fsdp", "tensor"),
+    "gate_up": ("fsdp", None, "tensor"),  # [D, 2, F]
+    "down": ("tensor", "fsdp"),           # [F, D]
+    "fc": ("fsdp", "tensor"),             # [2D, D] (a feature drafter's input layer)
+    # The vocabulary over every model-parallel device: the lookup is a masked gather plus an
+    # all-reduce of [B, T, D], the logits come out split over V.
+    "lm_head": (None, ("fsdp", "tensor")),  # [D, V]
+    "embed": (("fsdp", "tensor"), None),    # [V, D]
+}
+
+
+def decode_param_rule(path_keys: Sequence[str], shape: Sequence[int], fsdp: int,
+                      tensor: int) -> P:
+  """PartitionSpec of one parameter for decoding (`decode_param_shardings`).
+
+  A decode step multiplies a few rows by every weight once, so moving weights costs far more
+  than moving activations: gathering a 70B verifier's fsdp-sharded weights is ~6 GiB per chip
+  per round on a 64-chip mesh (experiments/scale/results.md, "Pod plan"). Here the kernels of
+  the products `DECODE_ROLES` names put their model-width dim over 'fsdp' and their heads,
+  feed-forward or vocabulary dim over 'tensor', and the activations around them are laid out
+  to match (`decoding_layout`): each device multiplies by its own shard and only activations
+  cross the mesh. Vectors (norm gains, q/k norms) are replicated, biases split their heads
+  like their kernels; any other parameter follows the training rule. A dim that does not
+  divide over its axis stays whole."""
+  keys = [str(k) for k in path_keys]
+  module = keys[-2] if len(keys) >= 2 else ""
+  leaf = keys[-1] if keys else ""
+  roles = DECODE_ROLES.get(module)
+  if roles is not None and leaf == "bias" and module in ("q", "k", "v", "qkv"):
+    roles = roles[1:]  # [N, H]: split the heads as the kernel does
+  elif roles is None or leaf not in ("kernel", "embedding") or len(shape) < len(roles):
+    if len(shape) - ("layers" in keys) <= 1:
+      return P()  # vectors: replicated
+    return param_sharding_rule(shape, fsdp, tensor, skip_leading="layers" in keys)
+  sizes = {"fsdp": fsdp, "tensor": tensor}
+  spec = [None] * (len(shape) - len(roles))
+  for dim, axes in zip(shape[len(shape) - len(roles):], roles):
+    # A dim over several axes, else over as many of them, in order, as divide it.
+    axes = tuple(a for a in ((axes,) if isinstance(axes, str) else axes or ()) if sizes[a] > 1)
+    while axes and dim % math.prod(sizes[a] for a in axes):
+      axes = axes[:-1]
+    spec.append(axes[0] if len(axes) == 1 else (axes or None))
+  return P(*spec)
+
+
+def decode_param_shardings(mesh: Mesh, param_shapes: Any) -> Any:
+  """NamedShardings for a pytree of parameters (arrays or ShapeDtypeStructs) that decode on
+  `mesh`, by `decode_param_rule`."""
+  fsdp, tensor = mesh.shape["fsdp"], mesh.shape["tensor"]
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: NamedSharding(mesh, decode_param_rule(
+          _path_keys(path), tuple(getattr(leaf, "shape", ())), fsdp, tensor)), param_shapes)
+
+
 def param_shardings(mesh: Mesh, param_shapes: Any) -> Any:
   """NamedShardings for a pytree of arrays or ShapeDtypeStructs (params, optimizer state or a
   whole train state), by `param_sharding_rule`. Leaves under a 'layers' key are stacked over
@@ -183,10 +251,11 @@ def is_writer() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoding on a mesh: parameters placed by the training rule, batches over ('data', 'fsdp'), KV
-# caches over the batch and their key/value heads over 'tensor'. The decoding loops are jitted
-# with these as inputs and as constraints on their caches, so GSPMD partitions the whole loop
-# (one compiled program, no host round trips) and inserts the collectives.
+# Decoding on a mesh: parameters placed by `decode_param_rule`, batches over ('data', 'fsdp'), KV
+# caches over the batch and their key/value heads over 'tensor', activations by `ACTIVATIONS`.
+# The decoding loops are jitted with these as inputs and as constraints on their caches and
+# activations, so GSPMD partitions the whole loop (one compiled program, no host round trips)
+# and inserts the collectives.
 
 def decode_mesh(mesh_cfg) -> Mesh | None:
   """The Mesh decoding programs run on, or None for a single device (mesh sizes all 1)."""
@@ -238,8 +307,8 @@ def cache_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: Any, mesh: Mesh) -> Any:
-  """Parameters on `mesh` by `param_sharding_rule` (the training placement)."""
-  return jax.device_put(params, param_shardings(mesh, params))
+  """Parameters that decode on `mesh`, placed by `decode_param_rule`."""
+  return jax.device_put(params, decode_param_shardings(mesh, params))
 
 
 def constrain_caches(tree: Any, mesh: Mesh | None) -> Any:
@@ -266,6 +335,54 @@ def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
   if mesh is None:
     return tree
   return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh)), tree)
+
+
+# Activations inside a decoding program on a mesh (`decoding_layout`), by what they are:
+ACTIVATIONS = {
+    # the residual stream and the sublayers' inputs [B, T, D]: D over 'fsdp', as every weight
+    # product's contracting rows are, so each device multiplies its own slice of x by its own
+    # weight shard and the partial sums are all-reduced (2D weight-stationary);
+    "stream": P("data", None, "fsdp"),
+    # a product's output [B, T, F|D] as a weight with that dim over 'tensor' leaves it
+    # (gate, up, a feature drafter's fc), and gate_up's [B, T, 2, F];
+    "hidden": P("data", None, "tensor"),
+    "hidden_pair": P("data", None, None, "tensor"),
+    # logits [B, T, V] as the output layer leaves them;
+    "vocab": P("data", None, ("fsdp", "tensor")),
+    # q, k, v [B, T, N|K, H] as their products leave them, and the attention's output entering
+    # the o product: every row, heads over 'tensor';
+    "heads_rows": P("data", None, "tensor", None),
+    # q and the new k/v entering the attention: rows and heads as the KV cache holds them
+    # (`cache_sharding`), so each device attends over its own rows of the cache;
+    "heads": P(BATCH_AXES, None, "tensor", None),
+    # a feature drafter's [features; embeddings] [B, T, 2D] entering its fc: whole rows;
+    "whole": P("data", None, None),
+    # token ids [B, T] entering the embedding: rows over 'data' only.
+    "ids": P("data", None),
+}
+
+
+@contextlib.contextmanager
+def decoding_layout(mesh: Mesh | None):
+  """While tracing a decoding program for `mesh` (None or one device: nothing changes), the
+  models lay their activations out as `ACTIVATIONS` says (`layers.constrain`); outside it
+  they leave them to GSPMD (training)."""
+  if mesh is None or mesh.size == 1:
+    yield
+    return
+  from spec_jax.models import layers  # noqa: PLC0415 (parallel stays importable without models)
+  with layers.activation_shardings({kind: NamedSharding(mesh, spec)
+                                    for kind, spec in ACTIVATIONS.items()}):
+    yield
+
+
+def laid_out(fn):
+  """fn(..., mesh=...), a decoding program, traced inside `decoding_layout(mesh)`."""
+  @functools.wraps(fn)
+  def traced(*args, mesh=None, **kwargs):
+    with decoding_layout(mesh):
+      return fn(*args, mesh=mesh, **kwargs)
+  return traced
 
 
 def to_host(x: Any) -> np.ndarray:

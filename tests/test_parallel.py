@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import train_lm as train_lm_config
 from spec_jax import parallel
-from spec_jax.models import llama
+from spec_jax.models import decoder, llama, presets
 from spec_jax.training import optim, train
 
 
@@ -91,6 +91,35 @@ def test_param_shardings_of_model_are_valid():
   assert shardings["layers"]["attn"]["q"]["kernel"].spec == P(None, "fsdp", None, "tensor")
   assert shardings["layers"]["gate"]["kernel"].spec == P(None, "tensor", "fsdp")  # [L, 32, 64]
   assert shardings["final_norm"]["scale"].spec == P("fsdp")
+
+
+def test_decode_param_rule_keeps_each_product_on_its_own_shards():
+  """Decoding's placement (`parallel.decode_param_rule`) on the 70B shapes over fsdp 8 × tensor
+  8: the model width over 'fsdp', heads / feed-forward over 'tensor', the vocabulary over both;
+  vectors whole; a dim that does not divide stays whole; other params follow the training rule;
+  the unrolled layout's per-layer params as the stacked ones."""
+  cfg = presets.config("llama3.1-70b", dtype="bfloat16")
+  mesh = parallel.make_mesh(dict(data=1, fsdp=2, tensor=4))
+  specs = jax.tree.map(lambda s: s.spec, parallel.decode_param_shardings(
+      mesh, decoder.param_shapes(cfg)))
+  layers = specs["layers"]
+  assert layers["attn"]["q"]["kernel"] == P(None, "fsdp", "tensor", None)   # [L, D, N, H]
+  assert layers["attn"]["k"]["kernel"] == P(None, "fsdp", "tensor", None)   # [L, D, K, H]
+  assert layers["attn"]["o"]["kernel"] == P(None, "tensor", None, "fsdp")   # [L, N, H, D]
+  assert layers["gate"]["kernel"] == P(None, "fsdp", "tensor")              # [L, D, F]
+  assert layers["down"]["kernel"] == P(None, "tensor", "fsdp")              # [L, F, D]
+  assert layers["attn_norm"]["scale"] == P() and specs["final_norm"]["scale"] == P()
+  assert specs["embed"]["embedding"] == P(("fsdp", "tensor"), None)         # [V, D]
+  assert specs["lm_head"]["kernel"] == P(None, ("fsdp", "tensor"))          # [D, V]
+  rule = parallel.decode_param_rule
+  assert rule(["layers", "attn", "k", "kernel"], (16, 64, 1, 8), 2, 4) == P(None, "fsdp", None,
+                                                                            None)  # K = 1
+  assert rule(["embed", "embedding"], (2 * 257, 64), 2, 4) == P("fsdp", None)  # 514 = 2 · 257
+  assert rule(["layers_3", "gate_up", "kernel"], (64, 2, 96), 2, 4) == P("fsdp", None, "tensor")
+  assert rule(["layers", "attn", "qkv", "bias"], (16, 12, 8), 2, 4) == P(None, "tensor", None)
+  assert rule(["heads", "proj", "kernel"], (64, 32), 2, 4) == parallel.param_sharding_rule(
+      (64, 32), 2, 4)
+  assert rule(["heads", "proj", "bias"], (32,), 2, 4) == P()
 
 
 def _batches(n, b=8, t=16, seed=0):

@@ -3,12 +3,14 @@
 bounds of a hand computation, the collectives are counted per round from the compiled HLO, and
 bad plans are refused with one line naming the field before anything compiles."""
 
+import contextlib
 import json
 
 import jax
 import pytest
 
 from configs import pod_plan as pod_plan_config
+from spec_jax import parallel
 from spec_jax.models import presets
 from spec_jax.programs import pod_plan
 
@@ -56,10 +58,10 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
 
 def test_collectives_are_counted_per_round_from_the_hlo():
   got = pod_plan.collectives_per_round(HLO)
-  assert got["all-reduce"] == {"count": 4, "bytes": 3 * 4 * 8 * 4 + 2}
-  assert got["collective-permute"] == {"count": 1, "bytes": 32}
+  assert got["all-reduce"] == {"count": 4, "bytes": 3 * 4 * 8 * 4 + 2, "largest": 4 * 8 * 4}
+  assert got["collective-permute"] == {"count": 1, "bytes": 32, "largest": 32}
   # The entry's all-gather is prefill, not a round; the condition-bounded loop's runs twice.
-  assert got["all-gather"] == {"count": 2, "bytes": 2 * 16}
+  assert got["all-gather"] == {"count": 2, "bytes": 2 * 16, "largest": 16}
   assert got["unknown_trip_counts"] == 0
 
 
@@ -90,6 +92,29 @@ def test_1b_plan_compiles_and_its_bytes_match_a_hand_computation(tmp_path):
   assert row["estimate"]["v5e"]["hbm_ms"] == pytest.approx(
       1e3 * row["hbm_bytes_per_round"] / pod_plan.CHIPS["v5e"].hbm_bytes_per_s, rel=1e-3)
   assert row["estimate"]["h100"]["ms"] < row["estimate"]["v5e"]["ms"]
+
+
+@pytest.mark.parametrize("bug", [None, "the training placement", "no activation layout"])
+def test_a_decode_round_moves_activations_not_weights(bug, tmp_path, monkeypatch, request):
+  """Decoding on the mesh keeps every weight on its devices (`parallel.decode_param_rule`,
+  `parallel.decoding_layout`): a round's all-gathers move activations only, each under a
+  sixteenth of one layer's weights per device, and all of them under a sixteenth of the
+  weights. Planted bugs: the weights placed by the training rule (gathered over 'fsdp' every
+  round), or placed for decoding with the activations left to GSPMD (which then gathers weights
+  to meet the batch-sharded activations)."""
+  if bug:  # the layout is no jit cache key: trace the program anew (`fresh_programs`)
+    request.getfixturevalue("fresh_programs")
+  if bug == "the training placement":
+    monkeypatch.setattr(parallel, "decode_param_shardings", parallel.param_shardings)
+  elif bug:
+    monkeypatch.setattr(parallel, "decoding_layout", lambda mesh: contextlib.nullcontext())
+  (row,) = pod_plan.run(pod_plan_config.get_config("smoke"), str(tmp_path))
+  cfg = presets.config("llama3.2-1b", dtype="bfloat16")
+  d, f, heads = cfg.d_model, cfg.d_ff, (cfg.n_heads + cfg.n_kv_heads) * cfg.head_dim
+  layer = 2 * (2 * d * heads + 3 * d * f) / 8  # bfloat16 q, k, v, o, gate, up, down on 8 devices
+  gathers = row["collectives"]["all-gather"]
+  stationary = gathers["largest"] < layer / 16 and gathers["bytes"] < row["weights_per_device"] / 16
+  assert stationary == (bug is None), (gathers, layer, row["weights_per_device"])
 
 
 @pytest.mark.parametrize("arg, message", [

@@ -154,6 +154,7 @@ STATIC = ("cfg", "sampling", "max_new_tokens", "stop_ids", "mesh", "hidden_layer
           "fixed_steps")
 
 
+@parallel.laid_out
 def _generate(params, prompt_tokens, prompt_lengths, rng, *, cfg, sampling, max_new_tokens,
               stop_ids, mesh=None, hidden_layers=(), fixed_steps=False):
   apply = llama.make_apply(cfg, hidden_layers)
@@ -223,8 +224,9 @@ def generate(params, prompts: Prompts, rng: jax.Array, *, cfg: llama.LlamaConfig
   One compiled program per (cfg, sampling, B, P, max_new_tokens, stop_ids); no host syncs inside.
   A row whose law is not a distribution (NaN logits, nothing left after top-k/top-p) stops there
   and the call raises `sampling.LawError` naming it (waiting for the result to check).
-  mesh: decode on a `parallel.make_mesh` Mesh (batch over ('data', 'fsdp'), parameters by the
-  training rule, KV cache rows and heads sharded), or None for one device.
+  mesh: decode on a `parallel.make_mesh` Mesh (batch over ('data', 'fsdp'), parameters placed
+  for decoding by `parallel.place_params`, KV cache rows and heads sharded), or None for one
+  device.
   hidden_layers: also return `GenerateOutput.hidden`, the states at these layers
   (decoder.make_apply's keys; draft_init.FINAL is the final pre-norm residual).
   fixed_steps: decode in a loop of exactly max_new_tokens − 1 steps after the prefill rather

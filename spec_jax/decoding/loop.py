@@ -210,6 +210,7 @@ def score_drafted(verifier, params, cache, proposal: Proposal, lengths, done):
 STATIC = ("verifier", "drafter", "decode", "sampling", "max_new_tokens", "stop_ids", "mesh")
 
 
+@parallel.laid_out
 def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifier, drafter,
               decode: DecodeConfig, sampling, max_new_tokens, stop_ids,
               mesh=None) -> DecodeOutput:
@@ -344,10 +345,11 @@ def speculative_generate(verifier_params, drafter_params, prompts: generate_lib.
   top-k/top-p) stops there and the call raises `sampling.LawError` naming it.
 
   mesh: a `parallel.make_mesh` Mesh to decode on, or None (one device). On a mesh the batch is
-  sharded over ('data', 'fsdp'), both models' parameters are placed by the training rule
-  (`parallel.place_params`) and their KV caches shard rows and key/value heads ('tensor'); the
-  output equals the single-device one (greedy: token for token). Multi-host: every process
-  passes the same global prompts and parameters; each contributes its own rows.
+  sharded over ('data', 'fsdp'), both models' parameters are placed for decoding
+  (`parallel.place_params`: weights stay put, activations move) and their KV caches shard rows
+  and key/value heads ('tensor'); the output equals the single-device one (greedy: token for
+  token). Multi-host: every process passes the same global prompts and parameters; each
+  contributes its own rows.
   compile_only: run every check and compile for these shapes, then return None without decoding
   (the next call with the same shapes runs the compiled program).
   """

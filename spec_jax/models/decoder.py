@@ -43,7 +43,7 @@ class Decoder(nn.Module):
     cfg = self.cfg
     embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                      embedding_init=nn.initializers.normal(0.02), name="embed")
-    x = embed(tokens)
+    x = L.constrain(embed(L.constrain(tokens, "ids")), "stream")
     if cfg.embed_scale != 1.0:  # Gemma: embeddings times sqrt(d_model), in the weights' dtype
       x = x * jnp.asarray(cfg.embed_scale, cfg.param_dtype).astype(x.dtype)
     if getattr(cfg, "feature_width", 0):
@@ -54,7 +54,8 @@ class Decoder(nn.Module):
                          f"tokens (a feature drafter), got "
                          f"{None if features is None else features.shape}.")
       both = jnp.concatenate([unit_rms(features), unit_rms(x)], axis=-1).astype(x.dtype)
-      x = L.dense(cfg, cfg.d_model, "fc")(both)
+      x = L.constrain(L.dense(cfg, cfg.d_model, "fc")(L.constrain(both, "whole")), "hidden",
+                      "stream")
     if mask is None:
       if cache is not None:
         mask = L.causal_mask(positions, cache.size)
@@ -109,9 +110,9 @@ class Decoder(nn.Module):
       x = jnp.take_along_axis(x, logit_index[..., None], axis=1)
     x = L.RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="final_norm")(x)
     if cfg.tie_embeddings:
-      logits = embed.attend(x)
+      logits = L.constrain(embed.attend(x), "vocab")
     else:
-      logits = L.dense(cfg, cfg.head_size, "lm_head")(x)
+      logits = L.constrain(L.dense(cfg, cfg.head_size, "lm_head")(x), "vocab")
     logits = L.softcap(logits.astype(jnp.float32), cfg.final_softcap)
     if not self.reduced_logits:
       logits = expand_logits(cfg, logits)

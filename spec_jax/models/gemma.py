@@ -88,7 +88,7 @@ class Block(nn.Module):
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
     h = L.dense(cfg, cfg.d_model, "down")(jax.nn.gelu(gate, approximate=True) * up)
-    x = x + norm("post_mlp_norm")(h)
+    x = L.constrain(x + norm("post_mlp_norm")(L.constrain(h, "stream")), "stream")
     if "residual" in steer:
       x = x + L.per_token(steer["residual"]).astype(x.dtype)
     return x, (new_kv, residual_in)

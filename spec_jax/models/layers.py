@@ -14,6 +14,8 @@ fused, dtype and param_dtype.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -52,6 +54,33 @@ class KernelCache(NamedTuple):
   k: jax.Array      # [L, B, S, K, H]
   v: jax.Array
   layer: jax.Array  # int32 []: this layer
+
+
+# How activations are laid out over a device mesh while a decoding program is traced on one
+# ({kind: NamedSharding}, set by `parallel.decoding_layout`); None: left to GSPMD.
+_SHARDINGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("activation_shardings",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def activation_shardings(shardings: dict | None):
+  """Within: `constrain(x, kind)` constrains x to shardings[kind]."""
+  token = _SHARDINGS.set(shardings)
+  try:
+    yield
+  finally:
+    _SHARDINGS.reset(token)
+
+
+def constrain(x: jax.Array, *kinds: str) -> jax.Array:
+  """x constrained in turn to the shardings `activation_shardings` gives each of `kinds`
+  (`parallel.ACTIVATIONS`; e.g. a product's output first as its weight shard leaves it, then as
+  the next step reads it); x itself outside one."""
+  shardings = _SHARDINGS.get()
+  if shardings is not None:
+    for kind in kinds:
+      x = jax.lax.with_sharding_constraint(x, shardings[kind])
+  return x
 
 
 def init_cache(cfg, batch: int, size: int) -> KVCache:
@@ -178,19 +207,23 @@ class Attention(nn.Module):
     positions (int32[B,S]) for the window term."""
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
+    x = constrain(x, "stream")
     if cfg.fused:  # one product: "qkv" [D, N+2K, H]
       qkv = dense(cfg, (cfg.n_heads + 2 * k_heads, cfg.head_dim), "qkv", cfg.qkv_bias)(x)
-      q, k, v = jnp.split(qkv, [cfg.n_heads, cfg.n_heads + k_heads], axis=-2)
+      q, k, v = jnp.split(constrain(qkv, "heads_rows"), [cfg.n_heads, cfg.n_heads + k_heads],
+                          axis=-2)
     else:
-      q = dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x)  # [B,T,N,H]
-      k = dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x)      # [B,T,K,H]
-      v = dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x)
+      q = constrain(dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x),  # [B,T,N,H]
+                    "heads_rows")
+      k = constrain(dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x),      # [B,T,K,H]
+                    "heads_rows")
+      v = constrain(dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x), "heads_rows")
     if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
       q = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="q_norm")(q)
       k = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="k_norm")(k)
-    q = rope(q, positions, freq)
-    k = rope(k, positions, freq).astype(cfg.dtype)
-    v = v.astype(cfg.dtype)
+    q = constrain(rope(q, positions, freq), "heads")
+    k = constrain(rope(k, positions, freq).astype(cfg.dtype), "heads")
+    v = constrain(v.astype(cfg.dtype), "heads")
     b, t = x.shape[:2]
     o_product = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                                 param_dtype=cfg.param_dtype,
@@ -218,16 +251,19 @@ class Attention(nn.Module):
     out = jnp.einsum("BKGTJ,BJKH->BTKGH", weights[..., -t:], v)
     if layer_cache is not None:
       out = out + jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :-t], cache_v)
-    return o_product(out.reshape(b, t, cfg.n_heads, cfg.head_dim)), (k, v)
+    out = constrain(out.reshape(b, t, cfg.n_heads, cfg.head_dim), "heads_rows")
+    return constrain(o_product(out), "stream"), (k, v)
 
 
 def gate_up(cfg, h: jax.Array) -> tuple[jax.Array, jax.Array]:
   """The gated MLP's two input products (gate[B,T,F], up[B,T,F]): params "gate" and "up", or
   with `cfg.fused` one product "gate_up" [D, 2, F]."""
+  h = constrain(h, "stream")
   if cfg.fused:
-    both = dense(cfg, (2, cfg.d_ff), "gate_up")(h)
+    both = constrain(dense(cfg, (2, cfg.d_ff), "gate_up")(h), "hidden_pair")
     return both[..., 0, :], both[..., 1, :]
-  return dense(cfg, cfg.d_ff, "gate")(h), dense(cfg, cfg.d_ff, "up")(h)
+  return (constrain(dense(cfg, cfg.d_ff, "gate")(h), "hidden"),
+          constrain(dense(cfg, cfg.d_ff, "up")(h), "hidden"))
 
 
 # Fused params and the unfused ones each joins, in order: "qkv" concatenates along the heads axis

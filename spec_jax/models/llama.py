@@ -248,7 +248,7 @@ class Block(nn.Module):
     gate, up = L.gate_up(cfg, h)
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
-    x = x + L.dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up)
+    x = L.constrain(x + L.dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up), "stream")
     if "residual" in steer:
       x = x + L.per_token(steer["residual"]).astype(x.dtype)
     return x, (new_kv, residual_in)

@@ -9,9 +9,10 @@ ones) or, with `plan.topology` ('v5e:8x8'), for a TPU slice through libtpu on an
 (plan.json, plan.md): bytes_per_device from the compiled memory analysis, against v5e and H100 HBM
 (`CHIPS`; XLA:CPU, with no bfloat16 matmul, keeps float32 weight copies and overstates it);
 weights_per_device + caches_per_device, by hand, its floor; collectives per round (the loop body,
-nested loops times their trip counts), count and bytes per device; estimate per chip: hbm_ms
-(bytes a round reads per device: verifier weights and cache once, the drafter's γ times) + ici_ms
-(all-reduce bytes; ici_all_ms: every collective's) over the bandwidths, an estimate.
+nested loops times their trip counts): count, bytes per device and the largest one's bytes;
+estimate per chip: hbm_ms (bytes a round reads per device: verifier weights and cache once, the
+drafter's γ times) + ici_ms (all-reduce bytes; ici_all_ms: every collective's) over the
+bandwidths, an estimate.
 `plan.must_fit` (a chip) makes a plan that does not fit an error.
 """
 
@@ -83,7 +84,7 @@ def abstract_params(cfg, mesh):
   """ShapeDtypeStructs of cfg's parameters with their decoding shardings (no allocation)."""
   shapes = decoder.param_shapes(cfg)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                      shapes, parallel.param_shardings(mesh, shapes))
+                      shapes, parallel.decode_param_shardings(mesh, shapes))
 
 
 def shard_bytes(tree) -> int:
@@ -151,21 +152,25 @@ def _type_bytes(types: str, start: bool) -> int:
 
 
 def collectives_per_round(hlo: str) -> dict[str, dict[str, int]]:
-  """{kind: {"count", "bytes"}} of the collectives one round of the decode loop runs: the body
-  of the entry's `while` without a known trip count (the rounds), nested loops multiplied by
-  their trip counts (a nested loop of unknown trip count counts once: "unknown_trip_counts")."""
+  """{kind: {"count", "bytes", "largest"}} of the collectives one round of the decode loop runs
+  (largest: the bytes of the largest one): the body of the entry's `while` without a known trip
+  count (the rounds), nested loops multiplied by their trip counts (a nested loop of unknown
+  trip count counts once: "unknown_trip_counts")."""
   comps, entry = _computations(hlo)
   loops = [line for line in comps[entry] if " while(" in line and _trips(line, comps) is None]
   if len(loops) != 1:
     raise RuntimeError(f"Expected one decode loop in the compiled program, found {len(loops)}.")
-  out = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES} | {"unknown_trip_counts": 0}
+  out = {kind: {"count": 0, "bytes": 0, "largest": 0} for kind in COLLECTIVES}
+  out["unknown_trip_counts"] = 0
 
   def visit(name: str, times: int):
     for line in comps[name]:
       op = _OP.search(line)
       if op:
-        out[op.group(2)]["count"] += times
-        out[op.group(2)]["bytes"] += times * _type_bytes(op.group(1), bool(op.group(3)))
+        kind, size = out[op.group(2)], _type_bytes(op.group(1), bool(op.group(3)))
+        kind["count"] += times
+        kind["bytes"] += times * size
+        kind["largest"] = max(kind["largest"], size)
       for callee, n in _callees(line, comps):
         if callee in comps:
           out["unknown_trip_counts"] += n is None
@@ -284,13 +289,15 @@ def run(config, workdir: str) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
   """The plans as a table, then each plan's collectives per round."""
   lines = ["| preset | mesh | batch | context | GiB/device | weights GiB | caches GiB | v5e 16 GiB "
-           "| H100 80 GB | round estimate v5e ms | H100 ms |", "|---|---|" + "---:|" * 5
-           + "---|---|---:|---:|"]
+           "| H100 80 GB | round estimate v5e ms | H100 ms | v5e ms, every collective |",
+           "|---|---|" + "---:|" * 5 + "---|---|---:|---:|---:|"]
   yes = {True: "fits", False: "no"}
   lines += [f"| {r['preset']} | {r['mesh']} | {r['batch_size']} | {r['context']} | "
             f"{r['gib_per_device']:.2f} | {r['weights_per_device'] / GIB:.2f} | "
             f"{r['caches_per_device'] / GIB:.2f} | {yes[r['fits_v5e']]} | {yes[r['fits_h100']]} | "
-            f"{r['estimate']['v5e']['ms']:.2f} | {r['estimate']['h100']['ms']:.2f} |" for r in rows]
+            f"{r['estimate']['v5e']['ms']:.2f} | {r['estimate']['h100']['ms']:.2f} | "
+            f"{r['estimate']['v5e']['hbm_ms'] + r['estimate']['v5e']['ici_all_ms']:.2f} |"
+            for r in rows]
   lines += ["", "Collectives per round (count, MiB per device as compiled):", ""]
   for r in rows:
     cells = [f"{k} {v['count']} ({v['bytes'] / 2**20:.1f})"
