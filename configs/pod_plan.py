@@ -1,5 +1,6 @@
-"""Pod plan: Llama 3.1 70B + its one-block feature drafter on 64 devices (fsdp 8 × tensor 8) and
-Llama 3.1 8B on 8 (tensor 8), batch 32, 4k-slot caches, bfloat16, compiled ahead of time on fake
+"""Pod plan: Llama 3.1 70B + its one-block feature drafter on 64 devices (fsdp 8 × tensor 8),
+Llama 3.1 8B on 8 (tensor 8) and Gemma 3 27B on 32 (fsdp 4 × tensor 8), each with its one-block
+feature drafter, batch 32, 4k-slot caches, bfloat16, compiled ahead of time on fake
 CPU devices with abstract parameters (nothing allocated), placed as decoding places them
 (weights stay put, activations move: spec_jax/parallel.py `decode_param_rule`): per-device
 memory against a TPU v5e (16 GiB) and an H100 (80 GB), collectives per round, the roofline's
@@ -30,7 +31,7 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, plans="llama3.1-70b:1x8x8+llama3.1-8b:1x1x8",
+  args = common.parse_arg(arg, smoke=False, plans="llama3.1-70b:1x8x8+llama3.1-8b:1x1x8+gemma3-27b:1x4x8",
                           batch=32, context=4096, prompt=512, gamma=4, dtype="bfloat16",
                           temperature=1.0, topology="", must_fit="")
   config = common.base("pod_plan")
