@@ -1,8 +1,9 @@
 """Decoding on a mesh of the 8 fake CPU devices (conftest.py): the speculative loop (chains,
-trees) and autoregressive generation with the batch over ('data', 'fsdp'), parameters placed by
-the training rule and KV caches sharded over rows and key/value heads ('tensor'). Sharded output
-equals single-device output (greedy: token for token), stays lossless at T = 1, compiles once.
-The sharded train step is tested in tests/test_parallel.py."""
+trees) and autoregressive generation with the batch over ('data', 'fsdp'), parameters placed for
+decoding (`parallel.decode_param_rule`: weights stay put, activations move) and KV caches
+sharded over rows and key/value heads ('tensor'). Sharded output equals single-device output
+(greedy: token for token), stays lossless at T = 1, compiles once. The sharded train step is
+tested in tests/test_parallel.py; that a round moves no weight, in tests/test_pod_plan.py."""
 
 import chex
 import jax
@@ -14,9 +15,9 @@ from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import hidden, lm, standard, trees
+from spec_jax.decoding.drafters import features, hidden, lm, standard, trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import llama
+from spec_jax.models import decoder, gemma, llama, presets
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7],
            [1, 2], [3], [200, 201, 202, 203], [9, 9, 9]]
@@ -65,6 +66,33 @@ def test_sharded_greedy_equals_single_device(mesh_spec):
                                   verifier=verifier_lib.lm_verifier(v_cfg, hd.verifier_layers),
                                   drafter=hd, sampling=Sampling(), max_new_tokens=10, mesh=mesh)
   assert out.new_tokens() == ar.new_tokens()
+
+
+def test_sharded_gemma_with_its_feature_drafter_equals_single_device():
+  """A Gemma 3 verifier (q/k norms, a sliding-window layer, norms after each sublayer) and its
+  one-block feature drafter (the fc over [features; embeddings], the tied vocabulary split over
+  both model axes) on data 2 × fsdp 2 × tensor 2: greedy AR and greedy chain SD token for token
+  as on one device, the SD again equal to AR."""
+  v_cfg = gemma.GemmaConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                            head_dim=8, d_ff=64, rope_theta=10_000.0, rope_local_theta=1_000.0,
+                            query_pre_attn_scalar=16.0, qk_norm=True, layer_windows=(3, 0))
+  v_params = testing.perturbed(decoder.init_params(v_cfg, jax.random.key(0)), 0.05)
+  d_cfg = presets.block_drafter(v_cfg)
+  d_params = testing.perturbed(decoder.init_params(d_cfg, jax.random.key(1)), 0.05)
+  drafter = features.FeatureDrafter(d_cfg, trees.chain(3))
+  verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, 0)
+  mesh = parallel.make_mesh(MESHES["data=2,fsdp=2,tensor=2"])
+  runs = {}
+  for name, m in (("one device", None), ("mesh", mesh)):
+    ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg,
+                               sampling=Sampling(), max_new_tokens=10, mesh=m)
+    sd = loop.speculative_generate(v_params, d_params, prompts, jax.random.key(0),
+                                   verifier=verifier, drafter=drafter, sampling=Sampling(),
+                                   max_new_tokens=10, mesh=m)
+    runs[name] = (ar.new_tokens(), sd.new_tokens())
+  assert runs["mesh"] == runs["one device"]
+  assert runs["mesh"][1] == runs["mesh"][0]
 
 
 def test_tensor_parallel_verifier_logits_equal_single_device():
