@@ -152,7 +152,8 @@ def decode_param_rule(path_keys: Sequence[str], shape: Sequence[int], fsdp: int,
   to match (`decoding_layout`): each device multiplies by its own shard and only activations
   cross the mesh. Vectors (norm gains, q/k norms) are replicated, biases split their heads
   like their kernels; any other parameter follows the training rule. A dim that does not
-  divide over its axis stays whole."""
+  divide over its axis stays whole (one meant for both axes takes 'fsdp' alone if that
+  divides it)."""
   keys = [str(k) for k in path_keys]
   module = keys[-2] if len(keys) >= 2 else ""
   leaf = keys[-1] if keys else ""
