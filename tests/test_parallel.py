@@ -94,8 +94,8 @@ def test_param_shardings_of_model_are_valid():
 
 
 def test_decode_param_rule_keeps_each_product_on_its_own_shards():
-  """Decoding's placement (`parallel.decode_param_rule`) on the 70B shapes over fsdp 8 × tensor
-  8: the model width over 'fsdp', heads / feed-forward over 'tensor', the vocabulary over both;
+  """Decoding's placement (`parallel.decode_param_rule`) on the 70B shapes over fsdp 2 × tensor
+  4: the model width over 'fsdp', heads / feed-forward over 'tensor', the vocabulary over both;
   vectors whole; a dim that does not divide stays whole; other params follow the training rule;
   the unrolled layout's per-layer params as the stacked ones."""
   cfg = presets.config("llama3.1-70b", dtype="bfloat16")
