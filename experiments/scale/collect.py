@@ -1,5 +1,7 @@
 """Gather the speed rows of experiments/scale/{cpu,gpu}/<run>/results.json into
-experiments/scale/results.json (one row per run × batch size) and print their markdown table.
+experiments/scale/results.json (one row per run × batch size), followed by the pod plan's rows
+(plan.json: XLA:CPU's fake devices; v5e/plan.json: XLA:TPU ahead of time; one row per plan, with
+`mesh` and `bytes_per_device`), and print the speed rows' markdown table.
 
 Each row keeps the run's own roofline (parameter bytes over the read bandwidth measured in the
 same turns, `timing.MemoryReads`) and, for a device kind with a reference bandwidth below, the
@@ -41,6 +43,23 @@ def rows():
   return out
 
 
+PLAN_KEEP = ("preset", "device", "dtype", "batch_size", "mesh", "devices", "context",
+             "bytes_per_device", "gib_per_device", "weights_per_device", "caches_per_device",
+             "fits_v5e", "fits_h100", "compiled_on")
+
+
+def plan_rows():
+  """The pod plan's rows (`spec_jax/programs/pod_plan.py`), the device kind as JAX names it."""
+  out = []
+  for path in (HERE / "plan.json", HERE / "v5e" / "plan.json"):
+    for row in json.loads(path.read_text()):
+      kept = {k: row.get(k) for k in PLAN_KEEP}
+      kept.update(device_kind=row["device"], round_estimate_ms=row["estimate"],
+                  run=str(path.relative_to(HERE).parent / "plan"))
+      out.append(kept)
+  return out
+
+
 def table(rows):
   lines = ["| run | dtype | batch | decode ms/step | tokens/s | read GB/s (run) | × run roofline "
            "| × roofline at reference | batch / batch 1 throughput |",
@@ -57,5 +76,5 @@ def table(rows):
 
 if __name__ == "__main__":
   gathered = rows()
-  (HERE / "results.json").write_text(json.dumps(gathered, indent=1) + "\n")
+  (HERE / "results.json").write_text(json.dumps(gathered + plan_rows(), indent=1) + "\n")
   sys.stdout.write(table(gathered) + "\n")
