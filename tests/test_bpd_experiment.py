@@ -8,8 +8,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -34,17 +32,13 @@ def _run(config, workdir):
   return bpd_experiment.run(config, workdir)
 
 
-def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatch):
-  # Through the launcher in a subprocess (it writes the shared compilation cache, so a rerun of
-  # the suite compiles nothing), on the Shakespeare corpus the data_dir fixture prepared.
+def test_bpd_experiment_smoke_resumes_and_renders(tmp_path, data_dir, monkeypatch, capsys):
+  # Dispatched as launch.py does, in this process (it reuses the programs earlier tests
+  # compiled), on the Shakespeare corpus the data_dir fixture prepared.
   monkeypatch.setenv("SPEC_JAX_DATA_DIR", data_dir)
   workdir = str(tmp_path / "bpd")
-  result = subprocess.run(
-      [sys.executable, "launch.py", "--config", "experiments/bpd/config.py:smoke",
-       "--workdir", workdir], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "wrote results.json, results.md, tau_by_method.png" in result.stdout
+  _run(bpd_config.get_config("smoke"), workdir)
+  assert "wrote results.json, results.md, tau_by_method.png" in capsys.readouterr().out
 
   rows = json.load(open(os.path.join(workdir, "results.json")))
   by = {}

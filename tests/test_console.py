@@ -59,6 +59,9 @@ def test_console_is_quiet_the_log_keeps_everything_and_verbose_shows_it(tmp_path
   assert {("W", "file_utils.py"), ("I", "dataset_builder.py")} <= library, library
   assert "process 0/1, devices" in log and "Building spec_jax_shakespeare" in log
   assert "launch.py --config configs/generate.py:smoke" in log
+  # The launcher's XLA defaults reach the run (the tests set them too: tests/conftest.py).
+  assert "--xla_gpu_enable_triton_gemm=false" in os.environ["XLA_FLAGS"]
+  assert f"XLA_FLAGS={os.environ['XLA_FLAGS']}\n" in log
 
   v_out, v_err, v_log = _launch(tmp_path, "verbose", "--verbose")
   # --verbose: every library line the quiet run logged is on the console, and the bars are back.

@@ -3,7 +3,6 @@ dispatched as launch.py does; a second run reads every finished piece back inste
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,22 +10,12 @@ import pytest
 from experiments.rsd import config as rsd_config
 from spec_jax import testing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _launch(*args: str) -> subprocess.CompletedProcess:
-  result = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
-                          text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result
-
-
 @pytest.fixture(scope="module")
 def rsd_workdir(tmp_path_factory):
-  """The RSD experiment's smoke run, through the launcher."""
+  """The RSD experiment's smoke run, dispatched as launch.py does, in this process (it reuses
+  the programs earlier tests compiled; the launcher is tested in tests/test_console.py)."""
   workdir = str(tmp_path_factory.mktemp("rsd"))
-  _launch("--config", "experiments/rsd/config.py:smoke", "--workdir", workdir)
+  testing.dispatch(rsd_config.get_config("smoke"), workdir)
   return workdir
 
 
@@ -42,7 +31,7 @@ def test_rsd_config_carries_what_the_program_needs():
 
 
 def test_rsd_smoke_writes_results_and_resumes(rsd_workdir, monkeypatch):
-  """End to end through the launcher (fixture); then a rerun that runs nothing."""
+  """End to end (fixture); then a rerun that runs nothing."""
   config = rsd_config.get_config("smoke")
   names = sorted(os.listdir(os.path.join(rsd_workdir, "runs")))
   assert names == ["fixed_budget_K3_B4_spec_jax_shakespeare_T1",

@@ -12,8 +12,10 @@ from configs import benchmark as benchmark_config
 from configs import benchmark_sampling as benchmark_sampling_config
 from experiments.perf import config as perf_config
 from configs import generate as generate_config
+from configs import quickstart as quickstart_config
 from configs import scale as scale_config
 from spec_jax import cli
+from spec_jax import testing
 from spec_jax.programs import benchmark, benchmark_sampling, cost_model, generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,10 +169,13 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   assert "at a τ measured elsewhere" in (tmp_path / "cost" / "results.md").read_text()
 
 
-def test_quickstart_smoke_through_the_launcher(tmp_path):
+def test_quickstart_smoke(tmp_path, capsys):
+  """The quickstart's smoke config, dispatched as launch.py does, in this process: it reuses the
+  programs the other tests here compiled (the launcher's own handling is tested through it in
+  tests/test_console.py and tests/test_multihost.py)."""
   workdir = str(tmp_path / "qs")
-  result = _launch("--config", "configs/quickstart.py:smoke", "--workdir", workdir)
-  assert result.returncode == 0, result.stderr[-3000:]
+  testing.dispatch(quickstart_config.get_config("smoke"), workdir)
+  out = capsys.readouterr().out
   summary = json.load(open(os.path.join(workdir, "quickstart.json")))
   assert summary["generate"]["prompts"] == 4
   assert summary["drafter"]["step"] == 20
@@ -191,11 +196,7 @@ def test_quickstart_smoke_through_the_launcher(tmp_path):
   assert {r["method"] for r in rows} == {"autoregressive", "sd"}
   assert summary["best"]["drafter"] in ("drafter", "reduced")
   assert summary["best_by_category"]["math"] == summary["best"]
-  assert "\nmath:\n" in result.stdout and "math: best measured speedup" in result.stdout
-  # The launcher's XLA defaults reach the run (the tests set them too: tests/conftest.py).
-  log = open(os.path.join(workdir, "log.txt")).read()
-  assert "--xla_gpu_enable_triton_gemm=false" in os.environ["XLA_FLAGS"]
-  assert f"XLA_FLAGS={os.environ['XLA_FLAGS']}\n" in log
+  assert "\nmath:\n" in out and "math: best measured speedup" in out
 
 
 def test_xla_defaults_add_only_flags_the_user_left_unset():

@@ -206,30 +206,24 @@ def test_bad_input_names_the_field():
 
 @pytest.fixture(scope="module")
 def experiment(data_dir, tmp_path_factory):
-  """The steering experiment's smoke run through the launcher (trains `distilled` and `steered`
-  from one drafter, evaluates all three, times the steering): (config, workdir, rows)."""
-  import json  # noqa: PLC0415
-  import subprocess  # noqa: PLC0415
-  import sys  # noqa: PLC0415
+  """The steering experiment's smoke run (trains `distilled` and `steered` from one drafter,
+  evaluates all three, times the steering), dispatched as launch.py does, in this process:
+  (config, workdir, rows)."""
   from experiments.steering import config as experiment_config  # noqa: PLC0415
+  from spec_jax import testing  # noqa: PLC0415
   config = experiment_config.get_config("smoke")
   config.train.data.data_dir = data_dir
   config.eval.data.data_dir = data_dir
-  config.lock()
   workdir = str(tmp_path_factory.mktemp("steering"))
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  result = subprocess.run(
-      [sys.executable, "launch.py", "--config", "experiments/steering/config.py:smoke",
-       "--workdir", workdir, f"--config.train.data.data_dir={data_dir}",
-       f"--config.eval.data.data_dir={data_dir}"], cwd=root, capture_output=True, text=True,
-      env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
+  rows = testing.dispatch(config, workdir)
+  import json  # noqa: PLC0415
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
-    return config, workdir, json.load(f)
+    assert json.load(f) == rows
+  return config, workdir, rows
 
 
 def test_experiment_smoke_writes_results_and_resumes(experiment, monkeypatch):
-  """End to end through the launcher (fixture); then a rerun that runs nothing."""
+  """End to end (fixture); then a rerun that runs nothing."""
   import json  # noqa: PLC0415
   from spec_jax.programs import distill, evaluate, steering_experiment  # noqa: PLC0415
   config, workdir, rows = experiment
