@@ -209,6 +209,7 @@ def experiment(data_dir, tmp_path_factory):
   """The steering experiment's smoke run (trains `distilled` and `steered` from one drafter,
   evaluates all three, times the steering), dispatched as launch.py does, in this process:
   (config, workdir, rows)."""
+  import json  # noqa: PLC0415
   from experiments.steering import config as experiment_config  # noqa: PLC0415
   from spec_jax import testing  # noqa: PLC0415
   config = experiment_config.get_config("smoke")
@@ -216,7 +217,6 @@ def experiment(data_dir, tmp_path_factory):
   config.eval.data.data_dir = data_dir
   workdir = str(tmp_path_factory.mktemp("steering"))
   rows = testing.dispatch(config, workdir)
-  import json  # noqa: PLC0415
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
     assert json.load(f) == rows
   return config, workdir, rows
