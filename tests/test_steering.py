@@ -354,7 +354,7 @@ def test_experiment_bad_steered_run_is_named_before_anything_runs(tmp_path):
 
 def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experiment, tmp_path):
   from spec_jax import loading  # noqa: PLC0415
-  from spec_jax.programs import evaluate, train_steering  # noqa: PLC0415
+  from spec_jax.programs import train_steering  # noqa: PLC0415
   from spec_jax.training import checkpoints, metrics as metrics_lib  # noqa: PLC0415
   config, workdir, _ = experiment
   steered_dir = os.path.join(workdir, "runs", "train", "steered")
