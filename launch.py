@@ -3,6 +3,7 @@
 Dispatches on `config.program` to `spec_jax.programs.<program>.run(config, workdir)`.
 """
 
+import gc
 import importlib
 import os
 import sys
@@ -93,6 +94,10 @@ def main(argv):
   if not _VERBOSE.value:
     cli.hide_library_bars()
   cli.interrupt_on_stop_signals()  # outside training: the loop installs its own (training/preemption.py)
+  # What the imports built lives as long as the process: out of the garbage collector's walks,
+  # which tracing would otherwise pay for in every full collection (docs/design.md §8).
+  gc.collect()
+  gc.freeze()
   t0 = time.perf_counter()
   try:
     module.run(config, _WORKDIR.value)

@@ -28,11 +28,15 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # Tests compare in float32; keep matmuls exact on CPU.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
+import atexit
 import shutil
 import tempfile
 
-# Corpora and token caches built by program tests go to a throwaway dir, not the user's cache.
-os.environ.setdefault("SPEC_JAX_DATA_DIR", tempfile.mkdtemp(prefix="spec_jax_test_tfds_"))
+# Corpora and token caches built by program tests go to a throwaway dir, not the user's cache,
+# removed when the process that made it (pytest itself, not an xdist worker) exits.
+if "SPEC_JAX_DATA_DIR" not in os.environ:
+  os.environ["SPEC_JAX_DATA_DIR"] = tempfile.mkdtemp(prefix="spec_jax_test_tfds_")
+  atexit.register(shutil.rmtree, os.environ["SPEC_JAX_DATA_DIR"], ignore_errors=True)
 
 # A persistent compilation cache shared by every test, xdist worker and launched subprocess: the
 # programs' smoke runs compile the same steps many times. Entries are keyed by HLO, backend and
