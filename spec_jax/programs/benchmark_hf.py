@@ -187,12 +187,27 @@ def _model_section(section, directory):
   return out
 
 
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def run(config, workdir: str) -> dict:
   b = config.benchmark
   if 1 not in b.batch_sizes:
     raise ValueError(f"benchmark.batch_sizes={tuple(b.batch_sizes)} must include 1: "
                      "transformers assisted generation runs at batch 1 only, and the systems are "
                      "compared there.")
+  threads = b.torch_threads
+  if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+    raise ValueError(f"benchmark.torch_threads={threads!r} must be an integer >= 0 (0 = one a "
+                     "core).")
+  if isinstance(b.num_prompts, bool) or not isinstance(b.num_prompts, int) or b.num_prompts < 1:
+    raise ValueError(f"benchmark.num_prompts={b.num_prompts!r} must be an integer >= 1.")
+  if b.get("torch_dtype", "float32") not in TORCH_DTYPES:
+    raise ValueError(f"benchmark.torch_dtype={b.torch_dtype!r}: transformers runs in one of "
+                     f"{list(TORCH_DTYPES)}.")
+  if str(b.get("torch_device", "cpu")).split(":")[0] not in ("cpu", "cuda"):
+    raise ValueError(f"benchmark.torch_device={b.torch_device!r}: 'cpu' or 'cuda' (or "
+                     "'cuda:N').")
   _check_source(config.verifier, "verifier.checkpoint")
   _check_source(config.drafter, "drafter.checkpoint")
   torch, transformers = _import_torch()

@@ -33,8 +33,23 @@ def _old_gumbel_top_k(key, scores, k):
   return idx, values
 
 
+def check_config(b) -> None:
+  """The benchmark section's sizes, each named when no law could have it."""
+  sizes = tuple(b.batch_sizes)
+  if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
+    raise ValueError(f"benchmark.batch_sizes={sizes!r} must be one or more integers >= 1.")
+  for name in ("vocab_size", "top_k", "repeats"):
+    v = b[name]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"benchmark.{name}={v!r} must be an integer >= 1.")
+  if b.top_k > b.vocab_size:
+    raise ValueError(f"benchmark.top_k={b.top_k} exceeds benchmark.vocab_size={b.vocab_size}: "
+                     "gumbel_top_k draws that many distinct tokens.")
+
+
 def run(config, workdir: str) -> list[dict]:
   b = config.benchmark
+  check_config(b)
   device = timing.device_description()
   rows = []
   for batch_size in b.batch_sizes:

@@ -37,6 +37,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
+from spec_jax.decoding.acceptance import chain
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import metrics as eval_metrics
 from spec_jax.models import draft_init, llama
@@ -61,6 +62,43 @@ def _drafter(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
     # state in the mesh's shardings refuses committed arrays on another device set.
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   return cfg, params
+
+
+def check_config(config) -> tuple[distill.Objective, distill_data.Spec]:
+  """Every section distill reads, checked before anything loads (one error naming the field
+  and the fix); returns the objective and the data spec."""
+  tc, dc = config.train, config.data
+  optim.check_train(tc)
+  loading.check_dtypes(config, "verifier", "drafter")
+  check_eval(config.eval)
+  objective = distill.Objective.from_config(config.distill)
+  spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
+  distill_data.check_schedule(tc, spec)
+  distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
+  chat_data.check_config(dc, spec.needs_verifier_data or spec.onpolicy_rows > 0)
+  gib = dc.get("teacher_cache_gib", 0.0)
+  if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib >= 0:
+    raise ValueError(f"data.teacher_cache_gib={gib!r} must be a number >= 0 (GiB of host memory "
+                     "for the verifier's cached hidden states; 0 = no cache).")
+  return objective, spec
+
+
+def check_eval(ec) -> None:
+  """The `eval` section's values, each named when a run could not use it."""
+  for name in ("batches", "num_prompts"):
+    value = ec.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f"eval.{name}={value!r} must be an integer >= 0 (0 = none).")
+  if "gamma" in ec:
+    chain.validate_gamma(ec.gamma, field="eval.gamma")
+  if "new_tokens" in ec:
+    chain.positive_int(ec.new_tokens, "eval.new_tokens", " (tokens decoded a prompt)")
+  for t in ec.get("temperatures", ()):
+    try:
+      sampling_lib.Sampling(float(t))
+    except (TypeError, ValueError):
+      raise ValueError(f"eval.temperatures={tuple(ec.temperatures)!r}: {t!r} is no temperature "
+                       "(each a number >= 0, 0 = greedy).") from None
 
 
 def _tau_eval(v_params, v_cfg, student: Student, prompts, eval_cfg, seed: int
@@ -246,17 +284,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   """
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  tc, dc, ec = config.train, config.data, config.eval
-  # Config errors first: nothing heavy is loaded for a typo.
-  objective = distill.Objective.from_config(config.distill)
-  spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)
-  distill_data.check_schedule(tc, spec)
-  distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
-  chat_data.check_config(dc, spec.needs_verifier_data or spec.onpolicy_rows > 0)
-  gib = dc.get("teacher_cache_gib", 0.0)
-  if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib >= 0:
-    raise ValueError(f"data.teacher_cache_gib={gib!r} must be a number >= 0 (GiB of host memory "
-                     "for the verifier's cached hidden states; 0 = no cache).")
+  tc, ec = config.train, config.eval
+  objective, spec = check_config(config)  # nothing heavy is loaded for a typo
   tokenizer = get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")

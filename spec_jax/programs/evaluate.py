@@ -90,6 +90,7 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
   the fix): the sweeps, the methods and their options, what each method needs of the drafter
   checkpoint, and every rule at every temperature. Returns the runs and the drafter source."""
   ev = config.eval
+  loading.check_dtypes(config, "verifier", "drafter")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
                      "a directory path (it is created if missing).")
@@ -109,7 +110,7 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
   generate_lib.bucket_widths(int(ev.max_prompt_tokens), _buckets(ev), "eval.prompt_buckets")
   for field, values in (("epsilon", [ev.epsilon]), ("epsilons", ev.get("epsilons", ()) or ())):
     for e in values:
-      if not 0.0 < float(e) <= 1.0:
+      if not isinstance(e, (int, float)) or isinstance(e, bool) or not 0.0 < e <= 1.0:
         raise ValueError(f"eval.{field} has {e}: lenience ε must be in (0, 1] (1 = lossless).")
   entries = method_runs(ev)
   source = loading.drafter_source(config.drafter)

@@ -75,6 +75,9 @@ def check_plan(spec: str, sizes: dict, v_cfg, p, num_devices: int) -> None:
     if heads % sizes["tensor"]:
       raise ValueError(f"plan.plans entry {spec!r}: tensor={sizes['tensor']} does not divide the "
                        f"verifier's {heads} {what} heads. Fix: tensor = a divisor of {heads}.")
+  for name in ("batch_size", "context", "prompt_tokens", "gamma"):
+    if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1:
+      raise ValueError(f"plan.{name}={p[name]!r} must be an integer >= 1.")
   if p.context <= p.prompt_tokens + p.gamma:
     raise ValueError(f"plan.context={p.context} leaves no room for new tokens after "
                      f"plan.prompt_tokens={p.prompt_tokens} and γ={p.gamma} draft slots.")
@@ -273,6 +276,9 @@ def run(config, workdir: str) -> list[dict]:
   if p.must_fit and p.must_fit not in CHIPS:
     raise ValueError(f"plan.must_fit={p.must_fit!r} is not a chip; choose one of "
                      f"{', '.join(CHIPS)} or '' (report only).")
+  if not tuple(p.plans):
+    raise ValueError("plan.plans is empty: give at least one PRESET:DATAxFSDPxTENSOR (e.g. "
+                     "'llama3.1-8b:1x1x8').")
   plans = [prepare(spec, p) for spec in p.plans]  # all checked before the first compile
   rows = [compile_plan(plan, p) for plan in plans]
   if parallel.is_writer():

@@ -29,6 +29,7 @@ from spec_jax.evaluation import bench, tables
 from spec_jax.programs import distill, evaluate, generate, train_lm
 
 PROGRAMS = {"train_lm": train_lm.run, "distill": distill.run}
+CHECKS = {"train_lm": train_lm.check_config, "distill": distill.check_config}
 CACHE_FIELD = "evaluate.eval.max_cache_len"
 
 
@@ -44,7 +45,8 @@ def prompt_files(config, workdir: str) -> dict[str, tuple[str, int]]:
     raise ValueError("suite.categories: chat_turn2 needs the verifier's first answers, which "
                      "the quickstart does not generate. Fix: run it in experiments/specbench.")
   tokenizer = tokenizer_lib.get_tokenizer(config.evaluate.tokenizer)
-  extra = int(ev.new_tokens) + max(e.shape.num_nodes - 1 for e in evaluate.method_runs(ev))
+  extra = int(ev.new_tokens) + max([e.shape.num_nodes - 1 for e in evaluate.method_runs(ev)],
+                                    default=0)
   out = {}
   for category in s.categories:
     prompts = suite.category_prompts(category, int(ev.num_prompts), seed=int(s.seed),
@@ -77,7 +79,32 @@ def _describe(cfg) -> str:
           f"({cfg.distill.divergence} on {cfg.data.source} data, {cfg.train.num_steps} steps)")
 
 
+def check_config(config, workdir: str) -> None:
+  """Every stage's fields, checked before the first stage runs: a typo in the table's
+  evaluation must not wait for the generation and the training before it."""
+  for stage in config.stages:
+    if stage not in config or config[stage].get("program") not in CHECKS:
+      raise ValueError(f"stages={tuple(config.stages)!r}: {stage!r} is no section of the config "
+                       f"whose program is one of {list(CHECKS)}. Fix: stages naming such "
+                       "sections (e.g. ('drafter',)).")
+  checks = [("generate", lambda: generate.check_config(config.generate,
+                                                         os.path.join(workdir, "generate")))]
+  checks += [(stage, lambda stage=stage: CHECKS[config[stage].program](config[stage]))
+             for stage in config.stages]
+  # The stages' drafters do not exist yet: the evaluation is checked with a drafter of their
+  # kind (a language or feature model), random.
+  checks.append(("evaluate", lambda: evaluate.check_config(
+      _eval_config(config, "", None), os.path.join(workdir, "evaluate"))))
+  for section, check in checks:
+    try:
+      check()
+    except ValueError as e:  # the fields above are named inside the section
+      raise ValueError(f"quickstart section {section!r} (--config.{section}.<field>): {e}"
+                       ) from None
+
+
 def run(config, workdir: str) -> dict:
+  check_config(config, workdir)
   os.makedirs(workdir, exist_ok=True)
   summary = {}
   n = len(config.stages) + 2

@@ -72,7 +72,12 @@ def budget_methods(config, width: int, budget: int) -> tuple[str, ...]:
         f"config.budget_methods has no entry {tag!r} (width {width}, budget {budget}); it holds "
         f"{sorted(config.budget_methods)}. get_config computes budget_methods from budgets and "
         "budget_widths: change those in the experiment's config file, not by --config overrides.")
-  return tuple(config.budget_methods[tag])
+  entries = tuple(config.budget_methods[tag])
+  for entry in entries:
+    if not isinstance(entry, str) or str(entry).count("@") != 1:
+      raise ValueError(f"config.budget_methods[{tag!r}] has {entry!r}: each entry is "
+                       "'NAME[:WIDTH]@L' (a method, its tree width, its depth).")
+  return entries
 
 
 def settings(config) -> list[Setting]:
@@ -132,6 +137,8 @@ def check(config, workdir: str) -> None:
   plan = settings(config)
   if config.render_only:
     return
+  for s in plan:  # each run's evaluate fields, as evaluate itself checks them
+    evaluate.check_config(dataset_config(config, s.dataset, s.temperature, s.methods), workdir)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   entries = list(dict.fromkeys(e for s in plan for e in s.methods))
   for dataset in dict.fromkeys(tuple(config.datasets) + tuple(config.budget_datasets)):

@@ -22,8 +22,16 @@ import jax
 from spec_jax import loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.models import draft_init, llama
+from spec_jax.models import draft_init, llama, presets
 from spec_jax.training import checkpoints, metrics as metrics_lib, optim, train
+
+
+def check_config(config) -> None:
+  """The fields train_lm reads before anything loads: the train section and the model's size
+  and dtype (one error naming the field and the fix)."""
+  optim.check_train(config.train)
+  draft_init.parse_size(config.model.size, "model.size")
+  presets.check_dtype(config.model.dtype, "model.dtype")
 
 
 def _model(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
@@ -51,6 +59,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None)
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   tc = config.train
+  check_config(config)  # before anything loads
   tokenizer = get_tokenizer(config.tokenizer)
   model_cfg, loaded_params = _model(config, tokenizer)
   init_fn = functools.partial(llama.init_params, model_cfg)

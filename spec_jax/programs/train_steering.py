@@ -42,9 +42,13 @@ def check_config(config) -> None:
   if sc.mode not in steering.MODES:
     raise ValueError(f"steering.mode={sc.mode!r} is not known; choose one of "
                      f"{list(steering.MODES)}.")
-  if float(sc.get("lr_scale", 1.0)) <= 0:
+  if not float(sc.get("lr_scale", 1.0)) > 0:  # also NaN
     raise ValueError(f"steering.lr_scale={sc.lr_scale} must be > 0 (the steering module's "
                      "learning rate is train.lr × lr_scale).")
+  layers = tuple(sc.verifier_layers)
+  if any(isinstance(v, bool) or not isinstance(v, int) for v in layers):
+    raise ValueError(f"steering.verifier_layers={layers!r} must be verifier layer indices "
+                     "(integers), or () for low/middle/high.")
   if int(sc.max_offset) < 1:
     raise ValueError(f"steering.max_offset={sc.max_offset} must be >= 1: the draft length γ "
                      "whose staleness training simulates.")

@@ -89,8 +89,8 @@ def feature_apply(params, inputs, positions, *, features, cfg: llama.LlamaConfig
 def make_student(cfg: llama.LlamaConfig, feature_weight: float, passes: int = 1,
                  decay: float = 1.0) -> tuple[Callable, Callable]:
   """(student_apply, context_fn) for `distill.distill_step` / `eval_step`."""
-  if feature_weight < 0:
-    raise ValueError(f"distill.feature_weight={feature_weight} must be >= 0 (the weight of the "
+  if not (feature_weight >= 0 and math.isfinite(feature_weight)):  # also NaN
+    raise ValueError(f"distill.feature_weight={feature_weight} must be a finite number >= 0 (the weight of the "
                      "feature drafter's feature regression; 0 trains on the laws alone).")
   if passes < 1:
     raise ValueError(f"distill.feature_passes={passes} must be >= 1 (teacher-forced passes; "

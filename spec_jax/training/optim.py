@@ -48,8 +48,52 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(one, params)
 
 
+# `common.train()`'s fields: (integer?, lowest value, highest value or None, what it means); a
+# field a section lacks is skipped. Reals must be finite; "<1" is a bound the value stays under.
+_TRAIN_FIELDS = {
+    "num_steps": (True, 1, None, ""),
+    "batch_size": (True, 1, None, ""),
+    "lr": (False, 0, None, "0 keeps the params as they are"),
+    "end_lr_frac": (False, 0, 1, "the final learning rate as a fraction of lr"),
+    "warmup_steps": (True, 0, None, ""),
+    "weight_decay": (False, 0, None, ""),
+    "b1": (False, 0, "<1", "Adam's first-moment decay"),
+    "b2": (False, 0, "<1", "Adam's second-moment decay"),
+    "grad_clip": (False, 0, None, "0 = no clipping"),
+    "log_every": (True, 0, None, "0 = never"),
+    "eval_every": (True, 0, None, "0 = never"),
+    "eval_batches": (True, 0, None, ""),
+    "checkpoint_every": (True, 0, None, "0 = at the end only"),
+    "keep_checkpoints": (True, 1, None, "the newest ones, to resume from"),
+}
+
+
+def _fits(value, integer: bool, low, high) -> bool:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer) if integer
+                                               else (int, float, np.integer, np.floating)):
+    return False
+  if not np.isfinite(value):
+    return False
+  above = value >= low
+  below = high is None or (value < 1 if high == "<1" else value <= high)
+  return bool(above and below)
+
+
+def check_train(train_cfg, section: str = "train") -> None:
+  """Refuses a `common.train()` section with a value no run could use (a negative step count,
+  a NaN learning rate, b2 = 1), naming the field, before anything is loaded."""
+  for name, (integer, low, high, meaning) in _TRAIN_FIELDS.items():
+    if name not in train_cfg or _fits(train_cfg[name], integer, low, high):
+      continue
+    want = ("an integer" if integer else "a finite number") + f" >= {low}" + (
+        "" if high is None else " and < 1" if high == "<1" else f" and <= {high}")
+    raise ValueError(f"{section}.{name}={train_cfg[name]!r} must be {want}"
+                     + (f" ({meaning})" if meaning else "") + ". Fix: such a value, or no override "
+                     "(the config's default).")
+
+
 def make_optimizer(train_cfg) -> tuple[optax.GradientTransformation, Any]:
-  """(tx, schedule) from a `common.train()` section.
+  """(tx, schedule) from a `common.train()` section (the programs `check_train` it first).
 
   Clipping comes first so that AdamW's moments see the clipped gradient; the mask is a function
   of the params so the same tx serves any model.
