@@ -138,12 +138,17 @@ def _resolve(model_cfg, tokenizer, variant: str, field: str):
   return _with_dtype(cfg, params, dtype)
 
 
-def check_dtypes(config, *sections: str) -> None:
-  """Each named model section's dtype, refused naming `<section>.dtype` before any model of
-  the run loads (`resolve_model` checks its own section again)."""
+def check_models(config, *sections: str) -> None:
+  """Each named model section's dtype and size, refused naming `<section>.dtype` or
+  `<section>.size` before any model of the run loads (`resolve_model` checks its own section
+  again; a checkpoint's own config wins over a size's variant)."""
   for name in sections:
-    if name in config:
-      presets.check_dtype(config[name].dtype, f"{name}.dtype")
+    if name not in config:
+      continue
+    presets.check_dtype(config[name].dtype, f"{name}.dtype")
+    size = draft_init.parse_size(config[name].size, f"{name}.size")
+    if not config[name].checkpoint:
+      families.check_size(size.variant, f"{name}.size")
 
 
 def load_model(model_cfg, tokenizer, *, seed: int = 0, field: str = "model.checkpoint",

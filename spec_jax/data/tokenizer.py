@@ -429,6 +429,17 @@ class ByteTokenizer:
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
+def check_name(name: str, field: str = "tokenizer") -> None:
+  """ValueError naming `field` unless `name` is a tokenizer `get_tokenizer` can read (a packaged
+  one, or a path that exists); nothing is loaded."""
+  if name in ("smollm2", "gemma3-270m", "bytes"):
+    return
+  path = pathlib.Path(name.removeprefix("hf:"))
+  if path.is_dir() or (path.suffix in (".gguf", ".json") and path.is_file()):
+    return
+  raise ValueError(f"{field}={name!r} is no tokenizer here. Use {_TOKENIZER_HINT}.")
+
+
 def get_tokenizer(name: str) -> Tokenizer:
   """Tokenizer by config name: 'smollm2', 'gemma3-270m', 'bytes', an HF model directory (with
   tokenizer.json; 'hf:' prefix optional), or a path to a tokenizer.json / .gguf file."""

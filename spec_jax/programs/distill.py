@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_jax import loading, parallel
+from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -69,7 +70,8 @@ def check_config(config) -> tuple[distill.Objective, distill_data.Spec]:
   and the fix); returns the objective and the data spec."""
   tc, dc = config.train, config.data
   optim.check_train(tc)
-  loading.check_dtypes(config, "verifier", "drafter")
+  loading.check_models(config, "verifier", "drafter")
+  tokenizer_lib.check_name(config.tokenizer)
   check_eval(config.eval)
   objective = distill.Objective.from_config(config.distill)
   spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)

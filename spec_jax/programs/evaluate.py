@@ -90,7 +90,8 @@ def check_config(config, workdir: str) -> tuple[list[methods.Entry], methods.Sou
   the fix): the sweeps, the methods and their options, what each method needs of the drafter
   checkpoint, and every rule at every temperature. Returns the runs and the drafter source."""
   ev = config.eval
-  loading.check_dtypes(config, "verifier", "drafter")
+  loading.check_models(config, "verifier", "drafter")
+  tokenizer_lib.check_name(config.tokenizer)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
                      "a directory path (it is created if missing).")

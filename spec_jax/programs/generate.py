@@ -36,7 +36,8 @@ def check_config(config, workdir: str) -> sampling_lib.Sampling:
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
                      "a directory path (it is created if missing).")
-  loading.check_dtypes(config, "model", "drafter")
+  loading.check_models(config, "model", "drafter")
+  tokenizer_lib.check_name(config.tokenizer)
   gen = config.generation
   for name in ("batch_size", "max_new_tokens", "max_prompt_tokens"):
     if int(gen[name]) < 1:

@@ -21,8 +21,9 @@ import jax
 
 from spec_jax import loading, parallel
 from spec_jax.data import pipeline
+from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.data.tokenizer import get_tokenizer
-from spec_jax.models import draft_init, llama, presets
+from spec_jax.models import draft_init, llama
 from spec_jax.training import checkpoints, metrics as metrics_lib, optim, train
 
 
@@ -30,8 +31,8 @@ def check_config(config) -> None:
   """The fields train_lm reads before anything loads: the train section and the model's size
   and dtype (one error naming the field and the fix)."""
   optim.check_train(config.train)
-  draft_init.parse_size(config.model.size, "model.size")
-  presets.check_dtype(config.model.dtype, "model.dtype")
+  loading.check_models(config, "model")
+  tokenizer_lib.check_name(config.tokenizer)
 
 
 def _model(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
