@@ -74,6 +74,8 @@ CASES = [
     ("quickstart", {"evaluate.eval.methods": ("bogus",)},
      r"quickstart section 'evaluate' .*eval.methods has 'bogus', which is not a method"),
     ("experiments.rsd.config", {"eval.batch_sizes": ()}, r"eval.batch_sizes is empty"),
+    ("experiments.rsd.config", {"fixed_depths": (2, -7)}, r"fixed_depths=\(2, -7\) must hold"),
+    ("experiments.drafters.config", {"scratch_steps": -7}, r"scratch_steps=-7 must be an integer"),
     ("experiments.rsd.config", {"budget_methods.K3_B4": ("rsd_c",)},
      r"config.budget_methods\['K3_B4'\] has 'rsd_c': each entry is 'NAME\[:WIDTH\]@L'"),
     ("quickstart", {"stages": ("drafter", "typo")}, r"stages=\('drafter', 'typo'\): 'typo' is no"),

@@ -49,6 +49,11 @@ def check_config(config, workdir: str | None = None) -> None:
   """Every drafter entry names a known kind and what it needs, before anything runs; `order`
   lists every entry once, each base before its variants; carried rows exist."""
   del workdir
+  for name in ("scratch_steps", "distill_steps", "vocab_steps"):
+    value = config[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"{name}={value!r} must be an integer >= 1 (training steps of the "
+                       "entries of that kind without steps of their own).")
   if sorted(config.order) != sorted(config.drafters):
     raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
                      f"({sorted(config.drafters)}) once.")

@@ -134,6 +134,10 @@ def check(config, workdir: str) -> None:
   """Every budget has its entries; under a run (not render_only) every dataset supplies
   eval.num_prompts prompts and the largest draft of every run fits the cache with them: checked
   before the first run (hours before the last one starts)."""
+  for name in ("fixed_depths", "budgets", "budget_widths"):
+    values = tuple(config[name])
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+      raise ValueError(f"{name}={values!r} must hold integers >= 1.")
   plan = settings(config)
   if config.render_only:
     return
