@@ -119,6 +119,17 @@ def _builder(name: str, root: str) -> tfds.core.DatasetBuilder:
   return builder
 
 
+def check_dataset(name: str, data_dir: str | None = None, field: str = "data.name") -> None:
+  """An error naming `field` unless `name` is one of spec_jax's own datasets (built on first
+  use, later) or a TFDS dataset prepared under `data_dir`; nothing is built or read."""
+  if _base_name(name) in LOCAL_NAMES:
+    return
+  try:
+    _builder(name, _resolve_data_dir(data_dir))
+  except (ValueError, FileNotFoundError) as e:
+    raise type(e)(f"{field}={name!r}: {e}") from None
+
+
 def _check_split(builder: tfds.core.DatasetBuilder, name: str, split: str) -> None:
   available = list(builder.info.splits.keys())
   # TFDS split syntax allows "train[:10%]" and "train+validation"; check each base name.

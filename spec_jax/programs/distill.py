@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_jax import loading, parallel
+from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding import generate as generate_lib
@@ -72,6 +73,7 @@ def check_config(config) -> tuple[distill.Objective, distill_data.Spec]:
   optim.check_train(tc)
   loading.check_models(config, "verifier", "drafter")
   tokenizer_lib.check_name(config.tokenizer)
+  pipeline.check_dataset(dc.name, dc.data_dir or None)
   check_eval(config.eval)
   objective = distill.Objective.from_config(config.distill)
   spec = distill_data.Spec.from_config(dc, tc.batch_size, config.seed)

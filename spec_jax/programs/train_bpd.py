@@ -38,6 +38,7 @@ from spec_jax.training import metrics as metrics_lib
 def check_config(config) -> tuple[bpd.Objective, int]:
   """(objective, num_heads), every bpd field checked before any model loads."""
   optim.check_train(config.train)
+  pipeline.check_dataset(config.data.name, config.data.data_dir or None)
   b = config.bpd
   if int(b.num_heads) < 1:
     raise ValueError(f"bpd.num_heads={b.num_heads}: give at least one head (h >= 1).")

@@ -33,6 +33,7 @@ def check_config(config) -> None:
   optim.check_train(config.train)
   loading.check_models(config, "model")
   tokenizer_lib.check_name(config.tokenizer)
+  pipeline.check_dataset(config.data.name, config.data.data_dir or None)
 
 
 def _model(config, tokenizer) -> tuple[llama.LlamaConfig, Any]:
