@@ -28,8 +28,8 @@ from spec_jax.training import checkpoints, metrics as metrics_lib, optim, train
 
 
 def check_config(config) -> None:
-  """The fields train_lm reads before anything loads: the train section and the model's size
-  and dtype (one error naming the field and the fix)."""
+  """The fields train_lm reads, checked before anything loads (one error naming the field and
+  the fix): the train section, the model's size and dtype, the tokenizer, the dataset."""
   optim.check_train(config.train)
   loading.check_models(config, "model")
   tokenizer_lib.check_name(config.tokenizer)
