@@ -83,13 +83,12 @@ def main(argv):
   cli.check_same_config_everywhere(config)
   if _VERBOSE.value:
     logging.info("config:\n%s", config)
+  previous = None  # the workdir's config.json before this run, if it had one
   if (jax.process_index() == 0 and not os.path.isfile(_WORKDIR.value)
       and not config.get("render_only", False)):
     # The resolved config, for the record (printed only with --verbose); a render_only run
     # reports a workdir's finished runs and leaves the config they were made with in place.
-    os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, "config.json"), "w", encoding="utf-8") as f:
-      f.write(config.to_json_best_effort(indent=2))
+    previous = cli.record_config(_WORKDIR.value, config)
   module = importlib.import_module(f"spec_jax.programs.{config.program}")
   if not _VERBOSE.value:
     cli.hide_library_bars()
@@ -110,6 +109,7 @@ def main(argv):
           "command to resume from the newest checkpoint.", file=sys.stderr)
     sys.exit(130)
   except cli.USER_ERRORS as e:
+    cli.restore_config(_WORKDIR.value, previous)  # a refused run loses nothing
     if _VERBOSE.value:
       raise
     # A bad input: its message names the field and the fix; the traceback adds nothing.

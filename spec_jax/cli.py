@@ -147,6 +147,30 @@ def help_text(flags_help: str, doc: str) -> str:
   return "\n".join(lines)
 
 
+CONFIG_FILE = "config.json"
+
+
+def record_config(workdir: str, config) -> str | None:
+  """Writes the resolved config to workdir/config.json, for the record; returns the text it
+  replaced (None: there was none), which `restore_config` puts back when the run is refused."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  previous = None
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      previous = f.read()
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))
+  return previous
+
+
+def restore_config(workdir: str, previous: str | None) -> None:
+  """A refused run leaves the record of the runs before it: their config.json as it was."""
+  if previous is not None:
+    with open(os.path.join(workdir, CONFIG_FILE), "w", encoding="utf-8") as f:
+      f.write(previous)
+
+
 def summary(program: str, workdir: str, seconds: float) -> str:
   """The last line of every run: how long it took and what its workdir now holds."""
   names = sorted(os.listdir(workdir)) if os.path.isdir(workdir) else []

@@ -313,9 +313,12 @@ def test_bad_input_ends_with_one_line_and_verbose_keeps_the_traceback(tmp_path):
           in result.stderr) and "Traceback" not in result.stderr
   assert "num_prompts: 3" not in result.stderr + result.stdout  # no config dump
   assert '"temperatures"' in (tmp_path / "w" / "config.json").read_text()
+  # A workdir's record of earlier runs survives a refused one.
+  (tmp_path / "w" / "config.json").write_text('{"an": "earlier run"}')
   verbose = _launch(*args, "--verbose", timeout=300)
   assert verbose.returncode == 1 and "Traceback" in verbose.stderr
   assert "num_prompts: 3" in verbose.stderr  # the config, logged
+  assert (tmp_path / "w" / "config.json").read_text() == '{"an": "earlier run"}'
 
 
 def test_config_arg_errors():
