@@ -232,6 +232,16 @@ def test_quickstart_default_is_the_sharegpt_drafter_on_chat_and_code():
       "chat", "math")
 
 
+def test_quickstart_checks_pass_for_every_recipe(tmp_path):
+  """The checks before the first stage hold for each recipe as shipped (a later stage is
+  checked starting from the stage before it, as it runs)."""
+  from configs import quickstart as quickstart_config  # noqa: PLC0415
+  from spec_jax.programs import quickstart  # noqa: PLC0415
+  for recipe in quickstart_config.RECIPES:
+    for arg in (f"recipe={recipe}", f"smoke,recipe={recipe}"):
+      quickstart.check_config(quickstart_config.get_config(arg), str(tmp_path / arg))
+
+
 @pytest.mark.parametrize("categories, message", [
     (("chat", "poetry"), r"suite.categories=\('chat', 'poetry'\): 'poetry' is not a category"),
     (("chat_turn2",), "chat_turn2 needs the verifier's first answers"),

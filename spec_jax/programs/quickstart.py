@@ -17,6 +17,7 @@ Writes `workdir/quickstart.json` with what each stage produced.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -79,6 +80,15 @@ def _describe(cfg) -> str:
           f"({cfg.distill.divergence} on {cfg.data.source} data, {cfg.train.num_steps} steps)")
 
 
+def _check_stage(config, workdir: str, i: int) -> None:
+  """Stage i's checks; a later stage starts from the one before it, as `run` sets it."""
+  cfg = config[config.stages[i]]
+  if i:
+    cfg = ml_collections.ConfigDict(cfg.to_dict())
+    cfg.drafter.checkpoint = os.path.join(workdir, config.stages[i - 1])
+  CHECKS[cfg.program](cfg)
+
+
 def check_config(config, workdir: str) -> None:
   """Every stage's fields, checked before the first stage runs: a typo in the table's
   evaluation must not wait for the generation and the training before it."""
@@ -89,8 +99,8 @@ def check_config(config, workdir: str) -> None:
                        "sections (e.g. ('drafter',)).")
   checks = [("generate", lambda: generate.check_config(config.generate,
                                                          os.path.join(workdir, "generate")))]
-  checks += [(stage, lambda stage=stage: CHECKS[config[stage].program](config[stage]))
-             for stage in config.stages]
+  checks += [(stage, functools.partial(_check_stage, config, workdir, i))
+             for i, stage in enumerate(config.stages)]
   # The stages' drafters do not exist yet: the evaluation is checked with a drafter of their
   # kind (a language or feature model), random.
   checks.append(("evaluate", lambda: evaluate.check_config(
