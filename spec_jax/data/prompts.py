@@ -14,6 +14,7 @@ import random
 
 from absl import logging
 
+from spec_jax import checks
 from spec_jax.data import pipeline
 
 
@@ -55,11 +56,9 @@ def read_prompts(config, tokenizer, num_data_prompts: int | None = None) -> list
   `num_data_prompts` (default `config.num_data_prompts`) prefixes of ~`data_prompt_tokens`
   tokens from `config.data.prompt_split` (see `pipeline.load_prompts`).
   """
-  for name, low in (("num_data_prompts", 0), ("data_prompt_tokens", 1)):
-    value = config.get(name, low)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-      raise ValueError(f"{name}={value!r} must be an integer >= {low}"
-                       + (" (0: no prompts from data.prompt_split)." if low == 0 else "."))
+  checks.integer(config.get("num_data_prompts", 0), "num_data_prompts", 0,
+                 " (0: no prompts from data.prompt_split)")
+  checks.integer(config.get("data_prompt_tokens", 1), "data_prompt_tokens")
   path = config.get("prompts_file", "")
   mix = bool(config.get("prompts_mix", False))
   if path and not mix:

@@ -33,7 +33,7 @@ import os
 import jax
 import numpy as np
 
-from spec_jax import loading, parallel
+from spec_jax import checks, loading, parallel
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -44,14 +44,11 @@ from spec_jax.models import draft_init, families, presets
 def run(config, workdir: str) -> list[dict]:
   b = config.benchmark
   presets.check_dtype(config.model.dtype, "model.dtype")
-  sizes = tuple(b.batch_sizes)
-  if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
-    raise ValueError(f"benchmark.batch_sizes={sizes!r} must be one or more integers >= 1.")
+  checks.integers(b.batch_sizes, "benchmark.batch_sizes")
   for name in ("new_tokens", "prompt_tokens", "repeats"):
-    if name in b and (isinstance(b[name], bool) or not isinstance(b[name], int) or b[name] < 1):
-      raise ValueError(f"benchmark.{name}={b[name]!r} must be an integer >= 1.")
-  if isinstance(config.seed, bool) or not isinstance(config.seed, int) or config.seed < 0:
-    raise ValueError(f"seed={config.seed!r} must be an integer >= 0.")
+    if name in b:
+      checks.integer(b[name], f"benchmark.{name}")
+  checks.integer(config.seed, "seed", 0)
   if b.get("prompts", "data") not in ("data", "random"):
     raise ValueError(f"benchmark.prompts={b.prompts!r}: 'data' (the data's prompt split) or "
                      "'random' (random token ids, no corpus).")

@@ -32,7 +32,7 @@ import os
 
 import jax
 
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data import prompts as prompts_lib
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
@@ -196,12 +196,8 @@ def run(config, workdir: str) -> dict:
     raise ValueError(f"benchmark.batch_sizes={tuple(b.batch_sizes)} must include 1: "
                      "transformers assisted generation runs at batch 1 only, and the systems are "
                      "compared there.")
-  threads = b.torch_threads
-  if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-    raise ValueError(f"benchmark.torch_threads={threads!r} must be an integer >= 0 (0 = one a "
-                     "core).")
-  if isinstance(b.num_prompts, bool) or not isinstance(b.num_prompts, int) or b.num_prompts < 1:
-    raise ValueError(f"benchmark.num_prompts={b.num_prompts!r} must be an integer >= 1.")
+  checks.integer(b.torch_threads, "benchmark.torch_threads", 0, " (0 = one a core)")
+  checks.integer(b.num_prompts, "benchmark.num_prompts")
   if b.get("torch_dtype", "float32") not in TORCH_DTYPES:
     raise ValueError(f"benchmark.torch_dtype={b.torch_dtype!r}: transformers runs in one of "
                      f"{list(TORCH_DTYPES)}.")

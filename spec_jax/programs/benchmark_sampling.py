@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from spec_jax import checks
 from spec_jax.decoding import sampling
 from spec_jax.decoding.drafters import trees
 from spec_jax.evaluation import report, timing
@@ -35,13 +36,9 @@ def _old_gumbel_top_k(key, scores, k):
 
 def check_config(b) -> None:
   """The benchmark section's sizes, each named when no law could have it."""
-  sizes = tuple(b.batch_sizes)
-  if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
-    raise ValueError(f"benchmark.batch_sizes={sizes!r} must be one or more integers >= 1.")
+  checks.integers(b.batch_sizes, "benchmark.batch_sizes")
   for name in ("vocab_size", "top_k", "repeats"):
-    v = b[name]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f"benchmark.{name}={v!r} must be an integer >= 1.")
+    checks.integer(b[name], f"benchmark.{name}")
   if b.top_k > b.vocab_size:
     raise ValueError(f"benchmark.top_k={b.top_k} exceeds benchmark.vocab_size={b.vocab_size}: "
                      "gumbel_top_k draws that many distinct tokens.")

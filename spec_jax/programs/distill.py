@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_jax import loading, parallel
+from spec_jax import checks, loading, parallel
 from spec_jax.data import pipeline
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.data.tokenizer import get_tokenizer
@@ -90,9 +90,7 @@ def check_config(config) -> tuple[distill.Objective, distill_data.Spec]:
 def check_eval(ec) -> None:
   """The `eval` section's values, each named when a run could not use it."""
   for name in ("batches", "num_prompts"):
-    value = ec.get(name, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-      raise ValueError(f"eval.{name}={value!r} must be an integer >= 0 (0 = none).")
+    checks.integer(ec.get(name, 0), f"eval.{name}", 0, " (0 = none)")
   if "gamma" in ec:
     chain.validate_gamma(ec.gamma, field="eval.gamma")
   if "new_tokens" in ec:

@@ -30,7 +30,7 @@ import os
 import time
 
 from configs import common
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data.tokenizer import get_tokenizer
 from spec_jax.decoding.drafters import features
 from spec_jax.evaluation import drafters_report, experiment, report, timing
@@ -50,10 +50,8 @@ def check_config(config, workdir: str | None = None) -> None:
   lists every entry once, each base before its variants; carried rows exist."""
   del workdir
   for name in ("scratch_steps", "distill_steps", "vocab_steps"):
-    value = config[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name}={value!r} must be an integer >= 1 (training steps of the "
-                       "entries of that kind without steps of their own).")
+    checks.integer(config[name], name, 1, " (training steps of the entries of that kind "
+                   "without steps of their own)")
   if sorted(config.order) != sorted(config.drafters):
     raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
                      f"({sorted(config.drafters)}) once.")

@@ -19,7 +19,7 @@ import time
 import jax
 import numpy as np
 
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.models import hf_export, hf_import, presets
 
@@ -51,10 +51,8 @@ def export_model(model_cfg, tokenizer, out_dir: str, *, seed: int = 0, dtype: st
 def run(config, workdir: str) -> dict:
   if config.export.dtype:
     presets.check_dtype(config.export.dtype, "export.dtype")
-  room = config.export.max_position_embeddings
-  if isinstance(room, bool) or not isinstance(room, int) or room < 1:
-    raise ValueError(f"export.max_position_embeddings={room!r} must be an integer >= 1 (the "
-                     "context length written into config.json).")
+  checks.integer(config.export.max_position_embeddings, "export.max_position_embeddings", 1,
+                 " (the context length written into config.json)")
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   summary = export_model(config.model, tokenizer, workdir, seed=config.seed,
                          dtype=config.export.dtype,

@@ -28,7 +28,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from spec_jax import parallel
+from spec_jax import checks, parallel
 from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features, trees
@@ -76,8 +76,7 @@ def check_plan(spec: str, sizes: dict, v_cfg, p, num_devices: int) -> None:
       raise ValueError(f"plan.plans entry {spec!r}: tensor={sizes['tensor']} does not divide the "
                        f"verifier's {heads} {what} heads. Fix: tensor = a divisor of {heads}.")
   for name in ("batch_size", "context", "prompt_tokens", "gamma"):
-    if isinstance(p[name], bool) or not isinstance(p[name], int) or p[name] < 1:
-      raise ValueError(f"plan.{name}={p[name]!r} must be an integer >= 1.")
+    checks.integer(p[name], f"plan.{name}")
   if p.context <= p.prompt_tokens + p.gamma:
     raise ValueError(f"plan.context={p.context} leaves no room for new tokens after "
                      f"plan.prompt_tokens={p.prompt_tokens} and γ={p.gamma} draft slots.")

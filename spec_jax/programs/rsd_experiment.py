@@ -32,7 +32,7 @@ from typing import Iterator
 
 import jax
 
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
@@ -135,9 +135,7 @@ def check(config, workdir: str) -> None:
   eval.num_prompts prompts and the largest draft of every run fits the cache with them: checked
   before the first run (hours before the last one starts)."""
   for name in ("fixed_depths", "budgets", "budget_widths"):
-    values = tuple(config[name])
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-      raise ValueError(f"{name}={values!r} must hold integers >= 1.")
+    checks.integers(config[name], name, empty_ok=True)
   plan = settings(config)
   if config.render_only:
     return
