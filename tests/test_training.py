@@ -9,6 +9,7 @@ import functools
 import glob
 import os
 import pathlib
+import re
 import signal
 import struct
 import subprocess
@@ -228,6 +229,37 @@ def test_checkpoint_model_mismatch_is_named(saved_run):
     checkpoints.check_tokenizer(meta, OtherTok(), workdir)
 
 
+def test_a_setting_that_shapes_the_state_is_named_on_resume(saved_run):
+  """A resume whose optimizer state has another structure (grad_clip 0 drops the clipping
+  transform) or whose params have other shapes is refused before any array is read, naming the
+  config fields that changed, not as a corrupt checkpoint whose fix is to delete it."""
+  workdir, cfg, abstract, state = saved_run
+  config = train_lm_config.get_config("smoke")
+  config.train.grad_clip = 0.0
+  clipless = one_device_setup(config.train, seed=3)[4]
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.restore_latest(workdir, clipless, config=config, skip_corrupt=True)
+  assert not isinstance(e.value, checkpoints.CorruptCheckpointError)
+  assert re.search(r"checkpoints/2 holds optimizer state of another structure than this run "
+                   r"builds \(this run builds opt_state/0/0/count \[\], which the checkpoint "
+                   r"lacks\).*in: train\.grad_clip: saved 1\.0, this run 0\.0; one of these shapes "
+                   r"the state\. Fix: set it back", str(e.value)), str(e.value)
+  assert sorted(os.listdir(workdir)) == ["checkpoints"]  # nothing set aside as corrupt
+  # Without a config to compare, the fix still names a fresh workdir.
+  with pytest.raises(checkpoints.CheckpointError, match=r"Fix: pass a new --workdir"):
+    checkpoints.restore_latest(workdir, clipless)
+  # Params of other shapes, with no model config to check first.
+  wide = one_device_setup(train_lm_config.get_config("smoke").train, model="test-tiny")[4]
+  wide = wide.replace(params=jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape[:-1] + (x.shape[-1] + 1,), x.dtype), wide.params))
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"holds model params of another structure.* is \[.*\] there and"):
+    checkpoints.restore_latest(workdir, wide)
+  # The same state restores as before.
+  restored, _ = checkpoints.restore_latest(workdir, abstract, config=config)
+  assert leaves_equal(restored.params, state.params)
+
+
 def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
   workdir = str(tmp_path / "copy")
   import shutil
@@ -341,6 +373,14 @@ def test_train_lm_smoke_writes_metrics_and_finishes_fast_when_done(data_dir, tmp
   again = train_lm.run(config, workdir, step_hook=no_steps)
   assert again["step"] == 10 and again["eval_loss"] == pytest.approx(out["eval_loss"])
   assert again["train_loss"] == pytest.approx(out["train_loss"])
+
+  # A resume with a setting that shapes the optimizer state is refused naming it, losing nothing.
+  clipless = smoke_config(data_dir, num_steps=10, eval_every=5, checkpoint_every=5, log_every=5,
+                          grad_clip=0.0)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r"another structure.*train\.grad_clip: saved 1\.0, this run 0\.0"):
+    train_lm.run(clipless, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["10", "5"]
 
   # model.checkpoint: a new run starts from these params (its saved config wins over
   # model.size). lr = 0 keeps them exactly, so the new checkpoint must equal the loaded one.

@@ -125,7 +125,7 @@ def check_saved_settings(meta: dict, expected: dict, section: str, path: str) ->
 def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig | None = None,
                    manager: ocp.CheckpointManager | None = None,
                    expected: tuple[str, dict] | None = None,
-                   skip_corrupt: bool = False) -> tuple[Any, dict] | None:
+                   skip_corrupt: bool = False, config=None) -> tuple[Any, dict] | None:
   """(state, meta) from the newest checkpoint in `<workdir>/checkpoints`, or None if there is
   none. `abstract_state` is a TrainState of `jax.ShapeDtypeStruct`s whose `.sharding`s say
   where each restored array goes (from `jax.eval_shape` + `parallel.param_shardings`).
@@ -133,6 +133,9 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
   reused for another model fails with a clear message rather than a shape error.
   expected: (config section, {meta key: this run's values}) checked the same way
   (`check_saved_settings`), e.g. a steering module's layers and mode.
+  A checkpoint whose params or optimizer state have other paths or shapes than `abstract_state`
+  is refused before any array is read (`check_structure`), naming the fields where `config` (this
+  run's) differs from the one saved with it: a setting changed on resume, not a corrupt file.
   Every array and the meta are verified against their recorded digests (none recorded: an older
   checkpoint, restored unverified). A corrupt newest step raises CorruptCheckpointError; with
   `skip_corrupt`, older steps are tried and, once one restores, the corrupt newer ones are moved
@@ -145,7 +148,7 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
     corrupt: list[CorruptCheckpointError] = []
     for step in sorted(manager.all_steps(), reverse=True):
       try:
-        state, meta = _restore_step(manager, step, abstract_state, model_cfg, expected)
+        state, meta = _restore_step(manager, step, abstract_state, model_cfg, expected, config)
       except CorruptCheckpointError as e:
         if not skip_corrupt:
           raise
@@ -163,13 +166,14 @@ def restore_latest(workdir: str, abstract_state, *, model_cfg: llama.LlamaConfig
 
 
 def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, model_cfg,
-                  expected) -> tuple[Any, dict]:
+                  expected, config=None) -> tuple[Any, dict]:
   path = _step_dir(manager, step)
   meta = _restore_meta(manager, step)
   if model_cfg is not None:
     check_model_config(model_config_from_meta(meta, path), model_cfg, path)
   if expected is not None:
     check_saved_settings(meta, expected[1], expected[0], path)
+  check_structure(path, abstract_state, meta, config)
   try:
     restored = manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_state.params),
@@ -183,6 +187,81 @@ def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, mod
                                  opt_state=train["opt_state"])
   logging.info("Restored step %d from %s.", step, path)
   return state, meta
+
+
+def _shapes(tree) -> dict[str, tuple]:
+  """{"a/0/count": shape} for every array leaf of a state or of orbax's metadata of one: dict
+  keys, sequence indices and NamedTuple fields alike are path parts (orbax saves a NamedTuple's
+  fields as dict keys, and leaves empty states out, as jax's flattening does)."""
+  def part(k):
+    for attr in ("key", "idx", "name"):
+      if hasattr(k, attr):
+        return str(getattr(k, attr))
+    return str(k)
+  return {"/".join(part(k) for k in path): tuple(getattr(leaf, "shape", ()))
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _first_difference(saved: dict, built: dict) -> str:
+  for key, shape in built.items():
+    if key not in saved:
+      return f"this run builds {key} {list(shape)}, which the checkpoint lacks"
+    if saved[key] != shape:
+      return f"{key} is {list(saved[key])} there and {list(shape)} here"
+  extra = next(k for k in saved if k not in built)
+  return f"the checkpoint holds {extra} {list(saved[extra])}, which this run does not build"
+
+
+def config_differences(saved: Any, now: Any, limit: int = 8) -> list[str]:
+  """'field: saved X, this run Y' for every leaf where two configs (JSON dicts or ConfigDicts)
+  differ, in the order of this run's config, at most `limit` of them (then a count)."""
+  def flat(c, prefix=""):
+    if hasattr(c, "to_json_best_effort"):
+      c = json.loads(c.to_json_best_effort())
+    if not isinstance(c, dict):
+      return {prefix[:-1]: c}
+    out = {}
+    for k, v in c.items():
+      out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {prefix + k: v})
+    return out
+  a, b = flat(saved or {}), flat(now or {})
+  missing = object()
+  diffs = [f"{k}: saved {a.get(k, '(unset)')!r}, this run {b.get(k, '(unset)')!r}"
+           for k in list(b) + [k for k in a if k not in b]
+           if a.get(k, missing) != b.get(k, missing)]
+  return diffs[:limit] + ([f"and {len(diffs) - limit} more"] if len(diffs) > limit else [])
+
+
+def check_structure(path: str, abstract_state, meta: dict, config) -> None:
+  """Raise CheckpointError when the step folder `path`'s params or optimizer state do not have the
+  paths and shapes this run's `abstract_state` has (a setting that shapes the state, such as
+  train.grad_clip or a module's layers, changed since the checkpoint was written); orbax would
+  otherwise fail inside the restore, which reads like a corrupt file. Only metadata is read; a
+  step whose metadata does not decode is left to the restore, which names it corrupt."""
+  try:  # read from the step folder: a read-only manager has no handlers to read items with
+    handler = ocp.StandardCheckpointHandler()
+    saved = {item: _shapes(handler.metadata(pathlib.Path(path) / item))
+             for item in ("params", "train")}
+  except Exception:  # orbax raises assorted types on unreadable metadata
+    return
+  built = {"params": _shapes(abstract_state.params),
+           "train": _shapes({"step": abstract_state.step, "opt_state": abstract_state.opt_state})}
+  wrong = [(item, _first_difference(saved[item], built[item])) for item in ("params", "train")
+           if saved[item] and saved[item] != built[item]]
+  if not wrong:
+    return
+  item, detail = wrong[0]
+  what = "model params" if item == "params" else "optimizer state"
+  diffs = config_differences(meta.get("config"), config) if config is not None else []
+  cause = (f"This run's config differs from the one saved with it in: {'; '.join(diffs)}; "
+           "one of these shapes the state. Fix: set it back to resume, or pass a new --workdir "
+           "to train afresh."
+           if diffs else
+           "Fix: pass a new --workdir to train afresh, or resume with the settings and the "
+           "spec_jax version that wrote it.")
+  raise CheckpointError(
+      f"Checkpoint {path} holds {what} of another structure than this run builds ({detail}), "
+      f"so it cannot be resumed. {cause}")
 
 
 def _set_aside(manager: ocp.CheckpointManager, corrupt: list[CorruptCheckpointError],
@@ -218,7 +297,7 @@ def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Calla
   run is already finished (nothing is truncated then). `expected`: see restore_latest."""
   directory = str(manager.directory)
   restored = restore_latest(directory, abstract_state, model_cfg=model_cfg, manager=manager,
-                            expected=expected, skip_corrupt=True)
+                            expected=expected, skip_corrupt=True, config=config)
   if restored is None:
     # A run killed before its first checkpoint left metrics of steps that will run again.
     writer.truncate_after(-1)
