@@ -201,13 +201,13 @@ def test_round_robin_and_timed_pass_compile_first():
 
   times = timing.round_robin({"x": fn("x"), "y": fn("y")}, repeats=3, clock=clocks.wall_clock)
   assert calls == {"x": 4, "y": 4}  # one compile call each, then 3 turns
-  assert set(times["x"]) == {"compile_s", "median_s", "min_s"}
+  assert set(times["x"]) == {"compile_s", "median_s", "min_s", "max_s"}
   # compile_s = first call − median, floored at 0 (y's first call ran faster than its median).
-  assert times == {"x": dict(compile_s=0.75, median_s=0.25, min_s=0.125),
-                   "y": dict(compile_s=0.0, median_s=0.75, min_s=0.25)}
+  assert times == {"x": dict(compile_s=0.75, median_s=0.25, min_s=0.125, max_s=0.5),
+                   "y": dict(compile_s=0.0, median_s=0.75, min_s=0.25, max_s=0.75)}
   calls["z"], lasts["z"] = 0, iter([2.0, 0.5, 0.25])
   assert timing.time_call(fn("z"), 2, clock=clocks.wall_clock) == dict(
-      compile_s=1.625, median_s=0.375, min_s=0.25)
+      compile_s=1.625, median_s=0.375, min_s=0.25, max_s=0.5)
   # The default clock is the real one: any call takes a non-negative time.
   assert timing.timed(lambda: jnp.ones(2))[1] >= 0
   seen, clocks = [], _Clocks()

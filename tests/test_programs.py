@@ -126,6 +126,8 @@ def test_cost_model_smoke_writes_rows(tmp_path):
   verifier = [r for r in rows if r["model"] == "verifier"]
   assert [(r["batch_size"], r["T"]) for r in verifier] == [(b, t) for b in (1, 2) for t in (1, 2, 5)]
   assert all(r["r"] == 1.0 for r in verifier if r["T"] == 1)
+  assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] for r in rows
+             if r["model"] in ("verifier", "drafter"))
   for r in verifier:  # ms rounded to 3 decimals: the tolerance covers it at any speed
     one = next(v["ms"] for v in verifier if v["T"] == 1 and v["batch_size"] == r["batch_size"])
     assert r["r"] == pytest.approx(r["ms"] / one, rel=0.02, abs=1e-3 + 1e-3 * (1 + r["ms"]) / one)

@@ -10,11 +10,19 @@ of machine in this workplace (the device library's KINDS.md, bytes read plus wri
 before `MemoryReads` spread its wait over several passes timed one 512 MiB read per call, which
 on a GPU is as long as the dispatch, and under-read the bandwidth by 2-3×.
 
-  python experiments/scale/collect.py            # rewrite results.json, print the table
+Then it draws the rows: step_vs_roofline.png, each run's decode step over its roofline (a
+GPU's at the reference bandwidth) by batch size, one panel per device kind, the runs repeated in
+another process (`-r2`, `-r3`, `-repeat`) drawn as their median with the range as error bars;
+and r_of_t.png, r(T) of every cost run (`*-cost*/`), with each T's fastest and slowest call over
+the median at T = 1 as error bars where the rows record them (`ms_min`, `ms_max`).
+
+  python experiments/scale/collect.py            # rewrite results.json and the plots, print the table
 """
 
 import json
 import pathlib
+import re
+import statistics
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -74,7 +82,101 @@ def table(rows):
   return "\n".join(lines)
 
 
+def _figure(ncols: int):
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+  from matplotlib.figure import Figure  # noqa: PLC0415
+  fig = Figure(figsize=(6.5 * ncols, 4.8), layout="constrained")
+  FigureCanvasAgg(fig)
+  return fig, fig.subplots(1, ncols, squeeze=False).ravel()
+
+
+def _ratio(row: dict) -> float:
+  ref = row.get("decode_vs_reference_roofline")
+  return ref if ref is not None else row["decode_vs_roofline"]
+
+
+def step_groups(speed_rows: list[dict]) -> dict[str, dict[tuple[str, int], list[float]]]:
+  """{device_kind: {(run without its repeat suffix, batch size): [decode step / roofline]}};
+  a run is `<directory>/<name>` (gpu/ holds the Triton-GEMM runs, gpu_levers/ the levers)."""
+  out: dict[str, dict[tuple[str, int], list[float]]] = {}
+  for r in speed_rows:
+    base = re.sub(r"-(r\d+|repeat)$", "", r["run"])
+    out.setdefault(r["device_kind"], {}).setdefault((base, r["batch_size"]), []).append(_ratio(r))
+  return out
+
+
+def plot_steps(speed_rows: list[dict], path: pathlib.Path) -> None:
+  from matplotlib.ticker import ScalarFormatter  # noqa: PLC0415
+  groups = step_groups(speed_rows)
+  fig, axes = _figure(len(groups))
+  for ax, (kind, by_run) in zip(axes, sorted(groups.items())):
+    runs = list(dict.fromkeys(run for run, _ in by_run))
+    batches = sorted({b for _, b in by_run})
+    width = 0.8 / len(batches)
+    for i, b in enumerate(batches):
+      xs, ys, lo, hi = [], [], [], []
+      for x, run in enumerate(runs):
+        values = by_run.get((run, b))
+        if values:
+          mid = statistics.median(values)
+          xs.append(x + (i - (len(batches) - 1) / 2) * width)
+          ys.append(mid)
+          lo.append(mid - min(values))
+          hi.append(max(values) - mid)
+      ax.bar(xs, ys, width, color=f"C{i}", label=f"batch {b}")
+      ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", capsize=2, ecolor="black")
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    ax.tick_params(axis="y", which="both", labelsize=7)
+    ax.set_xticks(range(len(runs)), runs, rotation=60, ha="right", fontsize=7)
+    reference = (f"at {REFERENCE_GB_S[kind]:,.0f} GB/s" if kind in REFERENCE_GB_S
+                 else "at the run's bandwidth")
+    ax.set_ylabel(f"decode step / roofline {reference}")
+    ax.set_title(f"{kind}: AR decode step vs roofline (error bars: range over repeat runs)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+  fig.savefig(path, dpi=120)
+
+
+def cost_curves() -> dict[str, list[dict]]:
+  """{run: verifier rows of r(T)} of every cost run, device kind first in the run's name."""
+  out = {}
+  for path in sorted(HERE.glob("*/*-cost*/results.json")):
+    rows = [r for r in json.loads(path.read_text()) if r.get("model") == "verifier"
+            and r.get("batch_size") == 1]
+    if rows:
+      out[f"{path.parent.parent.name}/{path.parent.name}"] = sorted(rows, key=lambda r: r["T"])
+  return out
+
+
+def plot_r_of_t(curves: dict[str, list[dict]], path: pathlib.Path) -> None:
+  from matplotlib.ticker import ScalarFormatter  # noqa: PLC0415
+  fig, (ax,) = _figure(1)
+  for i, (run, rows) in enumerate(curves.items()):
+    one = next(r["ms"] for r in rows if r["T"] == 1)
+    ts, rs = [r["T"] for r in rows], [r["r"] for r in rows]
+    ax.plot(ts, rs, marker="o", color=f"C{i}", label=f"{run} ({rows[0]['device_kind']}, "
+            f"{rows[0]['dtype']})")
+    if all("ms_min" in r for r in rows):
+      ax.errorbar(ts, rs, yerr=[[r["r"] - r["ms_min"] / one for r in rows],
+                                [r["ms_max"] / one - r["r"] for r in rows]],
+                  fmt="none", capsize=2, ecolor=f"C{i}")
+  ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+  ax.set_xscale("log", base=2)
+  ax.xaxis.set_major_formatter(ScalarFormatter())
+  ax.set_xlabel("T (tokens per verifier call)")
+  ax.set_ylabel("r(T) = cost(T) / cost(1)")
+  ax.set_title("r(T) at batch 1, medians (error bars: fastest and slowest call / median at "
+               "T = 1, where recorded)", fontsize=9)
+  ax.legend(fontsize=7)
+  fig.savefig(path, dpi=120)
+
+
 if __name__ == "__main__":
   gathered = rows()
   (HERE / "results.json").write_text(json.dumps(gathered + plan_rows(), indent=1) + "\n")
+  plot_steps(gathered, HERE / "step_vs_roofline.png")
+  plot_r_of_t(cost_curves(), HERE / "r_of_t.png")
   sys.stdout.write(table(gathered) + "\n")

@@ -144,7 +144,8 @@ def paired_passes(a: Callable[[Any, int], Any], b: Callable[[Any, int], Any],
 def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
                 clock: Clock = time.perf_counter) -> dict[str, dict[str, float]]:
   """Time each of `fns` (same inputs, closed over) once to compile, then `repeats` turns in which
-  every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s."""
+  every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s,
+  max_s."""
   if repeats < 1:
     raise ValueError(f"repeats={repeats} must be >= 1.")
   names = list(fns)
@@ -154,13 +155,14 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
   for name, runs in zip(names, results):
     times = [s for _, s in runs]
     median = statistics.median(times)
-    out[name] = dict(compile_s=max(first[name] - median, 0.0), median_s=median, min_s=min(times))
+    out[name] = dict(compile_s=max(first[name] - median, 0.0), median_s=median, min_s=min(times),
+                     max_s=max(times))
   return out
 
 
 def time_call(fn: Callable[[], Any], repeats: int, *,
               clock: Clock = time.perf_counter) -> dict[str, float]:
-  """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s."""
+  """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s, max_s."""
   return round_robin({"fn": fn}, repeats, clock=clock)["fn"]
 
 
@@ -197,7 +199,19 @@ def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
 def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                   batch_size: int, tokens: Sequence[int], position: int,
                   repeats: int = 5, clock: Clock = time.perf_counter) -> dict[int, float]:
-  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`.
+  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`
+  (`forward_timings` for the spread)."""
+  times = forward_timings(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
+                          position=position, repeats=repeats, clock=clock)
+  return {t: v["median_s"] for t, v in times.items()}
+
+
+def forward_timings(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
+                    batch_size: int, tokens: Sequence[int], position: int,
+                    repeats: int = 5, clock: Clock = time.perf_counter
+                    ) -> dict[int, dict[str, float]]:
+  """`round_robin`'s seconds (median_s, min_s, max_s, compile_s) of one forward call on T new
+  tokens per row, for every T in `tokens`.
 
   apply_fn is the docs/design.md §2 forward apply(params, tokens[B,T], positions[B,T], cache)
   -> (logits, hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for
@@ -209,7 +223,7 @@ def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
   calls = forward_calls(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
                         position=position)
   times = round_robin({str(t): call for t, call in calls.items()}, repeats, clock=clock)
-  return {int(t): v["median_s"] for t, v in times.items()}
+  return {int(t): v for t, v in times.items()}
 
 
 def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,

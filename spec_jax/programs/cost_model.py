@@ -7,7 +7,8 @@ bound accelerator comes close to and a CPU does not. The theory column of every 
 whole curve once, at each batch size, with the drafter's c and the memory roofline beside it.
 
 Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median of `repeats`
-calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it), r
+calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it),
+ms_min and ms_max (the fastest and slowest of those calls), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 model's parameter bytes over the measured memory bandwidth: the floor of any call that reads the
 weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
@@ -75,15 +76,17 @@ def run(config, workdir: str) -> list[dict]:
     costs = {}
     for name, cfg, params, tokens in (("verifier", v_cfg, v_params, c.tokens),
                                       ("drafter", d_cfg, d_params, (1,))):
-      costs[name] = timing.forward_costs(
+      times = timing.forward_timings(
           features_lib.timing_apply(cfg), params,
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
           batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats)
+      costs[name] = {t: v["median_s"] for t, v in times.items()}
       roofline_ms = 1e3 * timing.param_bytes(params) / bandwidth
       for t in tokens:
         ms = 1e3 * costs[name][t]
         rows.append(dict(
             model=name, T=t, batch_size=batch_size, ms=round(ms, 3),
+            ms_min=round(1e3 * times[t]["min_s"], 3), ms_max=round(1e3 * times[t]["max_s"], 3),
             r=round(costs[name][t] / costs[name][1], 3) if name == "verifier" else None,
             c=(round(costs[name][1] / costs["verifier"][1], 4) if name == "drafter" else None),
             roofline_ms=round(roofline_ms, 3), vs_roofline=round(ms / roofline_ms, 3),
