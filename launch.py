@@ -48,7 +48,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except app.UsageError as e:
     print(f"FATAL {e}", file=sys.stderr)
     sys.exit(1)
-  return flags.FLAGS(argv)
+  try:
+    rest = flags.FLAGS(argv)
+    if _CONFIG.value is not None:
+      _CONFIG.value.keys()  # a config file that failed to load raises at its first read
+  except (flags.Error, OSError) as e:
+    if "--verbose" in argv:
+      raise
+    print(f"FATAL {cli.flag_error(e, argv)}", file=sys.stderr)
+    sys.exit(1)
+  return rest
 
 
 def main(argv):

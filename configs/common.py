@@ -45,6 +45,15 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   return out
 
 
+def plus_list(args: ml_collections.ConfigDict, key: str, kind: type = int) -> tuple:
+  """The `:arg` `key` written as numbers joined by '+' (`gammas=2+4+6`), as a tuple of `kind`."""
+  try:
+    return tuple(kind(x) for x in args[key].split("+") if x)
+  except ValueError:
+    raise ValueError(f"Config argument {key!r} must be {kind.__name__}s joined by '+' (e.g. "
+                     f"{key}=1+2), got {args[key]!r}.") from None
+
+
 def given(arg: str | None) -> set[str]:
   """The keys an `:arg` string sets explicitly: a smoke variant keeps them instead of its own
   defaults (`configs/distill.py:smoke,divergence=rkl` trains RKL)."""

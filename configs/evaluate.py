@@ -30,14 +30,6 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import methods
 
 
-def _floats(s: str) -> tuple[float, ...]:
-  return tuple(float(x) for x in s.split("+") if x)
-
-
-def _ints(s: str) -> tuple[int, ...]:
-  return tuple(int(x) for x in s.split("+") if x)
-
-
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, gammas="2+4+6", temperatures="0+1", batch_sizes="1",
                           num_prompts=8, new_tokens=64, drafter="runs/quickstart/drafter")
@@ -60,8 +52,9 @@ def get_config(arg=None):
       methods=("sd",),
       tree_width=3,      # K chains (specinfer/spectr), beam width W (rsd_s), root branching (rsd_c)
       tree_rule="auto",  # tree verification rule; auto = the one each tree's sampling needs
-      gammas=_ints(args.gammas), temperatures=_floats(args.temperatures),
-      batch_sizes=_ints(args.batch_sizes), num_prompts=args.num_prompts,
+      gammas=common.plus_list(args, "gammas"),
+      temperatures=common.plus_list(args, "temperatures", float),
+      batch_sizes=common.plus_list(args, "batch_sizes"), num_prompts=args.num_prompts,
       new_tokens=args.new_tokens, max_prompt_tokens=96, top_k=0, top_p=1.0,
       # The smallest padded prompt width: a batch takes the smallest of 32, 64, ... (doubling,
       # then max_prompt_tokens) that holds its longest prompt, one compiled program per width;

@@ -53,10 +53,10 @@ def get_config(arg=None):
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
                           fused=False, unrolled=False, pallas=False, attn_kernel=False)
   dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
-  batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
-  tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
-                           else "1+2+3+4+5+6+8+12+16")
-  ints = lambda text: tuple(int(x) for x in text.split("+"))  # noqa: E731
+  args.batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
+  args.tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
+                                else "1+2+3+4+5+6+8+12+16")
+  batch_sizes, tokens = common.plus_list(args, "batch_sizes"), common.plus_list(args, "tokens")
   config = common.base("cost_model" if args.cost else "benchmark")
   config.config_file = "configs/scale.py" + (f":{arg}" if arg else "")
   config.tokenizer = "bytes"  # random prompts: any tokenizer whose ids fit the preset's vocabulary
@@ -69,7 +69,7 @@ def get_config(arg=None):
     config.verifier = common.model(size=size, dtype=dtype)
     # The one-block feature drafter of that verifier, random (cost_model: no checkpoint).
     config.drafter = common.model(size=f"{size}:first=1:features=1", dtype=dtype)
-    config.cost = dict(tokens=ints(tokens), batch_sizes=ints(batch_sizes), repeats=args.repeats,
+    config.cost = dict(tokens=tokens, batch_sizes=batch_sizes, repeats=args.repeats,
                        position=128, bandwidth_mb=512, theory=SUITE_TAU, check={})
     if args.smoke:
       config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=1, position=8,
@@ -78,7 +78,7 @@ def get_config(arg=None):
   config.model = common.model(size=size, dtype=dtype)
   config.data = common.data()  # unused: random prompts
   config.sampling = common.sampling()
-  config.benchmark = dict(batch_sizes=ints(batch_sizes),
+  config.benchmark = dict(batch_sizes=batch_sizes,
                           new_tokens=args.new_tokens or (64 if args.gpu else 16),
                           prompt_tokens=64, repeats=args.repeats, prompts="random",
                           loop="fixed")  # or "while": the loop that stops on stop tokens

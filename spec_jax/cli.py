@@ -96,6 +96,27 @@ def check_override_keys(argv: list[str]) -> None:
     _check_tuple_override(key, overrides[key], node)
 
 
+def flag_error(error: Exception, argv: list[str]) -> str:
+  """One line for a command line the flags refuse. A --config that does not load: ml_collections
+  puts the config file's whole traceback into its flag error (an unknown ':arg'), or defers a
+  missing file's error to the first read of the config; the cause is the last line."""
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None and "--config" in argv[:-1]:
+    config_arg = argv[argv.index("--config") + 1]
+  text = str(error)
+  if config_arg is None and "--config" in text:
+    return ("--config is required: python launch.py --config configs/<name>.py[:args] "
+            "--workdir DIR (`python launch.py --help` lists the configs).")
+  if config_arg is None or not text.startswith(("flag --config=", "Configuration is not")):
+    return text.splitlines()[0] if text else type(error).__name__
+  if "No such file or directory" in text:
+    return (f"--config={config_arg}: no such config file. Fix: a path to a config "
+            "(`python launch.py --help` lists them), e.g. configs/evaluate.py:smoke.")
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  cause = lines[-1] if lines else type(error).__name__
+  return f"--config={config_arg} does not load: {cause}"
+
+
 def _check_tuple_override(key: str, value: str, default) -> None:
   """A tuple field's override must hold elements of its default's type: ml_collections would
   parse `(2.5,)` into an int field as 2 and `abc` fail late with a bare error."""

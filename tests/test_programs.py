@@ -288,6 +288,31 @@ def test_launcher_rejects_bad_config(tmp_path, args, message):
   assert re.search(message, result.stderr), result.stderr[-2000:]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/evaluate.py:colour=red"], r"FATAL --config=configs/evaluate.py:"
+     r"colour=red does not load: ValueError: Unknown config argument 'colour'; known: "),
+    (["--config", "configs/evaluate.py:gammas=2+x"],
+     r"Config argument 'gammas' must be ints joined by '\+' \(e.g. gammas=1\+2\), got '2\+x'"),
+    (["--config=configs/evalute.py"], r"FATAL --config=configs/evalute.py: no such config file\. "
+     r"Fix: a path to a config \(`python launch.py --help` lists them\)"),
+    ([], r"FATAL --config is required: python launch.py --config configs/<name>.py"),
+    (["--config", "configs/evaluate.py", "--num_processes=two"],
+     r"FATAL flag --num_processes=two: invalid literal"),
+])
+def test_a_command_line_the_flags_refuse_ends_with_one_line(tmp_path, args, message):
+  """A config file that does not load (an unknown or malformed `:arg`, a mistyped path), a missing
+  --config or a malformed flag: one line, no traceback, nothing written; --verbose keeps it."""
+  workdir = tmp_path / "w"
+  result = _launch(*args, "--workdir", str(workdir), timeout=300)
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert re.search(message, result.stderr), result.stderr[-2000:]
+  assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+  assert not workdir.exists()
+  if args:
+    verbose = _launch(*args, "--workdir", str(workdir), "--verbose", timeout=300)
+    assert verbose.returncode == 1 and "Traceback" in verbose.stderr
+
+
 def test_help_lists_programs_and_configs_and_dry_run_runs_nothing(tmp_path):
   result = _launch("--help", timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -338,6 +363,10 @@ def test_config_arg_errors():
     generate_config.get_config("colour=red")
   with pytest.raises(ValueError, match="'new_tokens' must be int"):
     generate_config.get_config("new_tokens=lots")
+  from configs import scale as scale_config  # noqa: PLC0415
+  with pytest.raises(ValueError, match=r"'tokens' must be ints joined by '\+'.*got '1\+2\.5'"):
+    scale_config.get_config("cost,tokens=1+2.5")
+  assert scale_config.get_config("cost,tokens=1+4").cost.tokens == (1, 4)
   # A smoke variant keeps what the argument sets (it used to train FKL whatever was asked).
   from configs import distill as distill_config
   assert distill_config.get_config("smoke,divergence=kl").distill.divergence == "kl"
