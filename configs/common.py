@@ -28,7 +28,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     key, _, value = item.partition("=")
     key = key.strip()
     if key not in defaults:
-      raise ValueError(f"Unknown config argument {key!r}; known: {', '.join(sorted(defaults))}.")
+      raise ValueError(f"Unknown config argument {key!r}; known: "
+                       f"{', '.join(sorted(defaults)) or 'none (this config takes no :args)'}.")
     default = defaults[key]
     if not _:
       value = "True"

@@ -13,5 +13,5 @@ from configs import common
 
 
 def get_config(arg=None):
-  del arg
+  common.parse_arg(arg)  # takes no `:args`: any is refused by name
   return common.base("methods")
