@@ -61,14 +61,26 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv):
+  try:
+    _run(argv)
+  except app.UsageError as e:  # absl would print the whole usage text above the one line
+    if _VERBOSE.value:
+      raise
+    print(f"FATAL {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _run(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}. Fix: flags take --name=value, "
+                         "config fields --config.a.b=value (`python launch.py --help`).")
   if _DRY_RUN.value:  # before jax is even imported
     print(_CONFIG.value)
     return
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required (where checkpoints, metrics and results go); "
                          "--dry_run prints the resolved config without one.")
+  cli.check_workdir(_WORKDIR.value)
   # Log lines go to WORKDIR/log.txt (and the console with --verbose); before jax probes platforms.
   pending_log = cli.route_logs(_VERBOSE.value)
   xla_flags = cli.set_xla_defaults()  # before jax starts a backend
@@ -93,8 +105,7 @@ def main(argv):
   if _VERBOSE.value:
     logging.info("config:\n%s", config)
   previous = None  # the workdir's config.json before this run, if it had one
-  if (jax.process_index() == 0 and not os.path.isfile(_WORKDIR.value)
-      and not config.get("render_only", False)):
+  if jax.process_index() == 0 and not config.get("render_only", False):
     # The resolved config, for the record (printed only with --verbose); a render_only run
     # reports a workdir's finished runs and leaves the config they were made with in place.
     previous = cli.record_config(_WORKDIR.value, config)

@@ -171,6 +171,21 @@ def help_text(flags_help: str, doc: str) -> str:
 CONFIG_FILE = "config.json"
 
 
+def check_workdir(workdir: str) -> None:
+  """UsageError unless `workdir` is a directory this process can write (created if missing)."""
+  if os.path.isfile(workdir):
+    raise UsageError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
+                     "a directory path (it is created if missing).")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f"--workdir={workdir!r} cannot be created ({e.strerror}). Fix: a directory "
+                     "path you can write.") from None
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise UsageError(f"--workdir={workdir!r} is not writable. Fix: a directory path you can "
+                     "write.")
+
+
 def record_config(workdir: str, config) -> str | None:
   """Writes the resolved config to workdir/config.json, for the record; returns the text it
   replaced (None: there was none), which `restore_config` puts back when the run is refused."""

@@ -313,6 +313,20 @@ def test_a_command_line_the_flags_refuse_ends_with_one_line(tmp_path, args, mess
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
 
 
+def test_a_workdir_that_cannot_hold_results_ends_with_one_line(tmp_path):
+  (tmp_path / "file").write_text("")
+  for workdir, message in ((tmp_path / "file", r"is a file; results go into a directory"),
+                           (tmp_path / "file" / "below", r"cannot be created \(Not a directory\)")):
+    result = _launch("--config", "configs/methods.py", "--workdir", str(workdir), timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert re.fullmatch(rf"FATAL --workdir='{workdir}' {message}.*Fix: .*\n", result.stderr), (
+        result.stderr[-2000:])
+  result = _launch("--config", "configs/methods.py", "--workdir", str(tmp_path / "w"), "extra",
+                   timeout=300)
+  assert result.returncode == 1
+  assert re.fullmatch(r"FATAL Unexpected arguments: \['extra'\]\. Fix: .*\n", result.stderr)
+
+
 def test_help_lists_programs_and_configs_and_dry_run_runs_nothing(tmp_path):
   result = _launch("--help", timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
