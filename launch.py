@@ -5,7 +5,6 @@ Dispatches on `config.program` to `spec_jax.programs.<program>.run(config, workd
 
 import gc
 import importlib
-import os
 import sys
 import time
 
