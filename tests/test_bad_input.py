@@ -88,6 +88,7 @@ CASES = [
      r"quickstart section 'evaluate' .*tokenizer='gpt5' is no tokenizer here"),
     ("quickstart", {"generate.generation.batch_size": 0},
      r"quickstart section 'generate' .*generation.batch_size=0 must be >= 1"),
+    ("experiments.bpd.config", {"ngram_beams": (0,)}, r"ngram_beams=\(0,\) must hold integers >= 1"),
 ]
 
 
@@ -99,6 +100,15 @@ def test_refused_naming_the_field_before_any_work(tmp_path, no_work, program, ov
   config = testing.with_overrides(config, overrides)
   with pytest.raises(ValueError, match=message):
     testing.dispatch(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("experiment", ["specbench", "stop", "dyn"])
+def test_a_missing_bpd_checkpoint_is_named_by_the_experiments_field(tmp_path, no_work, experiment):
+  config = importlib.import_module(f"experiments.{experiment}.config").get_config("smoke")
+  config.bpd_checkpoint = str(tmp_path / "no_heads")
+  with pytest.raises(FileNotFoundError, match=rf"^bpd_checkpoint='{tmp_path}/no_heads' \(the BPD "
+                                              r"heads' evaluate runs.*No checkpoint at"):
+    testing.dispatch(config, str(tmp_path / "run"))
 
 
 def test_the_guard_sees_work(tmp_path, no_work):

@@ -29,7 +29,7 @@ import re
 
 import ml_collections
 
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data import corpora
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding.drafters import bpd as bpd_drafter
@@ -133,6 +133,7 @@ def check_config(config, workdir: str) -> None:
     if float(t) < 0:
       raise ValueError(f"temperatures has {t}: a temperature must be >= 0 (0 = greedy). Fix: "
                        "--config.temperatures=\"(0.0, 1.0)\".")
+  checks.integers(config.get("ngram_beams", ()), "ngram_beams", empty_ok=True)
   for name in ("train_steps", "num_prompts", "new_tokens", "batch_size", "top_k"):
     if int(config[name]) < 1:
       raise ValueError(f"{name}={config[name]} must be >= 1.")

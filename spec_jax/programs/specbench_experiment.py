@@ -155,8 +155,15 @@ def check(config, workdir: str) -> None:
   _check_fields(config)
   if config.render_only:
     return
-  for cfg in eval_configs(config):
-    evaluate.check_config(cfg, workdir)
+  main, *bpd_runs = eval_configs(config)
+  evaluate.check_config(main, workdir)
+  for cfg in bpd_runs:  # the heads' runs: evaluate names its drafter field, this config's is ours
+    try:
+      evaluate.check_config(cfg, workdir)
+    except (ValueError, FileNotFoundError) as e:
+      raise (FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError)(
+          f"bpd_checkpoint={config.bpd_checkpoint!r} (the BPD heads' evaluate runs, their "
+          f"drafter.checkpoint): {e}") from None
   prompt_sets(config, tokenizer_lib.get_tokenizer(config.tokenizer))
 
 
