@@ -3,12 +3,15 @@ repository's config.json, its parameter count (from shapes, nothing allocated) i
 size, and bad names, dtypes and vocabularies fail with one line naming the field."""
 
 import dataclasses
+import os
+import pathlib
+import subprocess
 
 import pytest
 
 from configs import common
 from configs import scale as scale_config
-from spec_jax import loading
+from spec_jax import cli, loading, testing
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.models import families, gemma, hf_import, llama, presets
 from spec_jax.programs import benchmark, cost_model
@@ -143,3 +146,41 @@ def test_bad_names_and_dtypes_are_one_line_naming_the_field():
     with pytest.raises(ValueError, match=message) as e:
       program.run(config, "/nonexistent/never-written")
     assert "\n" not in str(e.value)
+
+
+class ChecksPassed(Exception):
+  """Raised where a speed program loads its model: every check before it accepted the config."""
+
+
+@pytest.mark.parametrize("mode", ["presets", "bars", "bars2", "levers"])
+def test_every_step_of_the_gpu_sweep_passes_its_checks(tmp_path, monkeypatch, mode):
+  """experiments/scale/gpu.sh runs blind on a lent GPU (minutes, one try): each of its steps'
+  configs (configs/scale.py args and overrides, as `LIST=1` prints them) must pass the program's
+  checks here, or a check added since the last loan would refuse it there."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  listed = subprocess.run(["bash", "experiments/scale/gpu.sh", mode], cwd=root, check=True,
+                          capture_output=True, text=True,
+                          env=dict(os.environ, LIST="1", OUT=str(tmp_path / "out"))).stdout
+  steps = [line.split("\t") for line in listed.splitlines()]
+  assert len(steps) >= 5, listed
+  vocab = tmp_path / "vocab49152.json"  # the script writes the same stand-in to /tmp
+  vocab.write_text(_word_level(49152))
+
+  def refuse_load(*args, **kwargs):
+    raise ChecksPassed()
+  monkeypatch.setattr(loading, "load_model", refuse_load)
+  for name, args, *overrides in steps:
+    overrides = [o.replace("/tmp/vocab49152.json", str(vocab)) for o in overrides]
+    cli.check_override_keys(["launch.py", f"--config={root}/configs/scale.py:{args}", *overrides])
+    config = scale_config.get_config(args)
+    config = testing.with_overrides(config, dict(
+        o[len("--config."):].split("=", 1) for o in overrides))
+    with pytest.raises(ChecksPassed):
+      testing.dispatch(config, str(tmp_path / name))
+
+
+def _word_level(size: int) -> str:
+  import tokenizers  # noqa: PLC0415
+  vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, size)}}
+  return tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|endoftext|>")
+                              ).to_str()

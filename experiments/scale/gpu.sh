@@ -40,24 +40,29 @@
 #   tar -xzf <files_at>/scale_gpu.tar.gz
 # then `python experiments/scale/collect.py` gathers the rows into results.json and prints the
 # table for experiments/scale/results.md (one table per device kind).
+#
+# LIST=1 bash experiments/scale/gpu.sh [MODE] prints each step (name, configs/scale.py args,
+# overrides; tab-separated) and runs nothing: tests/test_presets.py runs every step's checks on
+# the CPU with it, so no config of the sweep is refused on the GPU.
 set -u
 OUT=${OUT:-/tmp/scale_gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -n "${LIST:-}" ]; then :
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_MEM_FRACTION=0.9
 W=experiments/scale/gpu
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+[ -n "${LIST:-}" ] || { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__)"
   python3 -c "import jax; print(jax.devices())"
 } >>"$LOG" 2>&1
 
 # A 49,152-token stand-in vocabulary for the SmolLM2-135M shape (random weights and random
 # prompts need no real tokenizer; its GGUF is too large to carry).
-python3 - >>"$LOG" 2>&1 <<'EOF'
+[ -n "${LIST:-}" ] || python3 - >>"$LOG" 2>&1 <<'EOF'
 import tokenizers
 vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, 49152)}}
 tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|endoftext|>")).save(
@@ -80,6 +85,10 @@ step() {  # step NAME CONFIG_ARGS [--config.x=y ...]: one launch.py run, bounded
   rm -f "$OUT/$name.out"
   tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 }
+if [ -n "${LIST:-}" ]; then
+  step() { printf '%s' "$1"; shift; printf '\t%s' "$@"; printf '\n'; }
+  dump() { :; }
+fi
 SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
 # The launcher puts every weight product on cuBLAS (cli.XLA_DEFAULTS); this turns Triton's GEMM
 # fusions back on, the XLA default before (the 8B batch-1 step: 11.7 ms with them, 5.7 without).
@@ -113,7 +122,7 @@ if [ "${1:-presets}" = bars ]; then
       --config.model.size=smollm2-135m:fused=1:attn_kernel=1
   left=$((540 - SECONDS))
   echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
-  if [ "$left" -ge 60 ]; then
+  if [ "$left" -ge 60 ] && [ -z "${LIST:-}" ]; then
     timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --out "$W/pallas-tiles" \
         --budget_s "$((left - 40))" >>"$LOG" 2>&1
     echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
@@ -133,7 +142,7 @@ elif [ "${1:-presets}" = bars2 ]; then
   # process, each checked against XLA's greedy tokens.
   left=$((540 - SECONDS))
   echo "== pallas-tiles-8b (t=${SECONDS}s)" >>"$LOG"
-  if [ "$left" -ge 90 ]; then
+  if [ "$left" -ge 90 ] && [ -z "${LIST:-}" ]; then
     timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --size llama3.1-8b \
         --dtype bfloat16 --steps 16 --settings default --out "$W/pallas-tiles-8b" \
         --budget_s "$((left - 60))" >>"$LOG" 2>&1
@@ -188,5 +197,6 @@ else
   step gemma3-1b gpu,preset=gemma3-1b
   step qwen3-0.6b gpu,preset=qwen3-0.6b
 fi
+[ -n "${LIST:-}" ] && exit 0
 tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 echo "done at ${SECONDS}s" >>"$LOG"
