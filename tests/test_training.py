@@ -260,6 +260,25 @@ def test_a_setting_that_shapes_the_state_is_named_on_resume(saved_run):
   assert leaves_equal(restored.params, state.params)
 
 
+def test_params_laid_out_by_another_version_are_not_called_corrupt(saved_run, monkeypatch):
+  """load_model: params whose paths or shapes differ from what this version builds from the
+  saved model config (a layout change between versions) are named as such, not as damage."""
+  workdir = saved_run[0]
+  real = llama.param_shapes
+
+  def renamed(cfg):
+    shapes = dict(real(cfg))
+    shapes["renamed_" + next(iter(shapes))] = shapes.pop(next(iter(shapes)))
+    return shapes
+  monkeypatch.setattr(llama, "param_shapes", renamed)
+  with pytest.raises(checkpoints.CheckpointError) as e:
+    checkpoints.load_model(workdir)
+  assert not isinstance(e.value, checkpoints.CorruptCheckpointError)
+  assert re.search(r"checkpoints/2 holds params of another structure than its saved model config "
+                   r"builds in this version of spec_jax \(this run builds renamed_.*written by "
+                   r"another version, not damaged", str(e.value)), str(e.value)
+
+
 def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
   workdir = str(tmp_path / "copy")
   import shutil

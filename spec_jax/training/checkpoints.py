@@ -238,19 +238,12 @@ def check_structure(path: str, abstract_state, meta: dict, config) -> None:
   train.grad_clip or a module's layers, changed since the checkpoint was written); orbax would
   otherwise fail inside the restore, which reads like a corrupt file. Only metadata is read; a
   step whose metadata does not decode is left to the restore, which names it corrupt."""
-  try:  # read from the step folder: a read-only manager has no handlers to read items with
-    handler = ocp.StandardCheckpointHandler()
-    saved = {item: _shapes(handler.metadata(pathlib.Path(path) / item))
-             for item in ("params", "train")}
-  except Exception:  # orbax raises assorted types on unreadable metadata
+  wrong = _structure_difference(path, {
+      "params": abstract_state.params,
+      "train": {"step": abstract_state.step, "opt_state": abstract_state.opt_state}})
+  if wrong is None:
     return
-  built = {"params": _shapes(abstract_state.params),
-           "train": _shapes({"step": abstract_state.step, "opt_state": abstract_state.opt_state})}
-  wrong = [(item, _first_difference(saved[item], built[item])) for item in ("params", "train")
-           if saved[item] and saved[item] != built[item]]
-  if not wrong:
-    return
-  item, detail = wrong[0]
+  item, detail = wrong
   what = "model params" if item == "params" else "optimizer state"
   diffs = config_differences(meta.get("config"), config) if config is not None else []
   cause = (f"This run's config differs from the one saved with it in: {'; '.join(diffs)}; "
@@ -262,6 +255,22 @@ def check_structure(path: str, abstract_state, meta: dict, config) -> None:
   raise CheckpointError(
       f"Checkpoint {path} holds {what} of another structure than this run builds ({detail}), "
       f"so it cannot be resumed. {cause}")
+
+
+def _structure_difference(path: str, built: dict[str, Any]) -> tuple[str, str] | None:
+  """(item, its first difference) where the step folder's saved items (orbax's metadata) do not
+  have the paths and shapes of `built` ({item: a tree of arrays or ShapeDtypeStructs}); None
+  where they do, or where the metadata does not decode (the restore names that)."""
+  try:  # read from the step folder: a read-only manager has no handlers to read items with
+    handler = ocp.StandardCheckpointHandler()
+    saved = {item: _shapes(handler.metadata(pathlib.Path(path) / item)) for item in built}
+  except Exception:  # orbax raises assorted types on unreadable metadata
+    return None
+  for item, tree in built.items():
+    want = _shapes(tree)
+    if saved[item] and saved[item] != want:
+      return item, _first_difference(saved[item], want)
+  return None
 
 
 def _set_aside(manager: ocp.CheckpointManager, corrupt: list[CorruptCheckpointError],
@@ -454,6 +463,13 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
       shardings = jax.tree.map(lambda _: device, shapes)
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             shapes, shardings)
+    wrong = _structure_difference(step_path, {"params": abstract})
+    if wrong is not None:
+      raise CheckpointError(
+          f"Checkpoint {step_path} holds params of another structure than its saved model config "
+          f"builds in this version of spec_jax ({wrong[1]}): it was written by another version, "
+          "not damaged. Fix: load it with the spec_jax version that wrote it (its meta's config "
+          "names the run), or retrain with this one.")
     try:
       params = manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(abstract)))["params"]
