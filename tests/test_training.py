@@ -242,8 +242,8 @@ def test_a_setting_that_shapes_the_state_is_named_on_resume(saved_run):
   assert not isinstance(e.value, checkpoints.CorruptCheckpointError)
   assert re.search(r"checkpoints/2 holds optimizer state of another structure than this run "
                    r"builds \(this run builds opt_state/0/0/count \[\], which the checkpoint "
-                   r"lacks\).*in: train\.grad_clip: saved 1\.0, this run 0\.0; one of these shapes "
-                   r"the state\. Fix: set it back", str(e.value)), str(e.value)
+                   r"lacks\).*in: train\.grad_clip: saved 1\.0, this run 0\.0\. Fix: set back the "
+                   r"one that shapes the state", str(e.value)), str(e.value)
   assert sorted(os.listdir(workdir)) == ["checkpoints"]  # nothing set aside as corrupt
   # Without a config to compare, the fix still names a fresh workdir.
   with pytest.raises(checkpoints.CheckpointError, match=r"Fix: pass a new --workdir"):

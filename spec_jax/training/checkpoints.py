@@ -246,9 +246,9 @@ def check_structure(path: str, abstract_state, meta: dict, config) -> None:
   item, detail = wrong
   what = "model params" if item == "params" else "optimizer state"
   diffs = config_differences(meta.get("config"), config) if config is not None else []
-  cause = (f"This run's config differs from the one saved with it in: {'; '.join(diffs)}; "
-           "one of these shapes the state. Fix: set it back to resume, or pass a new --workdir "
-           "to train afresh."
+  cause = (f"This run's config differs from the one saved with it in: {'; '.join(diffs)}. "
+           "Fix: set back the one that shapes the state to resume (or resume with the spec_jax "
+           "version that wrote it), or pass a new --workdir to train afresh."
            if diffs else
            "Fix: pass a new --workdir to train afresh, or resume with the settings and the "
            "spec_jax version that wrote it.")
