@@ -134,7 +134,7 @@ def test_cost_model_smoke_writes_rows(tmp_path):
   drafter = [r for r in rows if r["model"] == "drafter"]
   assert [r["batch_size"] for r in drafter] == [1, 2] and all(r["c"] > 0 for r in drafter)
   md = open(tmp_path / "results.md").read()
-  assert "| T |" in md
+  assert "| T |" in md and (tmp_path / "r_of_t.png").stat().st_size > 0
   # The theory checked against chain SD decoded in the same turns, one row per (γ, T).
   checks = [r for r in rows if r["model"] == "speculative"]
   assert [(r["gamma"], r["temperature"]) for r in checks] == [(2, 0.0), (2, 1.0)]

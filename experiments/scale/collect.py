@@ -25,6 +25,9 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from spec_jax.evaluation import plots  # noqa: E402
+
 HERE = pathlib.Path(__file__).resolve().parent
 REFERENCE_GB_S = {"NVIDIA H200": 4300.0, "NVIDIA H100 80GB HBM3": 3000.0}
 KEEP = ("preset", "model", "device", "device_kind", "dtype", "batch_size", "new_tokens",
@@ -151,32 +154,13 @@ def cost_curves() -> dict[str, list[dict]]:
   return out
 
 
-def plot_r_of_t(curves: dict[str, list[dict]], path: pathlib.Path) -> None:
-  from matplotlib.ticker import ScalarFormatter  # noqa: PLC0415
-  fig, (ax,) = _figure(1)
-  for i, (run, rows) in enumerate(curves.items()):
-    one = next(r["ms"] for r in rows if r["T"] == 1)
-    ts, rs = [r["T"] for r in rows], [r["r"] for r in rows]
-    ax.plot(ts, rs, marker="o", color=f"C{i}", label=f"{run} ({rows[0]['device_kind']}, "
-            f"{rows[0]['dtype']})")
-    if all("ms_min" in r for r in rows):
-      ax.errorbar(ts, rs, yerr=[[r["r"] - r["ms_min"] / one for r in rows],
-                                [r["ms_max"] / one - r["r"] for r in rows]],
-                  fmt="none", capsize=2, ecolor=f"C{i}")
-  ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-  ax.set_xscale("log", base=2)
-  ax.xaxis.set_major_formatter(ScalarFormatter())
-  ax.set_xlabel("T (tokens per verifier call)")
-  ax.set_ylabel("r(T) = cost(T) / cost(1)")
-  ax.set_title("r(T) at batch 1, medians (error bars: fastest and slowest call / median at "
-               "T = 1, where recorded)", fontsize=9)
-  ax.legend(fontsize=7)
-  fig.savefig(path, dpi=120)
-
-
 if __name__ == "__main__":
   gathered = rows()
   (HERE / "results.json").write_text(json.dumps(gathered + plan_rows(), indent=1) + "\n")
   plot_steps(gathered, HERE / "step_vs_roofline.png")
-  plot_r_of_t(cost_curves(), HERE / "r_of_t.png")
+  curves = {f"{run} ({rows[0]['device_kind']}, {rows[0]['dtype']})": rows
+            for run, rows in cost_curves().items()}
+  plots.plot_r_of_t(curves, "r(T) at batch 1, medians (error bars: the fastest and slowest call "
+                    "over the median at T = 1, where recorded)").savefig(HERE / "r_of_t.png",
+                                                                         dpi=120)
   sys.stdout.write(table(gathered) + "\n")

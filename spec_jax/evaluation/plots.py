@@ -8,6 +8,7 @@ backend of a caller that has its own figures open.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any, Callable, Iterable, Sequence
 
 from spec_jax.evaluation import metrics, tables
@@ -174,6 +175,41 @@ def plot_speedup_vs_gamma(rows: Sequence[dict]):
                         title="Measured speedup vs draft length γ",
                         theory_fn=lambda r: r.get("theoretical_speedup"),
                         theory_label=_SPEEDUP_THEORY_LABEL, baseline=1.0)
+
+
+def plot_r_of_t(curves: dict[str, Sequence[dict]], title: str):
+  """Figure of r(T) = cost(T) / cost(1) against T, one line per entry of `curves` (label -> the
+  cost_model rows of one verifier at one batch size: T, r, ms and, where recorded, ms_min and
+  ms_max, drawn as error bars over the median at T = 1). None when no curve has rows."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+  from matplotlib.figure import Figure  # noqa: PLC0415
+  from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: PLC0415
+
+  curves = {label: sorted(rows, key=lambda r: r["T"]) for label, rows in curves.items() if rows}
+  if not curves:
+    return None
+  fig = Figure(figsize=(6.5, 4.8), layout="constrained")
+  FigureCanvasAgg(fig)
+  ax = fig.subplots()
+  for i, (label, rows) in enumerate(curves.items()):
+    one = next((r["ms"] for r in rows if r["T"] == 1), None)
+    ts, rs = [r["T"] for r in rows], [r["r"] for r in rows]
+    ax.plot(ts, rs, marker="o", color=f"C{i % 10}", label=label)
+    if one and all(tables.is_number(r.get("ms_min")) for r in rows):
+      ax.errorbar(ts, rs, yerr=[[max(r["r"] - r["ms_min"] / one, 0.0) for r in rows],
+                                [max(r["ms_max"] / one - r["r"], 0.0) for r in rows]],
+                  fmt="none", capsize=2, ecolor=f"C{i % 10}")
+  ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(sorted({r["T"] for rows in curves.values() for r in rows}), minor=False)
+  ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+  ax.xaxis.set_minor_locator(NullLocator())
+  ax.set_xlabel("T: tokens per verifier call")
+  ax.set_ylabel("r(T) = cost(T) / cost(1)")
+  ax.set_title(textwrap.fill(title, 70), fontsize="medium")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize="small")
+  return fig
 
 
 # (file name, figure function, the key a row needs to be drawn, the keys the figure shows: their

@@ -30,7 +30,7 @@ autoregressive decoding of the same prompts and with the forward calls r and c c
 temperature, batch_size, tau (block efficiency of those outputs), r (r(γ + 1)), c, d (drafter
 calls per round = γ: the catch-up window, then one per draft but the last), ms (per prompt),
 ar_ms, speedup (ar_ms / ms), theoretical_speedup (τ / (r + d·c)) and speedup_vs_theory.
-Also results.md.
+Also results.md and r_of_t.png (r(T) per batch size, the calls' range as error bars).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features as features_lib
-from spec_jax.evaluation import metrics, report, timing
+from spec_jax.evaluation import metrics, plots, report, timing
 from spec_jax.models import draft_init, families, llama, presets
 
 
@@ -198,11 +198,17 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
   batches = sorted({r["batch_size"] for r in rows if r["model"] != "speculative"})
   verifier = [r for r in rows if r["model"] == "verifier"]
   tokens = sorted({r["T"] for r in verifier})
+  fig = plots.plot_r_of_t(
+      {f"batch {b}": [r for r in verifier if r["batch_size"] == b] for b in batches},
+      f"r(T) of the verifier on {device}, medians (error bars: the fastest and slowest call "
+      "over the median at T = 1)")
+  fig.savefig(os.path.join(workdir, "r_of_t.png"), dpi=110)
   lines = ["# Verifier cost ratio r(T) and drafter cost c", "",
            f"`{command}`", "",
            f"Device: {device}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (the faster of a "
            "jitted sum and a GEMV over a large float32 array). r(T) = ms of a call on T tokens "
-           "/ ms of a call on 1 token; roofline = parameter bytes / bandwidth.", "",
+           "/ ms of a call on 1 token; roofline = parameter bytes / bandwidth. "
+           "Plot: [r_of_t.png](r_of_t.png).", "",
            "| T | " + " | ".join(f"B={b} ms | B={b} r" for b in batches) + " |",
            "|---:|" + "---:|---:|" * len(batches)]
   for t in tokens:
