@@ -635,5 +635,12 @@ def test_lenient_law_matches_the_rule_and_quality_columns(pair):
   ar_q = quality.summarize([quality.quality_sums(v_params, None, ar, verifier_cfg=v_cfg,
                                                  drafter_cfg=None, sampling=T1)])
   assert ar_q["token_tv"] == 0.0 and ar_q["verifier_loglik"] < 0
+  # Autoregressive rows run the verifier alone: the same raw log-likelihood, by hand.
+  ar_row = quality.quality_sums(v_params, None, ar, verifier_cfg=v_cfg, drafter_cfg=None,
+                                sampling=T1)
+  toks = ar.tokens[:1, :15]
+  logp = jax.nn.log_softmax(forward(v_cfg, v_params, toks)[0])
+  by_hand = sum(float(logp[t - 1, int(toks[0, t])]) for t in range(3, 15))
+  assert ar_row["tokens"][0] == 12 and ar_row["loglik_sum"][0] == pytest.approx(by_hand, rel=1e-5)
   with pytest.raises(ValueError, match="decode.epsilon must be in"):
     quality.quality_sums(v_params, d_params, out, lenience="lin", epsilon=0.0, **common)

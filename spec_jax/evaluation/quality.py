@@ -58,18 +58,21 @@ def lenient_law(p: jax.Array, q: jax.Array, lenience: str = "lin", epsilon=1.0) 
 @functools.partial(jax.jit, static_argnames=("v_cfg", "d_cfg", "sampling", "lenience"))
 def _row_sums(v_params, d_params, tokens, prompt_lengths, lengths, *, v_cfg, d_cfg, sampling,
               lenience, epsilon):
-  v_apply, d_apply = llama.make_apply(v_cfg), llama.make_apply(d_cfg)
+  """d_cfg None: autoregressive output, whose law is exactly p (tv 0, no drafter forward)."""
+  v_apply = llama.make_apply(v_cfg)
   s = tokens.shape[1]
   positions = jnp.arange(s, dtype=jnp.int32)[None]
 
   def one(row):
     toks, plen, length = row
     v_logits = v_apply(v_params, toks[None], positions)[0][0, :-1]  # [S-1, V]: predicts t+1
-    d_logits = d_apply(d_params, toks[None], positions)[0][0, :-1]
     target = toks[1:]
     t1 = jnp.arange(1, s)
     generated = ((t1 >= plen) & (t1 < length)).astype(jnp.float32)  # [S-1]
     loglik = jnp.take_along_axis(jax.nn.log_softmax(v_logits, -1), target[:, None], -1)[:, 0]
+    if d_cfg is None:
+      return jnp.sum(loglik * generated), jnp.zeros(()), jnp.sum(generated)
+    d_logits = llama.make_apply(d_cfg)(d_params, toks[None], positions)[0][0, :-1]
     p = sampling_lib.probs_from_logits(v_logits, sampling)
     q = sampling_lib.probs_from_logits(d_logits, sampling)
     tv = 0.5 * jnp.sum(jnp.abs(lenient_law(p, q, lenience, epsilon) - p), axis=-1)
@@ -85,17 +88,14 @@ def quality_sums(verifier_params, drafter_params, output, *, verifier_cfg: llama
   prompt_lengths[B], lengths[B]): {"loglik_sum", "tv_sum", "tokens"}, each f32[B] on the host.
   drafter_cfg None (autoregressive output): the verifier is its own drafter and tv is 0."""
   acceptance.chain.lenience_fn(lenience, epsilon)  # validate outside jit, naming the field
-  autoregressive = drafter_cfg is None
-  if autoregressive:
-    drafter_params, drafter_cfg = verifier_params, verifier_cfg
+  if drafter_cfg is None:  # exactly p: tv is 0 (not the float noise of π - p), and the
+    # sampling's laws play no part (one program for every temperature)
+    drafter_params, sampling, lenience, epsilon = None, None, "lin", 1.0
   sums = _row_sums(verifier_params, drafter_params, output.tokens, output.prompt_lengths,
                    output.lengths, v_cfg=verifier_cfg, d_cfg=drafter_cfg, sampling=sampling,
                    lenience=lenience, epsilon=jnp.float32(epsilon))
-  out = dict(zip(("loglik_sum", "tv_sum", "tokens"), (np.asarray(x) for x in
-                                                      jax.device_get(sums))))
-  if autoregressive:  # exactly p: report 0, not the float noise of π - p (~1e-8)
-    out["tv_sum"] = np.zeros_like(out["tv_sum"])
-  return out
+  return dict(zip(("loglik_sum", "tv_sum", "tokens"), (np.asarray(x) for x in
+                                                       jax.device_get(sums))))
 
 
 def summarize(per_row: Iterable[Mapping[str, np.ndarray]]) -> dict[str, float]:
