@@ -62,14 +62,20 @@ def interrupt_on_stop_signals() -> None:
   signal.signal(signal.SIGINT, interrupt)
 
 
+def _config_arg(argv: list[str]) -> str | None:
+  """The value of --config on a command line (`--config=X` or `--config X`), or None."""
+  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if config_arg is None and "--config" in argv[:-1]:
+    config_arg = argv[argv.index("--config") + 1]
+  return config_arg
+
+
 def check_override_keys(argv: list[str]) -> None:
   """Reject `--config.a.b=v` for keys the config does not have, naming the key and its siblings.
 
   ml_collections would raise a bare AttributeError("'b'") from deep inside flag parsing.
   """
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if config_arg is None and "--config" in argv[:-1]:
-    config_arg = argv[argv.index("--config") + 1]
+  config_arg = _config_arg(argv)
   overrides = dict(a[len("--config."):].partition("=")[::2] for a in argv
                    if a.startswith("--config."))
   if not config_arg or not overrides:
@@ -100,9 +106,7 @@ def flag_error(error: Exception, argv: list[str]) -> str:
   """One line for a command line the flags refuse. A --config that does not load: ml_collections
   puts the config file's whole traceback into its flag error (an unknown ':arg'), or defers a
   missing file's error to the first read of the config; the cause is the last line."""
-  config_arg = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-  if config_arg is None and "--config" in argv[:-1]:
-    config_arg = argv[argv.index("--config") + 1]
+  config_arg = _config_arg(argv)
   text = str(error)
   if config_arg is None and "--config" in text:
     return ("--config is required: python launch.py --config configs/<name>.py[:args] "
