@@ -111,10 +111,12 @@ def test_bench_compiles_every_width_before_timing(pair, monkeypatch):
   with _compiles_in_timed_calls(monkeypatch) as compiles:
     outputs, _ = bench._ar_pass(v_cfg, v_params, work, None)
   assert compiles == [] and [o.tokens.shape[1] for o in outputs] == [16 + NEW, 8 + NEW]
-  base = bench.Baseline(outputs=outputs, seconds=1.0, tokens=[], emitted=8 * NEW,
-                        tokens_per_s=8.0 * NEW, steps_s=0.1, cpu_per_wall=None,
-                        verifier_calls=2 * NEW, verifier_loglik=0.0)
-  assert bench.baseline_row(base, work, device="cpu").prompt_widths == [8, 16]
+  base = bench.autoregressive(v_cfg, v_params, work)
+  row = bench.baseline_row(base, work, device="cpu")
+  assert row.prompt_widths == [8, 16]
+  # Verifier calls in the speculative rows' units: per prompt, one per emitted token (τ = 1),
+  # not the two batches' forward counts (2 × NEW).
+  assert row.verifier_calls == row.new_tokens == 8 * NEW and row.block_efficiency == 1.0
   # Planted bug: timing.timed_pass alone compiles the first batch's width only, so a width no
   # test has compiled yet (12) compiles inside a timed call, and the check above sees it.
   monkeypatch.setattr(bench, "_timed_pass", lambda fn, work, desc, usage: timing.timed_pass(

@@ -222,7 +222,9 @@ def autoregressive(v_cfg, v_params, work: Workload, *, desc: str | None = None) 
                   tokens_per_s=emitted / seconds,
                   steps_s=timing.seconds_per_step(outputs, seconds),
                   cpu_per_wall=usage["cpu_per_wall"],
-                  verifier_calls=sum(int(o.steps) for o in outputs),
+                  # One forward per emitted token of each prompt, the first the prefill's: in
+                  # the speculative rows' units (per prompt, a call per round), so τ = 1 exactly.
+                  verifier_calls=emitted,
                   verifier_loglik=_loglik(v_cfg, v_params, outputs, work)["verifier_loglik"])
 
 

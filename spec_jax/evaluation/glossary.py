@@ -28,8 +28,9 @@ GLOSSARY: dict[str, str] = {
     "mean_accepted_tokens": "mean accepted tokens: accepted draft tokens per verifier call, τ - 1",
     "acceptance_rate": "α, acceptance rate: mean over draft positions of Σ_x min(p(x), q(x)), "
                        "p the verifier's and q the drafter's distribution",
-    "empirical_acceptance": "empirical accept fraction: accepted draft tokens / proposed draft "
-                            "tokens",
+    "empirical_acceptance": "empirical accept fraction: accepted draft tokens / draft tokens "
+                            "the acceptance rule examined (a chain examines up to its first "
+                            "rejection; not / proposed drafts: see drafts_per_call)",
     "per_position_acceptance": "per-position (conditional) acceptance: P(draft i accepted | "
                                "drafts 1..i-1 accepted), i = 1..γ",
     "candidates_per_call": "draft candidates the acceptance rule examined per verifier call (a "
@@ -37,7 +38,9 @@ GLOSSARY: dict[str, str] = {
                            "siblings at one depth)",
     "drafts_per_call": "draft tokens proposed per verifier call (γ for a chain; fewer when rows "
                        "stop drafting early, sd_stop; a tree's drafted nodes)",
-    "verifier_calls": "verifier forward calls, prefill excluded",
+    "verifier_calls": "verifier forward calls summed over prompts, prefill excluded (a prompt "
+                      "that finished takes none); autoregressive rows: one per emitted token, "
+                      "the first the prefill's",
     "drafter_calls": "drafter forward calls (one per draft step), prefill excluded",
     "tokens_per_s": "wall-clock tokens emitted per second, whole batch, compilation excluded",
     "cpu_per_wall": "the process's CPU seconds (all threads) per wall second of the timed pass: "
