@@ -94,6 +94,24 @@ def test_1b_plan_compiles_and_its_bytes_match_a_hand_computation(tmp_path):
   assert row["estimate"]["h100"]["ms"] < row["estimate"]["v5e"]["ms"]
 
 
+def test_a_round_reads_an_untied_embedding_by_rows_only():
+  """An 8B plan on tensor 8 (prepared, not compiled): a round reads each model's weights less its
+  untied input embedding (gathered by rows), the verifier's once and the drafter's γ times, plus
+  the caches; the embeddings still count in the bytes held."""
+  p = pod_plan_config.get_config("smoke").plan
+  plan = pod_plan.prepare("llama3.1-8b:1x1x8", p)
+  v_params, d_params = plan["params"]
+  tables = [pod_plan.shard_bytes(t["embed"]) for t in (v_params, d_params)]
+  assert min(tables) > 0
+  assert plan["weights"] == pod_plan.shard_bytes(v_params) + pod_plan.shard_bytes(d_params)
+  v_cfg = presets.config("llama3.1-8b", dtype=p.dtype)
+  d_cfg = presets.block_drafter(v_cfg)
+  v_cache, d_cache = (pod_plan.cache_bytes(c, p.batch_size, p.context, plan["sizes"])
+                      for c in (v_cfg, d_cfg))
+  assert plan["read"] == (pod_plan.shard_bytes(v_params) - tables[0] + v_cache
+                          + p.gamma * (pod_plan.shard_bytes(d_params) - tables[1] + d_cache))
+
+
 @pytest.mark.parametrize("bug", [None, "the training placement", "no activation layout"])
 def test_a_decode_round_moves_activations_not_weights(bug, tmp_path, monkeypatch, request):
   """Decoding on the mesh keeps every weight on its devices (`parallel.decode_param_rule`,

@@ -13,7 +13,8 @@ from configs import common
 from configs import scale as scale_config
 from spec_jax import cli, loading, testing
 from spec_jax.data import tokenizer as tokenizer_lib
-from spec_jax.models import families, gemma, hf_import, llama, presets
+from spec_jax.evaluation import timing
+from spec_jax.models import decoder, families, gemma, hf_import, llama, presets
 from spec_jax.programs import benchmark, cost_model
 
 # config.json of each repository as published (the fields the import reads; Gemma 3 4B and 27B:
@@ -95,6 +96,22 @@ def test_param_counts_from_shapes_match_the_published_sizes():
     assert abs(count / preset.params - 1) < 0.02, (name, count, preset.params)
     assert presets.param_bytes(cfg) == 2 * count
   assert presets.param_count(presets.config("llama3.1-70b")) == 70_553_706_496
+
+
+def test_a_decode_step_reads_an_untied_embedding_by_rows_only():
+  """The roofline's bytes: an untied input embedding is gathered (its tokens' rows), a tied one
+  is the LM head and read whole; the 8B shape reads its 16.06 GB of weights less the 1.05 GB
+  table."""
+  for name in ("llama3.1-8b", "qwen3-8b", "llama3.2-1b", "gemma3-1b"):
+    cfg = presets.config(name, dtype="bfloat16")
+    table = 2 * cfg.vocab_size * cfg.d_model
+    want = presets.param_bytes(cfg) - (0 if cfg.tie_embeddings else table)
+    assert timing.decode_read_bytes(decoder.param_shapes(cfg)) == want, name
+    drafter = presets.block_drafter(cfg)
+    assert timing.decode_read_bytes(decoder.param_shapes(drafter)) == (
+        presets.param_bytes(drafter) - (0 if cfg.tie_embeddings else table)), name
+  cfg = presets.config("llama3.1-8b", dtype="bfloat16")
+  assert timing.decode_read_bytes(decoder.param_shapes(cfg)) == 16_060_522_496 - 1_050_673_152
 
 
 def test_presets_are_model_sizes_with_their_own_vocabulary():

@@ -284,5 +284,17 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, *,
 
 
 def param_bytes(params: Any) -> int:
-  """Bytes of every array in a parameter tree (what one decode step reads at least once)."""
+  """Bytes of every array in a parameter tree."""
   return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def decode_read_bytes(params: Any, nbytes: Callable[[Any], int] = param_bytes) -> int:
+  """Bytes of a model's parameters one decode step must read: every array but the input
+  embedding table of a model with its own LM head (`lm_head` beside `embed`: untied), of which
+  the step gathers only its tokens' rows; a tied table is read whole by the LM head. The memory
+  roofline's numerator (the KV cache aside). nbytes: a subtree's bytes (`param_bytes`; a
+  sharded plan passes bytes per device)."""
+  total = nbytes(params)
+  if isinstance(params, Mapping) and "lm_head" in params and "embed" in params:
+    total -= nbytes(params["embed"])
+  return total

@@ -8,7 +8,8 @@ ms_per_decode_step ((call − prefill call) / (new_tokens − 1): one decode ste
 output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
 (`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB, 16 reads per timed call
 on accelerators so that dispatch does not hide the bandwidth), roofline_ms_per_step
-(parameter bytes / bandwidth: a step reads every weight once), roofline_ms_per_token (per step /
+(the parameter bytes a step reads, `timing.decode_read_bytes`: every weight once, an untied input
+embedding's gathered rows aside, / bandwidth), roofline_ms_per_token (per step /
 batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
 ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an architecture preset,
 `models/presets.py`, else null), dtype, device_kind (the device kind as JAX names it) and
@@ -87,7 +88,7 @@ def run(config, workdir: str) -> list[dict]:
     calls[batch_size, "prefill"] = functools.partial(call, new_tokens=1)
   times = timing.round_robin(calls, b.repeats)
   bandwidth = reads.bandwidth(times)
-  roofline_step_ms = 1e3 * timing.param_bytes(params) / bandwidth
+  roofline_step_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
   rows = []
   for batch_size in b.batch_sizes:
     t, prefill = times[batch_size], times[batch_size, "prefill"]

@@ -10,8 +10,8 @@ Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median o
 calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it),
 ms_min and ms_max (the fastest and slowest of those calls), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
-model's parameter bytes over the measured memory bandwidth: the floor of any call that reads the
-weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
+parameter bytes a call reads, `timing.decode_read_bytes`, over the measured memory bandwidth: the
+floor of any call that reads the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
 names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size when it
 is an architecture preset, else null).
 A drafter section without a checkpoint whose size makes a feature drafter of a variant's blocks
@@ -81,7 +81,7 @@ def run(config, workdir: str) -> list[dict]:
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
           batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats)
       costs[name] = {t: v["median_s"] for t, v in times.items()}
-      roofline_ms = 1e3 * timing.param_bytes(params) / bandwidth
+      roofline_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
       for t in tokens:
         ms = 1e3 * costs[name][t]
         rows.append(dict(
@@ -207,7 +207,8 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
            f"`{command}`", "",
            f"Device: {device}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (the faster of a "
            "jitted sum and a GEMV over a large float32 array). r(T) = ms of a call on T tokens "
-           "/ ms of a call on 1 token; roofline = parameter bytes / bandwidth. "
+           "/ ms of a call on 1 token; roofline = the parameter bytes a call reads (an untied "
+           "input embedding's gathered rows aside) / bandwidth. "
            "Plot: [r_of_t.png](r_of_t.png).", "",
            "| T | " + " | ".join(f"B={b} ms | B={b} r" for b in batches) + " |",
            "|---:|" + "---:|---:|" * len(batches)]

@@ -11,7 +11,7 @@ ones) or, with `plan.topology` ('v5e:8x8'), for a TPU slice through libtpu on an
 weights_per_device + caches_per_device, by hand, its floor; collectives per round (the loop body,
 nested loops times their trip counts): count, bytes per device and the largest one's bytes;
 estimate per chip: hbm_ms (bytes a round reads per device: verifier weights and cache once, the
-drafter's γ times) + ici_ms (all-reduce bytes; ici_all_ms: every collective's) over the
+drafter's γ times; an untied input embedding's gathered rows aside, `timing.decode_read_bytes`) + ici_ms (all-reduce bytes; ici_all_ms: every collective's) over the
 bandwidths, an estimate.
 `plan.must_fit` (a chip) makes a plan that does not fit an error.
 """
@@ -33,6 +33,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import features, trees
 from spec_jax.decoding.sampling import Sampling
+from spec_jax.evaluation import timing
 from spec_jax.models import decoder, presets
 
 
@@ -206,7 +207,8 @@ def prepare(spec: str, p) -> dict:
   return dict(name=name, sizes=sizes, mesh=mesh, target=target, drafter=drafter, verifier=verifier,
               sampling=sampling, params=(v_params, d_params), caches=v_cache + d_cache,
               weights=v_bytes + d_bytes,  # a round reads the drafter's γ times (its calls)
-              read=v_bytes + v_cache + p.gamma * (d_bytes + d_cache))
+              read=(timing.decode_read_bytes(v_params, shard_bytes) + v_cache
+                    + p.gamma * (timing.decode_read_bytes(d_params, shard_bytes) + d_cache)))
 
 
 def compile_plan(plan: dict, p) -> dict:
