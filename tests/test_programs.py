@@ -120,8 +120,18 @@ def test_benchmark_sampling_smoke_writes_rows(tmp_path):
                                          abs=1e-3 + 1e-4 / row["baseline_ms"])
 
 
-def test_cost_model_smoke_writes_rows(tmp_path):
+def test_cost_model_smoke_writes_rows(tmp_path, monkeypatch):
+  from spec_jax.decoding import generate as generate_lib
+  generate, ar_temperatures = generate_lib.generate, set()
+
+  def recording(*args, sampling, **kwargs):
+    ar_temperatures.add(float(sampling.temperature))
+    return generate(*args, sampling=sampling, **kwargs)
+
+  monkeypatch.setattr(generate_lib, "generate", recording)
   rows = cost_model.run(perf_config.get_config("smoke"), str(tmp_path))
+  # Each temperature's speculative row divides by autoregressive decoding at that temperature.
+  assert ar_temperatures == {0.0, 1.0}
   assert json.load(open(tmp_path / "results.json")) == rows
   verifier = [r for r in rows if r["model"] == "verifier"]
   assert [(r["batch_size"], r["T"]) for r in verifier] == [(b, t) for b in (1, 2) for t in (1, 2, 5)]

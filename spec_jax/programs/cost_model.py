@@ -25,7 +25,8 @@ drafter drafts γ calls per round), for verifiers whose weights cannot give τ h
 Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
 γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
 split (`prompt_tokens` tokens, `new_tokens` new ones, stop tokens off), timed in turns with
-autoregressive decoding of the same prompts and with the forward calls r and c come from
+autoregressive decoding of the same prompts at the same temperature and with the forward calls r
+and c come from
 (`timing.round_robin`, medians of `repeats`). Rows with model "speculative": gamma,
 temperature, batch_size, tau (block efficiency of those outputs), r (r(γ + 1)), c, d (drafter
 calls per round = γ: the catch-up window, then one per draft but the last), ms (per prompt),
@@ -131,9 +132,11 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
       return [o.tokens for o in outputs[name]]
     return call
 
-  calls = {"ar": decode("ar", lambda p: generate_lib.generate(
-      v_params, p, rng, cfg=v_cfg, sampling=sampling_lib.Sampling(0.0),
-      max_new_tokens=k.new_tokens))}
+  # Autoregressive decoding at each temperature: a row's speedup divides by the same sampling.
+  calls = {("ar", temperature): decode(("ar", temperature), (
+      lambda p, temperature=temperature: generate_lib.generate(
+          v_params, p, rng, cfg=v_cfg, sampling=sampling_lib.Sampling(float(temperature)),
+          max_new_tokens=k.new_tokens))) for temperature in k.temperatures}
   source = methods.Source(kind="lm", v_cfg=v_cfg, v_params=v_params, d_cfg=d_cfg,
                           d_params=d_params)
   built = {gamma: methods.build(methods.parse(f"sd@{gamma}", None), source)
@@ -155,7 +158,6 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
                                    tokens=sorted(set(tokens)), position=position)
     calls.update({(name, t): call for t, call in forward.items()})
   ms = {key: 1e3 * t["median_s"] for key, t in timing.round_robin(calls, k.repeats).items()}
-  ar_ms = ms["ar"] / len(prompts)
   c = ms["d", 1] / ms["v", 1]
   rows = []
   for gamma in k.gammas:
@@ -165,6 +167,7 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
       tau = metrics.summarize(outputs["sd", gamma, temperature])["block_efficiency"]
       theory = metrics.theoretical_speedup(tau, r_m=r, c=c, drafter_calls=d_calls)
       sd_ms = ms["sd", gamma, temperature] / len(prompts)
+      ar_ms = ms["ar", temperature] / len(prompts)
       rows.append(dict(
           model="speculative", gamma=gamma, temperature=float(temperature), batch_size=1,
           num_prompts=len(prompts), new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3),
