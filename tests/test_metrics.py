@@ -52,11 +52,35 @@ def test_summarize_padded_batches():
   assert s["empirical_acceptance"] == pytest.approx(10 / 22)
   assert s["per_position_acceptance"] == pytest.approx([6 / 13, 3 / 6, 1 / 3])
   assert s["candidates_per_call"] == pytest.approx(23 / 13)
-  # Per-row τ = 2.5, 1, 3.5, 1: sample std sqrt(1.5), over sqrt(4) rows.
-  assert s["tau_se"] == pytest.approx(np.sqrt(1.5) / 2)
+  # The standard error of τ = Σ tokens / Σ calls over the four real rows (10/4, 3/3, 7/2, 4/4):
+  # residuals tokens − τ·calls, their sample variance, over Σ calls / √4; not the per-row τ's
+  # (2.5, 1, 3.5, 1: sqrt(1.5) / 2 = 0.612).
+  residuals = np.array([10, 3, 7, 4]) - 24 / 13 * np.array([4, 3, 2, 4])
+  assert s["tau_se"] == pytest.approx(np.sqrt(np.sum(residuals ** 2) / 3) / (13 / 2))
+  assert s["tau_se"] == pytest.approx(0.5306, abs=1e-4)
   assert metrics.emitted_tokens(outputs, reals) == 24
   assert metrics.token_lists(outputs, reals) == [list(range(10)), list(range(100, 103)),
                                                  list(range(7)), list(range(100, 104))]
+
+
+def test_tau_se_is_the_spread_of_tau_over_repeated_prompt_sets():
+  """tau_se against the law: 1,000 sets of 40 prompts, 30% of them cut by a stop token after one
+  call (1-5 tokens), the rest 30 calls of Binomial(120, 0.5) tokens. The standard deviation of τ
+  over the sets is what tau_se must estimate (within 10%); the per-row τ's standard error, the
+  planted estimator, reads the short rows' spread and is 4× too large."""
+  rng = np.random.default_rng(0)
+  taus, ses, per_row = [], [], []
+  for _ in range(1000):
+    short = rng.random(40) < 0.3
+    calls = np.where(short, 1, 30)
+    tokens = np.where(short, rng.integers(1, 6, 40), rng.binomial(120, 0.5, 40))
+    taus.append(tokens.sum() / calls.sum())
+    ses.append(metrics.ratio_se(tokens, calls))
+    per_row.append(np.std(tokens / calls, ddof=1) / np.sqrt(40))
+  spread = np.std(taus, ddof=1)
+  assert np.mean(ses) == pytest.approx(spread, rel=0.1)
+  assert np.mean(per_row) > 2 * spread
+  assert metrics.ratio_se([5], [2]) == 0.0 and metrics.ratio_se([4, 6], [2, 3]) == 0.0
 
 
 def test_summarize_without_reals_counts_every_row():

@@ -24,7 +24,8 @@ GLOSSARY: dict[str, str] = {
     "block_efficiency": "τ, block efficiency: tokens emitted per verifier call, bonus/correction "
                         "token included (chain SD with i.i.d. acceptance: "
                         "τ = (1-α^{γ+1})/(1-α))",
-    "tau_se": "standard error of τ over prompts (each prompt's own tokens / verifier calls)",
+    "tau_se": "standard error of τ over prompts, as τ is computed (a ratio of sums: the "
+              "delta method, each prompt weighing by its verifier calls)",
     "mean_accepted_tokens": "mean accepted tokens: accepted draft tokens per verifier call, τ - 1",
     "acceptance_rate": "α, acceptance rate: mean over draft positions of Σ_x min(p(x), q(x)), "
                        "p the verifier's and q the drafter's distribution",

@@ -73,7 +73,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
     new_tokens              Σ num_new
     verifier_calls          Σ stats.verifier_calls
     block_efficiency        τ = new_tokens / verifier_calls
-    tau_se                  standard error of the per-row τ (0 for one row)
+    tau_se                  standard error of τ over rows (`ratio_se`; 0 for one row)
     mean_accepted_tokens    τ − 1
     acceptance_rate         α = Σ alpha_sum / Σ reached
     empirical_acceptance    Σ accepted_at / Σ reached
@@ -89,8 +89,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
   accepted_at = _stacked(outputs, reals, lambda o: o.stats.accepted_at).astype(np.int64)
   alpha_sum = _stacked(outputs, reals, lambda o: o.stats.alpha_sum).astype(np.float64)
   tau = _ratio(num_new.sum(), calls.sum())
-  per_row = num_new / np.maximum(calls, 1)
-  tau_se = float(np.std(per_row, ddof=1) / math.sqrt(len(per_row))) if len(per_row) > 1 else 0.0
+  tau_se = ratio_se(num_new, calls)
   candidates = None
   if all(getattr(o.stats, "candidates", None) is not None for o in outputs):
     candidates = _ratio(_stacked(outputs, reals, lambda o: o.stats.candidates).sum(),
@@ -107,6 +106,20 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
       per_position_acceptance=[_ratio(a, r) for a, r in zip(accepted_at.sum(0),
                                                              reached.sum(0))],
       candidates_per_call=candidates, drafts_per_call=drafted)
+
+
+def ratio_se(num: np.ndarray, den: np.ndarray) -> float:
+  """Standard error of the ratio of sums R = Σ num / Σ den over n rows (the delta method: the
+  rows' residuals num_i − R·den_i, sample variance over n − 1, divided by Σ den / √n). It is the
+  error of τ as τ is computed, a ratio of sums: a row that ends early at a stop token (few
+  calls, any τ of its own) weighs by its calls, as it does in τ, where the standard error of
+  the per-row mean would weigh it as much as a full row. 0 for one row or no calls."""
+  num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+  n, total = len(num), den.sum()
+  if n < 2 or total <= 0:
+    return 0.0
+  residuals = num - (num.sum() / total) * den
+  return float(math.sqrt(n * np.sum(residuals ** 2) / (n - 1)) / total)
 
 
 def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int) -> float:
