@@ -7,7 +7,8 @@ bound accelerator comes close to and a CPU does not. The theory column of every 
 whole curve once, at each batch size, with the drafter's c and the memory roofline beside it.
 
 Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median of `repeats`
-calls, the sizes taking turns; cache of the decoding loop's size, T tokens halfway into it),
+calls, the sizes taking turns; a cache of `position` + the largest T + 1 slots, the T tokens
+written from slot `position`: a mid-generation cache),
 ms_min and ms_max (the fastest and slowest of those calls), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 parameter bytes a call reads, `timing.decode_read_bytes`, over the measured memory bandwidth: the
