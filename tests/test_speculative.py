@@ -68,8 +68,9 @@ def test_greedy_rounds_match_a_host_simulation():
       drafts = testing.naive_greedy(d_cfg, d_params, seq, gamma)
       targets = testing.naive_greedy(v_cfg, v_params, seq, gamma + 1)
       m = next((i for i in range(gamma) if drafts[i] != targets[i]), gamma)
-      seq += targets[:m + 1][:n - (len(seq) - len(prompt))]
-      rounds, accepted = rounds + 1, accepted + m
+      left = n - (len(seq) - len(prompt))
+      seq += targets[:m + 1][:left]
+      rounds, accepted = rounds + 1, accepted + min(m, left)  # drafts output, not cut
     return rounds, accepted
 
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
@@ -78,6 +79,25 @@ def test_greedy_rounds_match_a_host_simulation():
   assert sum(a for _, a in want) > 0 and any(a < r * gamma for r, a in want)  # mixed verdicts
   np.testing.assert_array_equal(out.stats.verifier_calls, [r for r, _ in want])
   np.testing.assert_array_equal(out.stats.accepted, [a for _, a in want])
+
+
+def test_acceptance_counts_end_where_the_output_ends():
+  """The verifier drafting for itself accepts all γ = 4 drafts, but a budget of 2 tokens outputs
+  two of them: depths 3-4 were examined and are not counted; a stop token drawn first ends its
+  row's count at depth 1."""
+  v_cfg, v_params, _, _ = _pair()
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  out = _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=4, n=2)
+  np.testing.assert_array_equal(out.num_new, [2] * 4)
+  np.testing.assert_array_equal(out.stats.accepted, [2] * 4)
+  np.testing.assert_array_equal(out.stats.reached, [[1, 1, 0, 0]] * 4)
+  np.testing.assert_array_equal(out.stats.accepted_at, out.stats.reached)
+  first = out.new_tokens()[0][0]
+  stopped = _sd(v_cfg, v_params, v_cfg, v_params, prompts, gamma=4, n=6, stop_ids=(first,))
+  assert stopped.new_tokens()[0] == [first]
+  assert int(stopped.stats.accepted[0]) == 1
+  np.testing.assert_array_equal(stopped.stats.reached[0], [1, 0, 0, 0])
+  np.testing.assert_allclose(stopped.stats.alpha_sum[0], 1.0, atol=1e-5)
 
 
 def test_greedy_stop_tokens_match_autoregressive():

@@ -70,7 +70,10 @@ class DecodeConfig:
 
 @flax.struct.dataclass
 class Stats:
-  """Per-row counters, written once per round (only rows still generating count)."""
+  """Per-row counters, written once per round (only rows still generating count). The
+  acceptance counters (accepted, reached, accepted_at, alpha_sum) count a round's depths up to
+  the output's end (max_new_tokens, or an accepted stop token): drafts examined past it are not
+  output and not counted. candidates and drafted count the work done."""
   verifier_calls: jax.Array     # int32[B]: verification rounds
   accepted: jax.Array           # int32[B]: accepted draft tokens
   reached: jax.Array            # int32[B, A]: rounds in which depth i + 1 was examined
@@ -115,7 +118,9 @@ class DecodeOutput:
 def emit(state: LoopState, emitted, n_emit, stop_ids, max_new_tokens):
   """Write up to n_emit[b] tokens of emitted[B, A+1] per live row, stopping exactly where
   autoregressive decoding would: after a stop token, or at max_new_tokens.
-  Returns (tokens, lengths, num_new, done)."""
+  Returns (tokens, lengths, num_new, done, window): window[b], the round's output positions that
+  fall in the output whatever the verdict (up to the first stop token among its first n_emit
+  tokens, and within max_new_tokens), for the acceptance counters."""
   b, width = emitted.shape
   live = ~state.done
   idx = jnp.arange(width)[None, :]
@@ -126,6 +131,7 @@ def emit(state: LoopState, emitted, n_emit, stop_ids, max_new_tokens):
     n_emit = jnp.minimum(n_emit, first_stop + 1)
   else:
     first_stop = jnp.full((b,), width)
+  window = jnp.minimum(first_stop + 1, max_new_tokens - state.num_new)
   n_emit = jnp.minimum(n_emit, max_new_tokens - state.num_new)
   n_emit = jnp.where(live, n_emit, 0)
   write = idx < n_emit[:, None]
@@ -134,7 +140,7 @@ def emit(state: LoopState, emitted, n_emit, stop_ids, max_new_tokens):
   num_new = state.num_new + n_emit
   stopped = live & (first_stop < n_emit)
   done = state.done | stopped | (num_new >= max_new_tokens)
-  return tokens, state.lengths + n_emit, num_new, done
+  return tokens, state.lengths + n_emit, num_new, done, window
 
 
 def _check_proposal(proposal: Proposal, shape, vocab_size: int, batch: int, rule: str) -> None:
@@ -264,15 +270,19 @@ def _generate(v_params, d_params, prompt_tokens, prompt_lengths, rng, *, verifie
     path_tokens = jnp.take_along_axis(proposal.tokens, verdict.path, axis=1)     # [B, A]
     emitted = jnp.concatenate([path_tokens, jnp.zeros((b, 1), jnp.int32)], axis=1)
     emitted = emitted.at[jnp.arange(b), n].set(verdict.next_token)
-    tokens, lengths, num_new, done = emit(s, emitted, jnp.where(broke, 0, n + 1), stop_ids,
-                                          max_new_tokens)
+    tokens, lengths, num_new, done, window = emit(s, emitted, jnp.where(broke, 0, n + 1),
+                                                  stop_ids, max_new_tokens)
     live = (~s.done).astype(jnp.int32)
-    reached = verdict.reached.astype(jnp.int32) * live[:, None]
+    # Acceptance counts the depths whose tokens would be output (`emit`'s window): a last
+    # round's drafts past max_new_tokens or after an accepted stop token are not counted.
+    counted = live[:, None] * (jnp.arange(depth)[None, :] < window[:, None])
+    reached = verdict.reached.astype(jnp.int32) * counted
     st = s.stats
     stats = Stats(
-        verifier_calls=st.verifier_calls + live, accepted=st.accepted + n * live,
+        verifier_calls=st.verifier_calls + live,
+        accepted=st.accepted + jnp.minimum(n, window) * live,
         reached=st.reached + reached,
-        accepted_at=st.accepted_at + verdict.accepted.astype(jnp.int32) * live[:, None],
+        accepted_at=st.accepted_at + verdict.accepted.astype(jnp.int32) * counted,
         alpha_sum=st.alpha_sum + jnp.sum(verdict.alpha * reached, axis=1),
         candidates=st.candidates + jnp.sum(verdict.num_candidates, axis=1) * live,
         drafted=st.drafted + jnp.sum(proposal.valid[:, 1:], axis=1).astype(jnp.int32) * live)
