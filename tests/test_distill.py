@@ -65,6 +65,32 @@ def pair():
 # The distill step.
 
 
+def test_each_distill_step_draws_its_own_randomness_from_the_step(pair):
+  """distill_step folds the step into the run's one key (as train_step does): a context_fn (SD²
+  steering draws its staleness offset from it) sees a new key every step, and the same key at
+  the same step of a resumed run. Eager calls, so the context sees concrete keys."""
+  v_cfg, v_params, d_cfg, d_params = pair
+  import optax  # noqa: PLC0415
+  tx = optax.sgd(1e-3)
+  state = train.TrainState(step=jnp.int32(0), params=d_params, opt_state=tx.init(d_params))
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (2, 9), 0, 257), np.int32)
+  batch = distill_data.make_batch(seqs, np.full((2,), 4), prompt_tokens=5)
+  draws = []
+
+  def context_fn(hidden, batch, rng):
+    draws.append(int(jax.random.randint(rng, (), 0, 2**30)))
+    return {}
+
+  step = functools.partial(distill.distill_step, student_apply=llama.make_apply(d_cfg),
+                           teacher_apply=llama.make_apply(v_cfg), tx=tx,
+                           objective=distill.Objective("fkl", sampling=T1), context_fn=context_fn)
+  first = state
+  for _ in range(3):
+    state, _ = step(state, batch, jax.random.key(7), v_params)
+  step(first, batch, jax.random.key(7), v_params)  # step 0 again, as a resumed run would
+  assert len(set(draws[:3])) == 3 and draws[3] == draws[0]
+
+
 @pytest.mark.parametrize("name", [*sorted(divergences.DIVERGENCES), "xent"])
 def test_one_distill_step_lowers_the_chosen_divergence(pair, name):
   v_cfg, v_params, d_cfg, d_params = pair

@@ -298,6 +298,7 @@ def distill_step(state: train.TrainState, batch: Mapping[str, jax.Array], rng: j
   Metrics (f32[]): loss, alpha (Σ min(p, q) on the batch's response tokens), weight_sum,
   grad_norm (before clipping), param_norm (after the update).
   """
+  rng = jax.random.fold_in(rng, state.step)
   index = batch.get(LOSS_INDEX)
   at = {} if index is None else {"logit_index": index}
   if TEACHER_HIDDEN in batch:
