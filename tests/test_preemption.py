@@ -153,13 +153,19 @@ def _signal_at(step, sig):
   return hook
 
 
-def test_sigint_stops_distill_after_the_step_and_it_resumes(data_dir, tmp_path, capsys):
-  """distill (hence train_steering, which runs it) on fixed data, sent SIGINT at step AT. In
-  process: the launcher's side of a stop is program-independent and covered above, and a second
-  launcher would double this file's time (interpreter start and imports); what is distill's own
-  is that its loop stops, saves with its manager and resumes, which this checks."""
+@pytest.mark.parametrize("source", ["fixed", "onpolicy"])
+def test_sigint_stops_distill_after_the_step_and_it_resumes(data_dir, tmp_path, capsys, source):
+  """distill (hence train_steering, which runs it) sent SIGINT at step AT. In process: the
+  launcher's side of a stop is program-independent and covered above, and a second launcher
+  would double this file's time (interpreter start and imports); what is distill's own is that
+  its loop stops, saves with its manager and resumes, which this checks. On-policy rows come in
+  blocks of 3 steps generated from the block's first params, and AT = 20 stops inside the block
+  of steps 18-20 (the saved step is not a block start): the resumed run reads the block's rows
+  back rather than generating them from step 20's params (at lr 0.05 those differ)."""
   overrides = {**TRAIN_LM, "data.data_dir": data_dir}
-  config = _config(distill_config, "smoke,source=fixed", overrides)
+  if source == "onpolicy":
+    overrides.update({"data.refresh_every": 3, "train.checkpoint_every": 6, "train.lr": 0.05})
+  config = _config(distill_config, f"smoke,source={source}", overrides)
   workdir = str(tmp_path / "run")
   with pytest.raises(preemption.Preempted) as e:
     distill_program.run(config, workdir, step_hook=_signal_at(AT, signal.SIGINT))

@@ -205,7 +205,8 @@ def train_data(config, spec: distill_data.Spec, tokenizer, workdir: str, *, v_pa
   onpolicy = None if student is None else (
       lambda params, prompts, r: gen(params, student.cfg, prompts, r))
   return distill_data.DistillData(spec, train_windows, verifier_data=verifier_data,
-                                  drafter_generate=onpolicy)
+                                  drafter_generate=onpolicy,
+                                  block_dir=os.path.join(workdir, "onpolicy"))
 
 
 def _eval_fn(config, spec: distill_data.Spec, tokenizer, objective: distill.Objective, *,

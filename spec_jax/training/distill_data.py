@@ -386,21 +386,48 @@ class VerifierData:
     return self._hidden[int(s) % self.num_batches]
 
 
+def _read_block(path: str, key: str) -> list[tuple[np.ndarray, np.ndarray]] | None:
+  """The on-policy rows of a block `_write_block` kept, if they are this block's (key)."""
+  if not os.path.exists(path):
+    return None
+  with np.load(path) as f:
+    if str(f["key"]) != key:
+      return None
+    return list(zip(f["seqs"], f["num_new"]))
+
+
+def _write_block(path: str, key: str, rows) -> None:
+  """Keep a block's on-policy rows beside the checkpoints (one file, the current block's,
+  replaced atomically): a run stopped inside the block and resumed there reads the rows the
+  block's first params generated, which its own params could not regenerate."""
+  from spec_jax import parallel  # noqa: PLC0415 (imports the models)
+  if not parallel.is_writer():
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp.npz"
+  np.savez(tmp, key=key, seqs=np.stack([r[0] for r in rows]),
+           num_new=np.stack([r[1] for r in rows]))
+  os.replace(tmp, path)
+
+
 class DistillData:
   """Batch s of a distillation run: `get(s, drafter_params)`.
 
   On-policy rows are generated for batches [r·n, (r+1)·n) at once, from the params passed with
   the first of them to arrive (n = refresh_every). A run resumed from a checkpoint at a multiple
   of n therefore regenerates exactly what an uninterrupted run generated (the program requires
-  train.checkpoint_every to be a multiple of n).
+  train.checkpoint_every to be a multiple of n); one stopped inside a block (a pre-emption saves
+  the step it stopped at) reads the block's rows back from `block_dir`, where each block's rows
+  are kept until the next block's replace them.
   """
 
   def __init__(self, spec: Spec, window_ds, *, drafter_generate: Callable | None = None,
-               verifier_data: VerifierData | None = None):
+               verifier_data: VerifierData | None = None, block_dir: str | None = None):
     self.spec = spec
     self.window_ds = window_ds
     self.drafter_generate = drafter_generate
     self.verifier_data = verifier_data
+    self.block_dir = block_dir
     self._onpolicy: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     self._block = None
     if spec.onpolicy_rows and drafter_generate is None:
@@ -416,12 +443,20 @@ class DistillData:
     k = self.spec.onpolicy_rows
     rng = source_key(self.spec.seed, "onpolicy")
     p = self.spec.prompt_tokens
-    # The whole block at once, from the params of its first step: an uninterrupted run and a
-    # run resumed at the block's start (a checkpoint step) then see the same data.
-    self._onpolicy = {t: self.drafter_generate(params,
-                                               chat_data.prompts_of([self.window_ds[t]], k, p),
-                                               jax.random.fold_in(rng, t))
-                      for t in range(block * n, (block + 1) * n)}
+    steps = range(block * n, (block + 1) * n)
+    key = json.dumps({"block": block, "spec": dataclasses.asdict(self.spec)}, sort_keys=True,
+                     default=str)
+    path = self.block_dir and os.path.join(self.block_dir, "block.npz")
+    rows = _read_block(path, key) if path else None
+    if rows is None:
+      # The whole block at once, from the params of its first step: an uninterrupted run and a
+      # run resumed at the block's start (a checkpoint step) then see the same data.
+      rows = [tuple(np.asarray(x) for x in self.drafter_generate(
+          params, chat_data.prompts_of([self.window_ds[t]], k, p), jax.random.fold_in(rng, t))[:2])
+              for t in steps]
+      if path:
+        _write_block(path, key, rows)
+    self._onpolicy = dict(zip(steps, rows))
     self._block = block
 
   def responses(self, s: int, params: Any = None) -> tuple[np.ndarray, np.ndarray]:
