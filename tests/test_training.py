@@ -7,6 +7,7 @@ compilation cache set up in conftest.py lets the several short runs share compil
 
 import functools
 import glob
+import math
 import os
 import pathlib
 import re
@@ -83,6 +84,18 @@ def test_cross_entropy_matches_hand_computation():
   assert float(m["accuracy"]) == 0.5
   loss, _ = losses.cross_entropy(logits, targets, jnp.zeros((1, 2)))
   assert float(loss) == 0.0  # all-zero weights: no NaN
+
+
+def test_a_log_window_weighs_token_means_by_the_steps_tokens():
+  """Two steps of 10 and 90 response tokens at losses 1 and 3 log 2.8, not 2.0; perplexity is
+  exp of that; norms and counts are plain means over the steps."""
+  window = [dict(loss=1.0, alpha=0.5, perplexity=math.e, grad_norm=2.0, weight_sum=10.0),
+            dict(loss=3.0, alpha=0.9, perplexity=math.e ** 3, grad_norm=4.0, weight_sum=90.0)]
+  row = train.window_means(window)
+  assert row["loss"] == pytest.approx(2.8) and row["alpha"] == pytest.approx(0.86)
+  assert row["perplexity"] == pytest.approx(math.exp(2.8))
+  assert row["grad_norm"] == 3.0 and row["weight_sum"] == 50.0
+  assert train.window_means([dict(loss=1.0), dict(loss=3.0)])["loss"] == 2.0  # no counts
 
 
 def test_lr_schedule_warmup_and_end():

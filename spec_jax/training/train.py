@@ -15,7 +15,7 @@ import functools
 import math
 import signal
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import flax.struct
 from absl import logging
@@ -97,6 +97,26 @@ def summarize_eval(sums: Mapping[str, float]) -> dict[str, float]:
 
 # ---------------------------------------------------------------------------------------------
 # Initialisation and jitting with shardings.
+
+
+# Step metrics that are means over the step's weighted tokens: a log window weighs each step's
+# by its weight_sum (steps of chat rows or rows cut at a stop token hold different counts).
+TOKEN_MEANS = ("loss", "accuracy", "alpha", "aux_loss")
+
+
+def window_means(window: Sequence[Mapping[str, float]]) -> dict[str, float]:
+  """One logged row from the steps of a log window: token means (`TOKEN_MEANS`) weighted by
+  each step's weight_sum when every step has one, perplexity as exp of that loss, every other
+  metric (norms, weight_sum) the plain mean over steps."""
+  out = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+  weights = np.asarray([m.get("weight_sum", np.nan) for m in window], np.float64)
+  if np.all(weights > 0):
+    for k in TOKEN_MEANS:
+      if k in out:
+        out[k] = float(np.dot(weights, [m[k] for m in window]) / weights.sum())
+    if "perplexity" in out:
+      out["perplexity"] = math.exp(min(out["loss"], 700.0))
+  return out
 
 
 def abstract_state(init_params_fn: Callable[[jax.Array], Any], tx, rng: jax.Array,
@@ -254,7 +274,7 @@ def train_loop(*, state: TrainState, step_fn: Callable, get_batch: Callable[[int
 
   def log_window(done):
     nonlocal last
-    last = {k: float(np.mean([m[k] for m in window])) for k in window[0]}
+    last = window_means(window)
     scalars = {f"train/{k}": v for k, v in last.items()}
     if lr_fn is not None:
       scalars["train/lr"] = lr_fn(done - 1)  # the lr the last update used
