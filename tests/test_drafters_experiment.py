@@ -154,6 +154,34 @@ def test_bad_entries_are_named_before_anything_runs(tmp_path, change, message):
   assert not os.path.exists(tmp_path / "runs")
 
 
+def test_a_drafter_built_from_another_is_rebuilt_when_that_one_changes(tmp_path):
+  """vinit-1 starts from scratch-t's checkpoint and vinit-1-v64 from vinit-1's, both read by
+  path: each build's inputs name the identity of the build it starts from, so a change to
+  scratch-t reaches both (and, through eval_inputs, their evaluations)."""
+  from spec_jax.evaluation import experiment
+  config = drafters_config.get_config("smoke")
+  assert config.drafters["vinit-1"]["source"] == "scratch-t"
+  assert config.drafters["vinit-1-v64"]["base"] == "vinit-1"
+
+  def builds():
+    built, out = {}, {}
+    for name in ("scratch-t", "vinit-1", "vinit-1-v64"):
+      cfg, _ = drafters_experiment.build_config(config, str(tmp_path), name, "")
+      out[name] = experiment.Run(name, cfg,
+                                 inputs=drafters_experiment.build_inputs(config, name, built))
+      built[name] = experiment.identity(out[name])
+    return out
+  before = builds()
+  assert before["scratch-t"].inputs == {}
+  config.drafters["scratch-t"]["size"] = "drafter-t:layers=1"
+  after = builds()
+  assert experiment.run_digest(after["vinit-1"]) == experiment.run_digest(before["vinit-1"])
+  for name in ("vinit-1", "vinit-1-v64"):
+    assert after[name].inputs != before[name].inputs, name
+    assert (drafters_experiment.eval_inputs(None, after[name])
+            != drafters_experiment.eval_inputs(None, before[name]))
+
+
 def test_an_evaluate_run_runs_again_for_a_rebuilt_drafter_or_a_new_gamma(tmp_path):
   """The drafter is a path: the run's inputs name the build's digest; a new γ changes the run's
   own digest (it covers evaluate's sweeps). Either change makes the harness run it again."""

@@ -174,9 +174,49 @@ def test_a_change_of_inputs_runs_again(fake_program, tmp_path):
   experiment.run_all(top, str(tmp_path), evaluate(10))
   assert len(calls) == 1  # the same inputs: read back
   experiment.run_all(top, str(tmp_path), evaluate(20))
-  assert len(calls) == 2 and os.path.exists(tmp_path / "runs" / "eval" / "results.json.previous")
+  assert len(calls) == 2 and os.path.exists(tmp_path / "runs" / "eval.previous" / "results.json")
   experiment.run_all(top, str(tmp_path), [experiment.Run("eval", get_config())])
   assert len(calls) == 3 and not os.path.exists(tmp_path / "runs" / "eval" / "inputs.json")
+
+
+def test_a_changed_run_starts_from_nothing_of_the_old_setting(fake_program, tmp_path,
+                                                              monkeypatch):
+  """A program that resumes from what its directory holds (a checkpoint, a row log): killed
+  half-way and run again with the same setting, it resumes; run with another setting (a new
+  digest, or new inputs: a drafter rebuilt at the same path), it finds an empty directory (the
+  old one set aside as <name>.previous) but for data_cache, which is carried over."""
+  get_config, _ = fake_program
+  top = ml_collections.ConfigDict(dict(render_only=False))
+  seen = []
+
+  def resuming(config, workdir):
+    state = os.path.join(workdir, "state.txt")
+    seen.append((open(state).read() if os.path.exists(state) else None,
+                 os.path.exists(os.path.join(workdir, "data_cache", "pool.npz"))))
+    os.makedirs(os.path.join(workdir, "data_cache"), exist_ok=True)
+    open(os.path.join(workdir, "data_cache", "pool.npz"), "w").close()
+    with open(state, "w") as f:
+      f.write(f"lr={config.lr}")
+    if config.steps == 99:
+      raise KeyboardInterrupt  # killed half-way
+    return [dict(value=config.lr)]
+  monkeypatch.setattr(sys.modules[f"spec_jax.programs.{PROGRAM}"], "run", resuming)
+
+  def run(lr, steps=10, inputs=None):
+    config = get_config()
+    config.update(lr=lr, steps=steps)
+    return [experiment.Run("train", config, inputs=inputs or {})]
+  with pytest.raises(KeyboardInterrupt):
+    experiment.run_all(top, str(tmp_path), run(0.1, steps=99))
+  with pytest.raises(KeyboardInterrupt):
+    experiment.run_all(top, str(tmp_path), run(0.1, steps=99))   # the same setting: resumed
+  experiment.run_all(top, str(tmp_path), run(0.2))                # another: from nothing
+  experiment.run_all(top, str(tmp_path), run(0.2, inputs={"drafter": "rebuilt"}))
+  assert seen == [(None, False), ("lr=0.1", True), (None, True), (None, True)]
+  previous = tmp_path / "runs" / "train.previous"
+  assert (previous / "state.txt").read_text() == "lr=0.2" and not (previous / "data_cache").exists()
+  assert json.load(open(tmp_path / "runs" / "train" / "started.json")) == experiment.identity(
+      run(0.2, inputs={"drafter": "rebuilt"})[0])
 
 
 def test_render_only_runs_nothing_and_lists_the_missing_runs(fake_program, tmp_path,

@@ -282,6 +282,16 @@ def test_report_names_a_chain_by_its_depth_when_it_ran_at_several():
   assert "| smollm2-135m (ours) | – | – | – | 2.00 | – |" in md           # SpS: sd@4
 
 
+def test_a_chain_of_the_lm_drafter_and_of_the_bpd_heads_keep_their_own_columns():
+  """sd at two depths from the LM drafter and sd@4 from BPD heads: the heads' sd@4 gets its
+  own column, not the LM drafter's."""
+  rows = [dict(method="sd", gamma=4), dict(method="sd", gamma=1),
+          dict(method="sd", gamma=4, drafter_source="bpd")]
+  shaped = specbench_report.shaped_methods(rows)
+  assert [specbench_report.method_key(r, shaped) for r in rows] == [
+      "sd@4", "sd@1", "sd@4 (BPD heads)"]
+
+
 def test_report_takes_paired_passes_as_the_speedup_and_says_which_are_resolved(tmp_path):
   """Rows with paired_speedups: the cell shows their median and range, the mean uses the
   median, a verdict line per method sorts the categories, and the speedup chart is drawn."""

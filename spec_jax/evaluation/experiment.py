@@ -19,6 +19,13 @@ default, so leaves every finished run's digest as it was. A run directory withou
 committed before the harness wrote one) has no digest: it is read back under render_only and run
 again otherwise.
 
+A run that runs starts from nothing of another setting: a directory holding another setting's
+state (its started.json, written when a run starts, or else its config.json and inputs.json name
+another digest or other inputs) is set aside whole as <directory>.previous (one kept), its
+data_cache (generated responses, keyed by their own content) carried over, so a changed run
+neither resumes the old setting's checkpoints and row logs nor reads them back. A directory of
+the same setting, killed half-way, is resumed as its program resumes.
+
 `render_only` runs nothing: every run with a results.json is read back whatever its digest, the
 others are listed in `Collected.missing` for the report to name.
 """
@@ -32,6 +39,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
@@ -44,6 +52,8 @@ from spec_jax.evaluation import report as report_lib
 RESULTS = "results.json"
 CONFIG = "config.json"
 INPUTS = "inputs.json"
+STARTED = "started.json"  # the identity of the run whose state a directory holds
+CARRIED = ("data_cache",)  # kept when a directory of another setting is set aside
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,26 +239,64 @@ def _finished(config, run: Run, directory: str) -> bool:
           and (_plain(inputs) if os.path.exists(inputs) else {}) == _plain(dict(run.inputs)))
 
 
+def identity(run: Run) -> dict:
+  """What a run's result depends on: its digest and its inputs (plain JSON)."""
+  return {"digest": run_digest(run), "inputs": _plain(dict(run.inputs))}
+
+
+def _held_identity(run: Run, directory: str) -> dict | None:
+  """The identity of the run whose state `directory` holds: its started.json, else (a run
+  finished before the harness wrote one) its config.json and inputs.json; None for neither."""
+  started = os.path.join(directory, STARTED)
+  if os.path.exists(started):
+    with open(started, encoding="utf-8") as f:
+      return json.load(f)
+  saved = os.path.join(directory, CONFIG)
+  if not os.path.exists(saved):
+    return None
+  inputs = os.path.join(directory, INPUTS)
+  return {"digest": digest(saved, program=run.config.get("program"), ignore=run.ignore),
+          "inputs": _plain(inputs) if os.path.exists(inputs) else {}}
+
+
+def _set_aside(directory: str) -> None:
+  """Move a directory of another setting to <directory>.previous (replacing an older one),
+  carrying its CARRIED entries back into a fresh directory."""
+  previous = directory.rstrip(os.sep) + ".previous"
+  shutil.rmtree(previous, ignore_errors=True)
+  os.replace(directory, previous)
+  os.makedirs(directory)
+  for name in CARRIED:
+    if os.path.exists(os.path.join(previous, name)):
+      os.replace(os.path.join(previous, name), os.path.join(directory, name))
+  logging.warning("%s held a run of another setting: set aside as %s; running afresh.",
+                  directory, previous)
+
+
 def _execute(run: Run, directory: str) -> list[dict]:
   fn = run.fn or _program_module(run.config.program).run
-  os.makedirs(directory, exist_ok=True)
   results = os.path.join(directory, RESULTS)
-  if parallel.is_writer() and os.path.exists(results):
-    # Another config's result: out of the way, so a run killed half-way is not read back as
-    # this one's (a program may write its config.json when it starts).
-    os.replace(results, results + ".previous")
+  if parallel.is_writer():
+    held = _held_identity(run, directory) if os.path.isdir(directory) else None
+    if held is not None and held != identity(run):
+      _set_aside(directory)
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(results):
+      # A result of unknown setting (no config.json beside it): out of the way, so a run
+      # killed half-way is not read back as this one's.
+      os.replace(results, results + ".previous")
+    report_lib.write_json(os.path.join(directory, STARTED), identity(run))
+  else:
+    os.makedirs(directory, exist_ok=True)
   rows = _as_rows(fn(run.config, directory))
   if parallel.is_writer():
-    with open(os.path.join(directory, CONFIG), "w", encoding="utf-8") as f:
-      f.write(run.config.to_json_best_effort(indent=2))
+    report_lib.write_text(os.path.join(directory, CONFIG), run.config.to_json_best_effort(indent=2))
     if run.inputs:
-      with open(os.path.join(directory, INPUTS), "w", encoding="utf-8") as f:
-        json.dump(_plain(dict(run.inputs)), f, indent=2)
+      report_lib.write_json(os.path.join(directory, INPUTS), _plain(dict(run.inputs)))
     elif os.path.exists(os.path.join(directory, INPUTS)):
       os.remove(os.path.join(directory, INPUTS))
     if not os.path.exists(results):
-      with open(results, "w", encoding="utf-8") as f:
-        json.dump(rows, f, indent=2)
+      report_lib.write_json(results, rows)
   return rows
 
 
@@ -333,13 +381,10 @@ def write_outputs(workdir: str, rows: Sequence[dict], report: Report) -> None:
   if not parallel.is_writer():
     return
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, RESULTS), "w", encoding="utf-8") as f:
-    json.dump(list(rows), f, indent=2)
-  with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(report.markdown)
+  report_lib.write_json(os.path.join(workdir, RESULTS), list(rows))
+  report_lib.write_text(os.path.join(workdir, "results.md"), report.markdown)
   for name, obj in report.extra_json.items():
-    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-      json.dump(obj, f, indent=2)
+    report_lib.write_json(os.path.join(workdir, name), obj)
   if rows:
     for name, draw in report.plots.items():
       draw(os.path.join(workdir, name))

@@ -18,6 +18,20 @@ from spec_jax import parallel
 from spec_jax.evaluation import glossary, plots, tables
 
 
+def write_text(path: str, text: str) -> None:
+  """Write a file whole or not at all (a temporary file renamed over it): a run killed while
+  writing leaves the previous file, never a truncated one that later reads would choke on."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+  """`obj` as indented JSON at `path`, atomically (`write_text`)."""
+  write_text(path, json.dumps(obj, indent=2))
+
+
 def write_results(workdir: str, rows: list[dict], echo: bool = True) -> str:
   """Write rows to `workdir/results.json` and, with `echo` (benchmarks), print them as one JSON
   document (process 0 only, in a multi-host run)."""
@@ -25,8 +39,7 @@ def write_results(workdir: str, rows: list[dict], echo: bool = True) -> str:
   if not parallel.is_writer():
     return path
   os.makedirs(workdir, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(rows, f, indent=2)
+  write_json(path, rows)
   if echo:
     print(json.dumps(rows, indent=2))
   return path

@@ -75,10 +75,9 @@ def method_key(row: dict, shaped: frozenset = frozenset()) -> str:
   runs (e.g. sd from the heads); a method of several shapes in one run (`shaped`) is named by
   its tree (dyn:4-16 and dyn:8-32: `dyn K=4 M=16 L=4`), a chain by its depth (`sd@1`)."""
   m = row["method"]
-  if m in shaped:
-    return row.get("tree") or f"{m}@{row.get('gamma')}"
-  return f"{m} (BPD heads)" if row.get("drafter_source") == "bpd" and not m.startswith(
-      "bpd") else m
+  key = (row.get("tree") or f"{m}@{row.get('gamma')}") if m in shaped else m
+  return f"{key} (BPD heads)" if row.get("drafter_source") == "bpd" and not m.startswith(
+      "bpd") else key
 
 
 def shaped_methods(rows) -> frozenset:

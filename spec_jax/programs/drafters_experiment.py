@@ -169,22 +169,33 @@ def eval_config(config, workdir: str, name: str, domain: str):
 
 def eval_inputs(cfg, build: experiment.Run) -> dict:
   """What an evaluate run's result depends on beyond its digest (which covers its methods and
-  sweeps): the drafter is a path, so its build's digest is named here and a rebuilt drafter
-  measures again."""
+  sweeps): the drafter is a path, so its build's identity (digest and inputs) is named here and
+  a rebuilt drafter measures again."""
   del cfg
-  return dict(drafter=experiment.run_digest(build))
+  return dict(drafter=experiment.identity(build))
 
 
-def measure_costs(config, workdir: str, names: list[str]) -> dict:
-  """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}}}}: every built
+def build_inputs(config, name: str, built: dict) -> dict:
+  """What a build reads by path beyond its digest: the identity of the entry it starts from
+  (`source` of a vinit or features entry, `base` of a vocab entry), when this experiment builds
+  that entry (`built`: name -> identity), so a changed base rebuilds every entry made from it."""
+  spec = config.drafters[name]
+  return {role: built[spec[role]] for role in ("source", "base")
+          if spec.get(role) and spec[role] in built}
+
+
+def measure_costs(config, workdir: str, names: dict) -> dict:
+  """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}, "build"}}}: every built
   drafter's one-token forward against the verifier's 1- and (γ + 1)-token forwards, batch 1,
   the calls taking turns (`timing.round_robin`, median of `cost_repeats`), each drafter in its
   own round with the verifier beside it. The evaluate runs' in-run c and r come from a handful
   of calls and scatter by ±40% here; this is the c and r the frontier uses. Cached in
-  runs/costs.json (a drafter measured once is not measured again)."""
+  runs/costs.json with the identity of the build it timed ("build"; names: {name: that
+  identity}), so a rebuilt drafter is timed again."""
   path = os.path.join(workdir, "runs", "costs.json")
   costs = _read_costs(workdir)
-  todo = [n for n in names if n not in costs["drafters"]]
+  # names: {name: its build's identity}; a drafter rebuilt since it was timed is timed again.
+  todo = [n for n, ident in names.items() if costs["drafters"].get(n, {}).get("build") != ident]
   if not todo:
     return costs
   ec = config.eval
@@ -211,9 +222,9 @@ def measure_costs(config, workdir: str, names: list[str]) -> dict:
     costs["drafters"][name] = {
         "ms": round(1e3 * times["d"]["median_s"], 3), "verifier_ms": round(1e3 * v1, 3),
         "c": round(times["d"]["median_s"] / v1, 4),
-        "r": {str(g): round(times[f"v{g + 1}"]["median_s"] / v1, 3) for g in gammas}}
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(costs, f, indent=2)
+        "r": {str(g): round(times[f"v{g + 1}"]["median_s"] / v1, 3) for g in gammas},
+        "build": names[name]}
+    report.write_json(path, costs)
   return costs
 
 
@@ -229,7 +240,7 @@ def runs(config, workdir: str):
   """Every entry not carried or skipped, in `order`: its build, then its evaluate runs; the
   general-domain data before the first entry that needs it; the cost timing at the end."""
   carry, skip = _carry_skip(config)
-  general, built = None, []
+  general, built = None, {}  # built: name -> its build's identity
   for name in config.order:
     if name in (*carry, *skip):
       continue
@@ -241,8 +252,10 @@ def runs(config, workdir: str):
     cfg, train_fn = build_config(config, workdir, name, general or "")
     build = experiment.Run(drafters_report.train_run(name), cfg,
                            directory=_train_dir(workdir, name),
-                           fn=functools.partial(_build, train_fn))
-    built += [name] if (yield build) else []
+                           fn=functools.partial(_build, train_fn),
+                           inputs=build_inputs(config, name, built))
+    if (yield build):
+      built[name] = experiment.identity(build)
     for domain in config.domains:
       cfg = eval_config(config, workdir, name, domain)
       yield experiment.Run(drafters_report.eval_run(name, domain), cfg,
