@@ -350,6 +350,12 @@ def test_experiment_bad_steered_run_is_named_before_anything_runs(tmp_path):
   with pytest.raises(ValueError, match="steering.mode='mixed' is not known"):
     steering_experiment.run(config, str(tmp_path))
   assert not os.path.exists(tmp_path / "runs")
+  # Two batch sizes: the report's rows are per (drafter, domain, T, γ), one batch size.
+  config = experiment_config.get_config("smoke")
+  config.eval.eval.batch_sizes = (1, 4)
+  with pytest.raises(ValueError, match=r"eval.eval.batch_sizes=\(1, 4\): the steering report"):
+    steering_experiment.run(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "runs")
 
 
 def test_steered_checkpoint_loads_with_its_module_and_continues_frozen(experiment, tmp_path):

@@ -68,6 +68,11 @@ def eval_config(config, name: str, domain: str, checkpoint: str):
 def check(config, workdir: str) -> None:
   """Every training config's errors, before the first run starts."""
   del workdir
+  batch_sizes = tuple(config.eval.eval.batch_sizes)
+  if len(batch_sizes) != 1:
+    raise ValueError(f"eval.eval.batch_sizes={batch_sizes}: the steering report compares the "
+                     "drafters at one batch size. Fix: give one, e.g. "
+                     "--config.eval.eval.batch_sizes=4, and run the experiment again per size.")
   for overrides in config.steered_runs.values():
     train_steering.check_config(train_config(config, overrides))
 
