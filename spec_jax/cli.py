@@ -177,6 +177,11 @@ CONFIG_FILE = "config.json"
 
 def check_workdir(workdir: str) -> None:
   """UsageError unless `workdir` is a directory this process can write (created if missing)."""
+  if os.path.basename(os.path.normpath(workdir)).startswith("-"):
+    # `--workdir --dry_run` (a value forgotten, the next flag taken for it) would run the job
+    # into a folder named after the flag.
+    raise UsageError(f"--workdir={workdir!r} looks like a flag, not a folder: was the value "
+                     "left out? Fix: --workdir=DIR (a folder name may not start with '-').")
   if os.path.isfile(workdir):
     raise UsageError(f"--workdir={workdir!r} is a file; results go into a directory. Fix: pass "
                      "a directory path (it is created if missing).")

@@ -201,11 +201,13 @@ def param_shardings(mesh: Mesh, param_shapes: Any) -> Any:
 def shard_batch(batch: Any, sharding: NamedSharding) -> Any:
   """Host batch (numpy, same global batch on every process) -> global jax.Arrays.
 
-  Each process contributes its own contiguous block of rows, so a multi-host run reads the same
-  global batch as a single-host run. B must divide evenly over the batch axes.
+  Each device of this process takes its own slice of the global batch, the rows its place in
+  the mesh gives it (`jax.make_array_from_callback`), so a multi-host run reads the same global
+  batch as a single-host run whatever the processes' share of the mesh: rows replicated over a
+  tensor axis that spans processes, or a device order that interleaves the processes (a TPU
+  torus's) included. B must divide evenly over the batch axes.
   """
   mesh_batch = math.prod(sharding.mesh.shape[a] for a in BATCH_AXES)
-  n_proc, pid = jax.process_count(), jax.process_index()
 
   def one(x):
     x = np.asarray(x)
@@ -213,9 +215,7 @@ def shard_batch(batch: Any, sharding: NamedSharding) -> Any:
       raise ValueError(
           f"Batch size {x.shape[0]} does not divide over the mesh's batch axes data*fsdp = "
           f"{mesh_batch}. Fix: make train.batch_size a multiple of {mesh_batch}.")
-    rows = x.shape[0] // n_proc
-    local = x[pid * rows:(pid + 1) * rows]
-    return jax.make_array_from_process_local_data(sharding, local, x.shape)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   return jax.tree.map(one, batch)
 

@@ -109,3 +109,46 @@ def test_processes_that_disagree_on_the_config_are_refused(tmp_path):
   outs = _launch_pair("--config=configs/generate.py:smoke", f"--workdir={tmp_path}",
                       extra=((), ("--config.seed=1",)), ok=False, timeout=240)
   assert any("disagree on the config: process(es) [1]" in out for out in outs), outs[0][-3000:]
+
+
+SHARD_PROBE = """
+import sys
+import jax, numpy as np
+from jax.sharding import AxisType, Mesh
+from spec_jax import parallel
+parallel.maybe_initialize_distributed(True, coordinator_address=sys.argv[1], num_processes=2,
+                                      process_id=int(sys.argv[2]))
+host = np.arange(8, dtype=np.int32) * 10  # the same global batch on both processes
+d = jax.devices()  # [p0d0, p0d1, p1d0, p1d1]
+layouts = {  # (data, fsdp, tensor) grids of the four devices
+    "tensor across the processes": np.array(d).reshape(1, 1, 4),
+    "data 2 x tensor 2, tensor across the processes": np.array(
+        [[d[0], d[2]], [d[1], d[3]]]).reshape(2, 1, 2),
+    "data 4, the processes interleaved": np.array([d[0], d[2], d[1], d[3]]).reshape(4, 1, 1)}
+for name, grid in layouts.items():
+  mesh = Mesh(grid, parallel.AXES, axis_types=(AxisType.Auto,) * 3)
+  rows = parallel.to_host(parallel.shard_batch(host, parallel.batch_sharding(mesh)))
+  print(name, rows.tolist(), flush=True)
+"""
+
+
+def test_shard_batch_gives_every_device_its_rows_whatever_the_processes_hold(tmp_path):
+  """Two processes of two devices each: a batch axis that does not split the rows into one block
+  per process (a tensor axis across processes replicates rows on both; a device order that
+  interleaves them, as a TPU torus's can) still reads back as the host batch, in order. A
+  process that contributes rows [pid·B/2, (pid+1)·B/2) fails the first two layouts and permutes
+  the third's rows silently."""
+  port = _free_port()
+  env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2 " + conftest.TEST_XLA_FLAGS)
+  procs = [subprocess.Popen([sys.executable, "-c", SHARD_PROBE, f"127.0.0.1:{port}", str(i)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True) for i in range(2)]
+  outs = [p.communicate(timeout=240)[0] for p in procs]
+  want = str(list(range(0, 80, 10)))
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+    lines = [line for line in out.splitlines() if line.endswith("]")]
+    assert lines == [f"{name} {want}" for name in (
+        "tensor across the processes", "data 2 x tensor 2, tensor across the processes",
+        "data 4, the processes interleaved")], out[-3000:]

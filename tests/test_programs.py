@@ -325,12 +325,16 @@ def test_a_command_line_the_flags_refuse_ends_with_one_line(tmp_path, args, mess
 
 def test_a_workdir_that_cannot_hold_results_ends_with_one_line(tmp_path):
   (tmp_path / "file").write_text("")
+  # `--workdir --dry_run`: the value left out, the next flag taken for it.
+  flag = tmp_path / "--dry_run"
   for workdir, message in ((tmp_path / "file", r"is a file; results go into a directory"),
-                           (tmp_path / "file" / "below", r"cannot be created \(Not a directory\)")):
+                           (tmp_path / "file" / "below", r"cannot be created \(Not a directory\)"),
+                           (flag, r"looks like a flag, not a folder")):
     result = _launch("--config", "configs/methods.py", "--workdir", str(workdir), timeout=300)
     assert result.returncode == 1, result.stderr[-2000:]
     assert re.fullmatch(rf"FATAL --workdir='{workdir}' {message}.*Fix: .*\n", result.stderr), (
         result.stderr[-2000:])
+  assert not flag.exists()
   result = _launch("--config", "configs/methods.py", "--workdir", str(tmp_path / "w"), "extra",
                    timeout=300)
   assert result.returncode == 1
