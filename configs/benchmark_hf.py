@@ -1,10 +1,12 @@
 """Peer benchmark: spec_jax vs HF transformers (greedy and assisted generation), same weights.
 
-  python launch.py --config configs/quickstart.py --workdir runs/quickstart   # the drafter, once
+  python launch.py --config configs/quickstart.py:recipe=scratch,vocab=0 \
+      --workdir runs/quickstart_scratch   # the drafter (common.SCRATCH_DRAFTER), once
   python launch.py --config configs/benchmark_hf.py --workdir runs/benchmark_hf
   python launch.py --config configs/benchmark_hf.py:smoke --workdir /tmp/bhf   # tiny, seconds
 
-SmolLM2-135M-Instruct (from its GGUF) verifier and the quickstart drafter, both exported to HF
+SmolLM2-135M-Instruct (from its GGUF) verifier and the scratch quickstart drafter (a plain LM over
+the full vocabulary, as transformers' assisted generation needs), both exported to HF
 directories under the workdir and loaded from there by both systems; 8 Shakespeare test prompts
 of exactly 64 tokens, 64 new tokens each, greedy, EOS stopping off. Rows: transformers greedy
 (batch 1, 8), transformers assisted generation (batch 1; its default schedule and constant γ),
@@ -26,13 +28,14 @@ from configs import common
 
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, gamma=4, new_tokens=64, num_prompts=8,
-                          drafter="runs/quickstart/drafter", gpu=False, dtype="float32")
+                          drafter=common.SCRATCH_DRAFTER, gpu=False, dtype="float32")
   config = common.base("benchmark_hf")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
   config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
   config.data = common.data()
   config.prompts = ()
   config.prompts_file = ""
+  config.prompts_mix = False  # True: prompts_file adds to prompts and the data prompts
   config.num_data_prompts = args.num_prompts
   config.data_prompt_tokens = 80  # texts of up to 80 tokens, cut to exactly prompt_tokens ids
   config.note = ""  # free text copied to summary.json (e.g. "measured while other jobs ran")

@@ -44,7 +44,8 @@ Evaluate the result with
   python launch.py --config configs/evaluate.py --workdir runs/eval_distilled \
       --config.drafter.checkpoint=runs/distill_jsd_fixed
 
-Expected time on 2 idle CPU cores: one step of drafter-s with the SmolLM2 verifier at batch 8 ×
+Expected time on 2 idle CPU cores: one step of drafter-s (the scratch quickstart drafter,
+`:drafter=runs/quickstart_scratch/drafter`) with the SmolLM2 verifier at batch 8 ×
 (32 prompt + 48 response) tokens ~2.4 s on fixed data and ~2.8 s with on-policy generation
 (40 steps: ~2 min, plus ~1 min of loading and compiling). Verifier-generated data costs one
 verifier generation per batch, once (cached in data.cache_dir; ~15 min for 40 batches of 8 × 48
@@ -54,7 +55,7 @@ per call; ~10 s for 64 batches of 8 × 112 tokens on one H100).
 One H100: 2000 steps of a 4-block verifier-initialised drafter (8k vocabulary) at batch 8 ×
 (32 + 48) tokens in ~1 min with compilation; the quickstart's feature drafter at ~20 steps/s.
 Measured runs: experiments/distillspec/notes.md, experiments/gpu/results.md.
-Reference (drafter-s from the quickstart drafter, 40 steps, lr 1e-3, 16 held-out prompts, γ = 4,
+Reference (drafter-s from the scratch quickstart drafter, `:drafter=runs/quickstart_scratch/drafter`, 40 steps, lr 1e-3, 16 held-out prompts, γ = 4,
 T = 1): JSD[0.5] on fixed data moves SD's α from 0.28 (40 steps of cross-entropy instead) to
 0.37 and τ from 1.39 to 1.55 (+11.5%); experiments/distillspec/results.md has the full
 {FKL, RKL, JSD, TVD} × {fixed, verifier, on-policy, mix} grid.

@@ -43,6 +43,7 @@ def get_config(arg=None):
   config.data = common.data()
   config.prompts = ()
   config.prompts_file = ""
+  config.prompts_mix = False  # True: prompts_file adds to prompts and the data prompts
   config.num_data_prompts = args.num_prompts
   config.data_prompt_tokens = 64
   config.eval = dict(

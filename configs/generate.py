@@ -5,7 +5,7 @@
       --config.prompts_file=my_prompts.txt
   python launch.py --config configs/generate.py:smoke --workdir /tmp/gen   # tiny random model
   python launch.py --config configs/generate.py:method=sd,gamma=4 --workdir runs/generate_sd \
-      --config.drafter.checkpoint=runs/quickstart/distilled   # speculative, prints τ per prompt
+      --config.drafter.checkpoint=runs/quickstart/drafter   # speculative, prints τ per prompt
   python launch.py --config configs/generate.py:method=rsd_c@3,temperature=1 --workdir runs/gen_rsd
   python launch.py --config configs/generate.py:chat=False --workdir runs/gemma3 \
       --config.model.checkpoint=gemma3-270m --config.tokenizer=gemma3-270m   # Gemma 3 270M (base)
@@ -44,6 +44,7 @@ def get_config(arg=None):
       "Who wrote Romeo and Juliet?",
   )
   config.prompts_file = ""
+  config.prompts_mix = False  # True: prompts_file adds to prompts and the data prompts
   config.data = common.data()
   config.num_data_prompts = 0
   config.data_prompt_tokens = 64

@@ -5,7 +5,8 @@ train_steering).
   python launch.py --config configs/train_steering.py:frozen --workdir runs/steered_frozen
   python launch.py --config configs/train_steering.py:smoke --workdir /tmp/steer   # tiny, tests
 Arguments (`:key=value,...`): divergence (fkl, rkl, jsd, tvd), source (verifier, fixed), steps,
-batch, drafter (the pretrained drafter: a train_lm/distill workdir), mode (merged, simple),
+batch, drafter (the pretrained drafter: a train_lm/distill workdir of a plain LM drafter; default
+the scratch quickstart drafter, common.SCRATCH_DRAFTER), mode (merged, simple),
 offset (max_offset: the γ whose staleness is simulated), frozen (train the module alone), data,
 lr, smoke. Any field can be overridden: --config.steering.verifier_layers="(3,15,27)".
 Re-running the same command resumes from the newest checkpoint in the workdir. Evaluate with
@@ -31,7 +32,7 @@ def get_config(arg: str | None = None):
   arg_string = arg
   # SD²'s recipe: FKL on verifier-generated responses (T = 1), drafter trained with the module.
   arg = common.parse_arg(arg, divergence="fkl", source="verifier", steps=40, batch=8,
-                         drafter="runs/quickstart/drafter", mode="merged", offset=4,
+                         drafter=common.SCRATCH_DRAFTER, mode="merged", offset=4,
                          frozen=False, data="spec_jax_shakespeare", lr=1e-3, lr_scale=1.0,
                          smoke=False)
   config = distill_config.get_config(

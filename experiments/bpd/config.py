@@ -5,8 +5,9 @@
   # The Python-code heads first (given through heads_checkpoints; ~1.5 h each on 2 CPU cores):
   python launch.py --workdir runs/bpd_py_h3_1200 \
       --config configs/train_bpd.py:heads=3,steps=1200,seq_len=128,lr=2e-3,data=spec_jax_pystdlib
-  python launch.py --workdir runs/bpd_py_h5_v8k --config.train.checkpoint_every=50 \
-      --config configs/train_bpd.py:heads=5,steps=2400,seq_len=128,lr=2e-3,data=spec_jax_pystdlib,vocab=8192
+  python launch.py --workdir runs/bpd_py_h5_v8k \
+      --config configs/train_bpd.py:heads=5,steps=2400,seq_len=128,lr=2e-3,data=spec_jax_pystdlib,vocab=8192 \
+      --config.train.checkpoint_every=50
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd     # full run
   python launch.py --config experiments/bpd/config.py:smoke --workdir /tmp/bpd      # tiny models
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
