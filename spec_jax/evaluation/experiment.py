@@ -43,6 +43,7 @@ import shutil
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 from absl import logging
 
@@ -286,8 +287,9 @@ def _execute(run: Run, directory: str) -> list[dict]:
       # killed half-way is not read back as this one's.
       os.replace(results, results + ".previous")
     report_lib.write_json(os.path.join(directory, STARTED), identity(run))
-  else:
-    os.makedirs(directory, exist_ok=True)
+  if jax.process_count() > 1:  # the others start once process 0 has set the directory up
+    multihost_utils.sync_global_devices(f"experiment run {run.name}")
+  os.makedirs(directory, exist_ok=True)
   rows = _as_rows(fn(run.config, directory))
   if parallel.is_writer():
     report_lib.write_text(os.path.join(directory, CONFIG), run.config.to_json_best_effort(indent=2))

@@ -177,7 +177,8 @@ def prompt_batches(config, tokenizer, entries) -> tuple[list[str], dict[int, lis
 class _RowLog:
   """Finished rows in <workdir>/rows.jsonl, each under a key naming its run and tagged with the
   config's digest: a rerun whose rows would come out the same reads them back; any other config
-  starts afresh (the old file is kept as rows.jsonl.previous)."""
+  starts afresh (the old file is kept as rows.jsonl.previous). Every process reads it; process 0
+  alone writes it (in a multi-host run each process times its own passes: one log, one timing)."""
 
   def __init__(self, workdir: str, config):
     self.path = os.path.join(workdir, ROWS)
@@ -192,6 +193,8 @@ class _RowLog:
             continue
           if record.get("config") == self.digest:
             self.done[record["key"]] = record["row"]
+    if not parallel.is_writer():
+      return
     if not self.done and os.path.exists(self.path):
       os.replace(self.path, self.path + ".previous")
     elif self.done:
@@ -202,6 +205,8 @@ class _RowLog:
 
   def add(self, key: str, row: dict) -> None:
     self.done[key] = row
+    if not parallel.is_writer():
+      return
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps({"key": key, "config": self.digest, "row": row}) + "\n")
 
@@ -239,7 +244,9 @@ def _against(row: dict, ar_row: dict) -> dict:
 
 
 def _save_text(workdir, texts, token_lists, tokenizer, **setting) -> None:
-  """eval.save_text: append each prompt's speculative continuation to texts.jsonl."""
+  """eval.save_text: append each prompt's speculative continuation to texts.jsonl (process 0)."""
+  if not parallel.is_writer():
+    return
   with open(os.path.join(workdir, "texts.jsonl"), "a", encoding="utf-8") as f:
     for prompt, ids in zip(texts, token_lists):
       f.write(json.dumps({**setting, "prompt": prompt, "completion": tokenizer.decode(ids)})
@@ -250,8 +257,8 @@ def run(config, workdir: str) -> list[dict]:
   ev = config.eval
   entries, source = check_config(config, workdir)  # bad input fails before anything loads
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  if parallel.is_writer():
+    report.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
   mesh = parallel.decode_mesh(config.mesh)
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   texts, all_batches = prompt_batches(config, tokenizer, entries)
