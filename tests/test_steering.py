@@ -414,3 +414,27 @@ def test_bad_steering_config_is_named_before_anything_loads(tmp_path, overrides,
   config = testing.with_overrides(steering_config.get_config("smoke"), overrides)
   with pytest.raises(ValueError, match=message):
     train_steering.run(config, str(tmp_path))
+
+
+def test_a_feature_drafter_is_refused_before_anything_loads(tmp_path, monkeypatch):
+  """SD² steers a plain LM drafter: a feature drafter's checkpoint (the main quickstart's kind)
+  is named from its meta alone, before the verifier or the drafter loads (it crashed in the
+  drafter's forward, which got no features)."""
+  import dataclasses  # noqa: PLC0415
+  from configs import train_steering as steering_config  # noqa: PLC0415
+  from spec_jax import loading  # noqa: PLC0415
+  from spec_jax.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+  from spec_jax.programs import train_steering  # noqa: PLC0415
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  cfg, params = testing.tiny_model(seed=0)
+  manager = checkpoints.make_manager(str(tmp_path / "features"), async_save=False)
+  state = type("State", (), dict(step=0, params=params, opt_state={}))()
+  checkpoints.save(manager, 0, state, checkpoints.make_meta(
+      dataclasses.replace(cfg, feature_width=cfg.d_model), ByteTokenizer()))
+  manager.close()
+  monkeypatch.setattr(loading, "load_model", testing.refuse)
+  config = steering_config.get_config("smoke")
+  config.drafter.checkpoint = str(tmp_path / "features")
+  with pytest.raises(ValueError, match=r"is a feature drafter .* Fix: --config.drafter.checkpoint="):
+    train_steering.run(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")

@@ -22,9 +22,11 @@ import dataclasses
 import jax
 import numpy as np
 
+from configs import common
 from spec_jax.decoding.drafters import steered
 from spec_jax.models import steering
 from spec_jax.programs import distill as distill_program
+from spec_jax.training import checkpoints
 from spec_jax.training import steering as steering_train
 
 ON_POLICY = ("onpolicy", "mix")
@@ -87,7 +89,25 @@ def steered_student(config, v_cfg, d_cfg, d_params) -> distill_program.Student:
       meta_section="steering")
 
 
+def check_drafter(path: str) -> None:
+  """A pretrained drafter SD² can steer: a plain LM drafter, not a feature drafter (which reads
+  the verifier's features where steering adds its deltas). Reads the checkpoint's meta only; a
+  path that is not a checkpoint is left to the loader's own errors."""
+  try:
+    cfg = checkpoints.model_config_from_meta(checkpoints.read_meta(path), path)
+  except Exception:  # noqa: BLE001  (not a readable checkpoint: the loader names it)
+    return
+  if getattr(cfg, "feature_width", 0):
+    raise ValueError(
+        f"drafter.checkpoint={path!r} is a feature drafter (it reads the verifier's features); "
+        "SD² steers a plain LM drafter. Fix: --config.drafter.checkpoint="
+        f"{common.SCRATCH_DRAFTER} (configs/quickstart.py:recipe=scratch,vocab=0) or another "
+        "train_lm/distill drafter without features.")
+
+
 def run(config, workdir: str, *, step_hook=None) -> dict:
   """Train `config.train.num_steps` steps in `workdir` (resuming); returns distill.run's dict."""
   check_config(config)
+  if config.drafter.checkpoint:
+    check_drafter(config.drafter.checkpoint)
   return distill_program.run(config, workdir, step_hook=step_hook, student_fn=steered_student)
