@@ -192,6 +192,30 @@ def test_lattice_k_per_head_count_and_the_oracle_at_the_decoded_k():
   assert not bpd_config.get_config("top_k=8").top_k_per_heads
 
 
+def test_heads_retrained_with_another_setting_are_decoded_and_analysed_again(tmp_path):
+  """Heads trained by the experiment live in a folder named by dataset and h; retrained with
+  another learning rate to the same step, the evaluate and analysis runs' inputs change with
+  them (the newest step alone would not)."""
+  from spec_jax.programs import bpd_experiment
+
+  def plan(config):
+    gen, runs = bpd_experiment.runs(config, str(tmp_path)), []
+    run = next(gen)
+    while True:
+      runs.append(run)
+      try:
+        run = gen.send([])
+      except StopIteration:
+        return {r.name: r.inputs for r in runs if not r.name.startswith("heads_")}
+  config = bpd_config.get_config("smoke")
+  before = plan(config)
+  config.train.train.lr = 10 * config.train.train.lr
+  after = plan(config)
+  assert before.keys() == after.keys() and before
+  for name in before:
+    assert before[name]["heads_run"] != after[name]["heads_run"], name
+
+
 def test_an_evaluate_run_runs_again_for_new_methods_or_further_trained_heads(tmp_path):
   """A run's digest covers evaluate's methods and sweeps, and the heads are a path: the run's
   inputs name the heads' newest step, so either change makes the harness run it again."""

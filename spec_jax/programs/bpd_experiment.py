@@ -261,17 +261,22 @@ def runs(config, workdir: str):
       if key in bpd_report.carried(config):
         continue
       path, given = heads_dir(config, workdir, dataset, h)
+      # Heads trained here: their training run's identity, so heads retrained with another
+      # setting (to the same step) decode and are analysed again.
+      trained = {}
       if not given:
-        yield experiment.Run(f"heads_{key}", train_config(config, dataset, h), directory=path)
+        train = experiment.Run(f"heads_{key}", train_config(config, dataset, h), directory=path)
+        trained = {"heads_run": experiment.identity(train)}
+        yield train
       heads = path if given or _newest_step(path) is not None else None
       tags = dict(dataset=dataset, heads=h, **_heads_record(heads))
       for t in config.temperatures:
         cfg = eval_config(config, dataset, h, t, heads or "")
         yield experiment.Run(bpd_report.eval_run(dataset, h, t), cfg, tags=tags,
-                             inputs=eval_inputs(cfg))
+                             inputs={**eval_inputs(cfg), **trained})
       yield experiment.Run(bpd_report.analysis_run(dataset, h),
                            analysis_config(config, dataset, h, heads),
-                           tags=tags, fn=functools.partial(
+                           tags=tags, inputs=trained, fn=functools.partial(
                                analyse_heads, verifier=verifier,
                                cfg=eval_config(config, dataset, h, 0.0, heads or "")))
 
