@@ -270,6 +270,27 @@ def test_bad_shards_fail_clearly(tmp_path, sharded_dir):
     hf_import.read_hf(tmp_path / "c")
 
 
+def test_a_gemma_config_must_state_what_transformers_would_default():
+  """A Gemma config.json without its query scale (and Gemma 3's local RoPE base, Gemma 2's
+  soft-caps) is refused naming them: transformers fills them from its config class (256, 1e4,
+  50 / 30), where this import had other fallbacks (head_dim, the global base, no caps). With
+  them written out, as transformers' own config of the same dict has them, it loads."""
+  minimal = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=8)
+  for model_type, keys in (("gemma3_text", "'query_pre_attn_scalar', 'rope_local_base_freq'"),
+                           ("gemma2", "'query_pre_attn_scalar', 'attn_logit_softcapping', "
+                                      "'final_logit_softcapping'")):
+    with pytest.raises(hf_import.HFCheckpointError, match=rf"does not state \[{keys}\]"):
+      hf_import.config_from_hf(dict(minimal, model_type=model_type))
+    full = transformers.AutoConfig.for_model(model_type, **minimal).to_dict()
+    cfg = hf_import.config_from_hf(full)
+    assert cfg.query_pre_attn_scalar == 256.0
+    if model_type == "gemma2":
+      assert (cfg.attn_logit_softcap, cfg.final_logit_softcap) == (50.0, 30.0)
+    else:
+      assert cfg.rope_local_theta == 1e4
+
+
 def test_mistral_sliding_window_loads_as_a_window(tmp_path, sharded_dir):
   cfg, params = hf_import.read_hf(sharded_dir)
   hf_export.export_hf(tmp_path, cfg, params)

@@ -193,6 +193,14 @@ def _windows(hf: dict, n_layers: int, source: str) -> tuple[int, ...]:
   return tuple(int(window) if t == "sliding_attention" else 0 for t in types)
 
 
+# Keys of a Gemma config.json whose absence transformers fills with its config class's defaults
+# (query scale 256, Gemma 2's soft-caps 50 / 30, Gemma 3's local RoPE base 1e4): refused when
+# missing rather than read with other fallbacks.
+_GEMMA_STATED = {"gemma2": ("query_pre_attn_scalar", "attn_logit_softcapping",
+                            "final_logit_softcapping"),
+                 "gemma3_text": ("query_pre_attn_scalar", "rope_local_base_freq")}
+
+
 def config_from_hf(hf: dict, *, dtype: str = "float32",
                    source: str = "config.json") -> llama.LlamaConfig:
   """The model config of an HF config.json dict (`gemma.GemmaConfig` for Gemma 2/3,
@@ -216,6 +224,13 @@ def config_from_hf(hf: dict, *, dtype: str = "float32",
   if missing:
     raise HFCheckpointError(f"{source} is missing {missing}; cannot build the model.")
   is_gemma = model_type in GEMMA_TYPES
+  unstated = [k for k in _GEMMA_STATED.get(model_type, ()) if k not in hf and not (
+      k == "rope_local_base_freq" and "sliding_attention" in (hf.get("rope_parameters") or {}))]
+  if unstated:
+    raise HFCheckpointError(
+        f"{source} does not state {unstated}: transformers would take its {model_type} config "
+        "class's defaults for them, which this import does not guess. Fix: write them into "
+        "config.json (save_pretrained does; the model's published config.json has them).")
   act_field = "hidden_activation" if is_gemma and "hidden_activation" in hf else "hidden_act"
   act = hf.get(act_field, "gelu_pytorch_tanh" if is_gemma else "silu")
   want_act = ("gelu_pytorch_tanh", "gelu_tanh") if is_gemma else ("silu",)
