@@ -55,10 +55,11 @@ per call; ~10 s for 64 batches of 8 × 112 tokens on one H100).
 One H100: 2000 steps of a 4-block verifier-initialised drafter (8k vocabulary) at batch 8 ×
 (32 + 48) tokens in ~1 min with compilation; the quickstart's feature drafter at ~20 steps/s.
 Measured runs: experiments/distillspec/notes.md, experiments/gpu/results.md.
-Reference (drafter-s from the scratch quickstart drafter, `:drafter=runs/quickstart_scratch/drafter`, 40 steps, lr 1e-3, 16 held-out prompts, γ = 4,
-T = 1): JSD[0.5] on fixed data moves SD's α from 0.28 (40 steps of cross-entropy instead) to
-0.37 and τ from 1.39 to 1.55 (+11.5%); experiments/distillspec/results.md has the full
-{FKL, RKL, JSD, TVD} × {fixed, verifier, on-policy, mix} grid.
+Reference (drafter-s from the scratch quickstart drafter, `:drafter=runs/quickstart_scratch/drafter`,
+40 steps, lr 1e-3, 16 held-out prompts, γ = 4, T = 1): JSD[0.5] on fixed data moves SD's α from
+0.28 (40 steps of cross-entropy instead) to 0.37 and τ from 1.39 to 1.55 (+11.5%);
+experiments/distillspec/results.md has the full {FKL, RKL, JSD, TVD} × {fixed, verifier,
+on-policy, mix} grid.
 
 Smoke (CPU tests, seconds): test-tiny verifier and drafter, byte tokenizer, 6 steps of FKL on
 8 × (8 + 8) tokens of on-policy data refreshed every 2 steps (`smoke,data=sharegpt`: chat rows
