@@ -470,6 +470,32 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
     evaluate.run(config, str(tmp_path))
 
 
+def test_evaluate_rows_follow_what_the_drafter_checkpoint_holds(tmp_path):
+  """The drafter is a path: trained further at that path (a new step, other arrays), its rows
+  are not read back, nor the Spec-Bench suite's runs of it; the same checkpoint keeps them."""
+  from configs import evaluate as evaluate_config
+  from spec_jax.data.tokenizer import ByteTokenizer
+  from spec_jax.programs import evaluate, specbench_experiment
+  from spec_jax.training import checkpoints
+  cfg, params = testing.tiny_model(seed=0)
+  config = evaluate_config.get_config("smoke")
+  config.drafter.checkpoint = str(tmp_path / "drafter")
+  manager = checkpoints.make_manager(config.drafter.checkpoint, async_save=False)
+
+  def save(step, params):
+    state = type("State", (), dict(step=step, params=params, opt_state={}))()
+    checkpoints.save(manager, step, state, checkpoints.make_meta(cfg, ByteTokenizer()))
+    return evaluate.row_digest(config), specbench_experiment.held(config)
+  first = save(1, params)
+  assert first == (evaluate.row_digest(config), specbench_experiment.held(config))
+  import jax  # noqa: PLC0415
+  further = save(2, jax.tree.map(lambda x: x + 1, params))
+  manager.close()
+  assert further[0] != first[0] and further[1] != first[1] and first[1]
+  config.drafter.checkpoint = "smollm2"  # a packaged model: named by its path alone
+  assert specbench_experiment.held(config) == {}
+
+
 def test_evaluate_row_digest_covers_what_rows_depend_on():
   from configs import evaluate as evaluate_config
   from spec_jax.evaluation import experiment

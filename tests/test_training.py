@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -405,6 +406,17 @@ def test_train_lm_smoke_writes_metrics_and_finishes_fast_when_done(data_dir, tmp
   again = train_lm.run(config, workdir, step_hook=no_steps)
   assert again["step"] == 10 and again["eval_loss"] == pytest.approx(out["eval_loss"])
   assert again["train_loss"] == pytest.approx(out["train_loss"])
+  # The same finished workdir under another learning rate is read back as trained, with a
+  # warning naming the setting (a run that reads it would otherwise not know).
+  relr = smoke_config(data_dir, num_steps=10, eval_every=5, checkpoint_every=5, log_every=5,
+                      lr=0.5)
+  warned = []
+  with mock.patch.object(checkpoints.logging, "warning",
+                         lambda msg, *args: warned.append(msg % args)):
+    train_lm.run(relr, workdir, step_hook=no_steps)
+  warned = [w for w in warned if "another config" in w]
+  assert len(warned) == 1 and re.search(r"trained with another config \(train\.lr: saved",
+                                        warned[0]), warned
 
   # A resume with a setting that shapes the optimizer state is refused naming it, losing nothing.
   clipless = smoke_config(data_dir, num_steps=10, eval_every=5, checkpoint_every=5, log_every=5,

@@ -20,6 +20,7 @@ column of the report.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 
@@ -32,6 +33,7 @@ from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
 from spec_jax.decoding import sampling as sampling_lib
 from spec_jax.evaluation import bench, experiment, report, tables, timing
+from spec_jax.training import checkpoints
 
 CONSOLE_COLUMNS = ("method", "tree", "gamma", "block_efficiency", "tau_se", "acceptance_rate",
                    "tokens_per_s", "speedup", "paired_speedup", "theoretical_speedup")
@@ -45,8 +47,15 @@ SWEEPS = ("eval.methods", "eval.gammas", "eval.temperatures", "eval.batch_sizes"
 
 
 def row_digest(config) -> str:
-  """The digest rows.jsonl tags each row with: the run's digest less the sweeps."""
-  return experiment.digest(config, program="evaluate", ignore=SWEEPS)
+  """The digest rows.jsonl tags each row with: the run's digest less the sweeps, and what the
+  verifier and drafter checkpoints hold (`checkpoints.identity`: a drafter trained further at
+  the same path decodes again)."""
+  base = experiment.digest(config, program="evaluate", ignore=SWEEPS)
+  held = {f: checkpoints.identity(config[f].get("checkpoint", ""))
+          for f in ("verifier", "drafter") if f in config}
+  if not any(held.values()):
+    return base
+  return hashlib.sha256(json.dumps([base, held], sort_keys=True).encode()).hexdigest()
 
 
 def digest_defaults() -> dict:

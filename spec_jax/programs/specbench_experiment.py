@@ -36,6 +36,7 @@ from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import methods as methods_lib
 from spec_jax.evaluation import experiment, specbench_report
 from spec_jax.programs import evaluate
+from spec_jax.training import checkpoints
 
 TURN1 = "turn1_answers"  # the generate run of chat_turn2's first answers
 CACHE_FIELD = "eval.max_cache_len"
@@ -213,13 +214,21 @@ def runs(config, workdir: str) -> Iterator[experiment.Run]:
       path, room = write_prompts(config, tokenizer, directory, prompts, extra,
                                  f"{category} prompt")
       written = dict(prompts_file=path, num_prompts=len(prompts), prompt_tokens=room)
-    yield experiment.Run(name, eval_config(config, category, **written),
-                         tags=dict(tags, category=category, drafter_source="lm"))
+    lm = eval_config(config, category, **written)
+    yield experiment.Run(name, lm, tags=dict(tags, category=category, drafter_source="lm"),
+                         inputs=held(lm))
     for t, names in bpd_plan(config):
-      yield experiment.Run(
-          f"{name}_bpd_T{t:g}", eval_config(config, category, methods=names, temperatures=(t,),
-                                            drafter=config.bpd_checkpoint, **written),
-          tags=dict(tags, category=category, drafter_source="bpd"))
+      heads = eval_config(config, category, methods=names, temperatures=(t,),
+                          drafter=config.bpd_checkpoint, **written)
+      yield experiment.Run(f"{name}_bpd_T{t:g}", heads, inputs=held(heads),
+                           tags=dict(tags, category=category, drafter_source="bpd"))
+
+
+def held(cfg) -> dict:
+  """An evaluate run's inputs: what its drafter checkpoint holds (`checkpoints.identity`), so a
+  drafter trained further at the same path (the quickstart's, BPD heads) is measured again."""
+  ident = checkpoints.identity(cfg.drafter.checkpoint)
+  return {"drafter": ident} if ident else {}
 
 
 def run(config, workdir: str) -> list[dict]:

@@ -22,6 +22,7 @@ Checkpoints written before digests existed have none and load unverified.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -318,6 +319,13 @@ def resume_or_start(manager: ocp.CheckpointManager, abstract_state, fresh: Calla
   if start >= num_steps:
     logging.info("%s already holds step %d >= num_steps=%d: nothing to do.", directory, start,
                  num_steps)
+    diffs = [d for d in config_differences(meta.get("config"), config)
+             if not d.startswith("train.num_steps:")] if config is not None else []
+    if diffs:
+      logging.warning(
+          "%s holds a finished run trained with another config (%s); it is read back as it is, "
+          "not trained again. Fix: a new --workdir to train with this config.", directory,
+          "; ".join(diffs))
   else:
     logging.info("Resuming from step %d.", start)
     writer.truncate_after(start)
@@ -411,6 +419,22 @@ def bpd_from_meta(meta: dict, path: str = "") -> bpd_heads.BPDConfig | None:
   except (TypeError, ValueError) as e:
     raise CheckpointError(f"Checkpoint {path} has an unusable bpd config in its meta ({e}); it "
                           "was written by another version of spec_jax.") from e
+
+
+def identity(path: str) -> str:
+  """What the checkpoint at `path` holds, from its meta alone (no array is read): a hash of its
+  newest step and its meta, which records every array's digest, so training it further or
+  again changes it. '' when `path` is not a spec_jax checkpoint (a packaged model's name, an HF
+  directory, a GGUF file, nothing): those are named by their path alone."""
+  if not path:
+    return ""
+  try:
+    _, step = _resolve(path)
+    meta = read_meta(path)
+  except Exception:  # noqa: BLE001  (not a checkpoint here: the loader names what it is)
+    return ""
+  blob = json.dumps({"step": step, "meta": meta}, sort_keys=True, default=str)
+  return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def read_meta(path: str) -> dict:
