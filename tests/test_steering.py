@@ -129,6 +129,57 @@ def test_delta_is_read_at_the_last_accepted_node():
   assert not np.allclose(state["steer"]["up"][:, 1], state["steer"]["up"][:, 2])
 
 
+def test_the_first_draft_is_steered_at_the_offset_training_reads():
+  """The first round's root is the last prompt token (position L − 1); training steers it with
+  the features at L − 2 (o = 1) and leaves the prompt before it unsteered. The decoded first
+  draft's law is that teacher-forced law, not one steered by the root's own features (o = 0)."""
+  v_cfg, v_params, drafter, params = _models(strength=0.5)
+  drafter = steered.SteeredDrafter(drafter.cfg, drafter.steering, trees.chain(1))
+  tokens = jnp.asarray([[1, 4, 2, 5, 0, 0]])
+  lengths = jnp.asarray([4])
+  _, hidden, _ = llama.make_apply(v_cfg, LAYERS)(v_params, tokens, jnp.arange(6)[None])
+  state = drafter.init(params, tokens, lengths, 12, hidden)
+  proposal, _ = drafter.propose(params, state, tokens, lengths, jax.random.key(0),
+                                Sampling(temperature=1.0))
+  weights = jnp.asarray([[0, 0, 0, 1, 0, 0]], jnp.float32)
+  want = {}
+  for offset in (1, 0):
+    logits, _, _ = steering_train.steered_apply(
+        params, tokens, jnp.arange(6)[None], hidden=hidden, weights=weights, offset=offset,
+        cfg=drafter.steering, drafter_apply=llama.make_apply(drafter.cfg))
+    want[offset] = np.asarray(jax.nn.softmax(logits[0, 3]))
+  got = np.asarray(proposal.q[0, 0])
+  np.testing.assert_allclose(got, want[1], rtol=1e-5, atol=1e-7)
+  assert np.abs(want[0] - want[1]).max() > 1e-3  # offset 0 would be told apart
+
+
+def test_the_catch_up_writes_a_fed_draft_again_with_the_deltas_it_was_fed_with():
+  """The next round's catch-up window rewrites slot L − 2. Where a draft was fed there (an
+  accepted draft before the last), it is written with the deltas of the round that fed it, so
+  the cache is what that round left: training never steers a position by its own features."""
+  v_cfg, v_params, drafter, params = _models(strength=0.5)
+  drafter = steered.SteeredDrafter(drafter.cfg, drafter.steering, trees.chain(2))
+  tokens = jnp.asarray([[1, 4, 2, 5, 0, 0, 0, 0]])
+  _, hidden, _ = llama.make_apply(v_cfg, LAYERS)(v_params, tokens, jnp.arange(8)[None])
+  state = drafter.init(params, tokens, jnp.asarray([4]), 12, hidden)
+  proposal, state = drafter.propose(params, state, tokens, jnp.asarray([4]), jax.random.key(0),
+                                    Sampling(temperature=1.0))
+  fed = state["cache"]  # slots 3 (root) and 4 (the first draft, fed for the second)
+  d1 = int(proposal.tokens[0, 1])
+  tokens = tokens.at[0, 4].set(d1).at[0, 5].set(3)  # the first draft accepted, then token 3
+  verdict = Verdict(num_accepted=jnp.asarray([1]), next_token=jnp.asarray([3]),
+                    path=jnp.asarray([[1, 0]]), reached=jnp.ones((1, 2), bool),
+                    alpha=jnp.zeros((1, 2)), num_candidates=jnp.ones((1, 2), jnp.int32),
+                    chain=True)
+  v_hidden = {l: jnp.take(hidden[l], jnp.asarray([3, 4, 5]), axis=1) for l in LAYERS}
+  state = drafter.commit(params, state, proposal, verdict, jnp.asarray([6]), v_hidden)
+  _, state = drafter.propose(params, state, tokens, jnp.asarray([6]), jax.random.key(1),
+                             Sampling(temperature=1.0))
+  for name in ("k", "v"):
+    np.testing.assert_allclose(getattr(state["cache"], name)[:, :, 4],
+                               getattr(fed, name)[:, :, 4], rtol=1e-5, atol=1e-6)
+
+
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40], [100, 101, 102], [7, 7]]
 
 

@@ -135,10 +135,12 @@ class LMDrafter:
     return logits[:, -1], root, cache
 
   def propose(self, params, cache, tokens, lengths, rng, sampling: sampling_lib.Sampling,
-              steer=None):
+              steer=None, window_steer=None):
     """steer: optional per-layer deltas for every drafter call of the round (SD², see
-    `drafters/steered.py`); None drafts unsteered."""
-    logits, root, cache = self._catch_up(params, cache, tokens, lengths, steer)
+    `drafters/steered.py`); None drafts unsteered. window_steer: the catch-up window's own
+    per-token deltas ([L, B, 2, X]), `steer` when None."""
+    logits, root, cache = self._catch_up(params, cache, tokens, lengths,
+                                         steer if window_steer is None else window_steer)
     if self.shape.is_chain:
       return self._chain(params, cache, logits, root, lengths, rng, sampling, steer)
     return self._tree(params, cache, logits, root, lengths, rng, sampling, steer)

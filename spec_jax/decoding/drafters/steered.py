@@ -5,14 +5,21 @@ turns it into per-layer deltas for the whole next round.
 Shape letters (repo legend): B batch, P padded prompt length, M proposal nodes, D the verifier's
 width, L drafter layers, X the injected width.
 
-State: {"cache": the drafter's KV cache (as `lm.LMDrafter`), "steer": {injection: f32[L, B, X]}}.
-  init    g from the verifier's residuals at the last prompt position (the prompt's own
-          features: the first round drafts from there); the prompt prefill itself is unsteered,
-          as in training, where positions whose next token is not a response token get δ = 0.
-  propose the LMDrafter round (catch-up window, chain or tree) with the same δ in every call.
+State: {"cache": the drafter's KV cache (as `lm.LMDrafter`), "steer": {injection: f32[L, B, X]}
+the round's deltas, "prev": the same for the deltas the previous round drafted with}. The offsets
+are training's (`training/steering.py`): the drafter at position t is steered by the verifier's
+features at t − o, o = 1 for the first draft of a round (the root's position) up to γ.
+  init    g at position L − 2, one before the root (the last prompt token), so the first round
+          drafts at offsets 1..γ like every other; the prompt prefill itself is unsteered ("prev"
+          zero), as in training, where positions whose next token is not a response token get
+          δ = 0.
+  propose the LMDrafter round with the same δ in every call, but for the catch-up window's first
+          slot (L − 2), which is written again with the deltas it was drafted with ("prev"): the
+          cache it already held when a draft there was fed, and no offset 0 where a last draft
+          or a one-draft round left it unfed.
   commit  g at `verdict.last_node()`: the node whose verifier output produced the round's
-          correction/bonus token, i.e. the freshest verified position; a tree's accepted node is
-          the last accepted candidate (`Verdict.path`).
+          correction/bonus token, i.e. the freshest verified position, one before the next root;
+          a tree's accepted node is the last accepted candidate (`Verdict.path`).
 Params: {"drafter": the LM's params, "steering": `steering.init_params`}. The drafts' laws q are
 the steered drafter's exact laws, so every exact rule stays lossless.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from spec_jax.decoding import sampling as sampling_lib
@@ -68,14 +76,18 @@ class SteeredDrafter:
 
   def init(self, params, prompt_tokens, prompt_lengths, size: int, v_hidden):
     cache = self._lm.init(params["drafter"], prompt_tokens, prompt_lengths, size, v_hidden)
-    return {"cache": cache, "steer": self._steer(params, v_hidden, prompt_lengths - 1)}
+    steer = self._steer(params, v_hidden, jnp.maximum(prompt_lengths - 2, 0))
+    return {"cache": cache, "steer": steer, "prev": jax.tree.map(jnp.zeros_like, steer)}
 
   def propose(self, params, state, tokens, lengths, rng, sampling: sampling_lib.Sampling):
+    # {injection: f32[L, B, 2, X]}: the catch-up window's [L − 2, L − 1] slots.
+    window = jax.tree.map(lambda a, b: jnp.stack([a, b], axis=2), state["prev"], state["steer"])
     proposal, cache = self._lm.propose(params["drafter"], state["cache"], tokens, lengths, rng,
-                                       sampling, steer=state["steer"])
+                                       sampling, steer=state["steer"], window_steer=window)
     return proposal, {**state, "cache": cache}
 
   def commit(self, params, state, proposal, verdict, lengths, v_hidden):
     cache = self._lm.commit(params["drafter"], state["cache"], proposal, verdict, lengths,
                             v_hidden)
-    return {"cache": cache, "steer": self._steer(params, v_hidden, verdict.last_node())}
+    return {"cache": cache, "steer": self._steer(params, v_hidden, verdict.last_node()),
+            "prev": state["steer"]}
