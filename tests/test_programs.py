@@ -109,6 +109,29 @@ def test_benchmark_smoke_writes_rows(tmp_path):
         row["ms_per_decode_step"] / roof, rel=2e-2, abs=1e-3 + 1e-3 / roof)
 
 
+def test_a_benchmark_on_a_mesh_bounds_a_step_by_one_devices_share_of_the_weights(tmp_path):
+  """Each device reads its own shard of the weights from its own memory: the roofline's bytes
+  are one device's (timing.shard_bytes), not the whole model's against one device's bandwidth."""
+  import jax  # noqa: PLC0415 (after conftest's fake devices)
+  from spec_jax import loading, parallel  # noqa: PLC0415
+  from spec_jax.data import tokenizer as tokenizer_lib  # noqa: PLC0415
+  from spec_jax.evaluation import timing  # noqa: PLC0415
+  config = benchmark_config.get_config("smoke")
+  config.mesh.update(data=1, fsdp=2, tensor=2)
+  config.benchmark.batch_sizes = (2,)
+  (row,) = benchmark.run(config, str(tmp_path))
+  assert row["mesh"] == {"data": 1, "fsdp": 2, "tensor": 2}
+  _, params = loading.load_model(config.model, tokenizer_lib.get_tokenizer(config.tokenizer),
+                                 seed=config.seed)
+  placed = parallel.place_params(params, parallel.decode_mesh(config.mesh))
+  held = sum(s.data.nbytes for x in jax.tree.leaves(placed) for s in x.addressable_shards
+             if s.device == jax.devices()[0])
+  assert timing.shard_bytes(placed) == held < timing.param_bytes(params)
+  want = timing.decode_read_bytes(placed, timing.shard_bytes)
+  assert row["roofline_ms_per_step"] * row["memory_bandwidth_gb_s"] * 1e6 == pytest.approx(
+      want, rel=2e-2)
+
+
 def test_benchmark_sampling_smoke_writes_rows(tmp_path):
   rows = benchmark_sampling.run(benchmark_sampling_config.get_config("smoke"), str(tmp_path))
   assert json.load(open(tmp_path / "results.json")) == rows

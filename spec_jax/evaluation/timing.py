@@ -13,6 +13,7 @@ check the arithmetic on a fake clock whose readings are exact, whatever else the
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -286,6 +287,17 @@ def memory_bandwidth(nbytes: int = 512 * 2**20, repeats: int = 5, *,
 def param_bytes(params: Any) -> int:
   """Bytes of every array in a parameter tree."""
   return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of placed arrays (or sharded ShapeDtypeStructs): the
+  whole array where it has no sharding or one device holds it."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    sharding = getattr(x, "sharding", None)
+    shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+    total += math.prod(shape) * x.dtype.itemsize
+  return total
 
 
 def decode_read_bytes(params: Any, nbytes: Callable[[Any], int] = param_bytes) -> int:

@@ -8,8 +8,9 @@ ms_per_decode_step ((call − prefill call) / (new_tokens − 1): one decode ste
 output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
 (`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB, 16 reads per timed call
 on accelerators so that dispatch does not hide the bandwidth), roofline_ms_per_step
-(the parameter bytes a step reads, `timing.decode_read_bytes`: every weight once, an untied input
-embedding's gathered rows aside, / bandwidth), roofline_ms_per_token (per step /
+(the parameter bytes a step reads on one device, `timing.decode_read_bytes`: every weight once,
+an untied input embedding's gathered rows aside, one device's shard of each on a mesh (`mesh`,
+its axis sizes; null on one device), / bandwidth), roofline_ms_per_token (per step /
 batch), vs_roofline = ms_per_step / roofline_ms_per_step and decode_vs_roofline =
 ms_per_decode_step / roofline_ms_per_step; preset (model.size when it is an architecture preset,
 `models/presets.py`, else null), dtype, device_kind (the device kind as JAX names it) and
@@ -88,7 +89,8 @@ def run(config, workdir: str) -> list[dict]:
     calls[batch_size, "prefill"] = functools.partial(call, new_tokens=1)
   times = timing.round_robin(calls, b.repeats)
   bandwidth = reads.bandwidth(times)
-  roofline_step_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
+  # Per device: on a mesh each device reads its own shard of the weights from its own memory.
+  roofline_step_ms = 1e3 * timing.decode_read_bytes(params, timing.shard_bytes) / bandwidth
   rows = []
   for batch_size in b.batch_sizes:
     t, prefill = times[batch_size], times[batch_size, "prefill"]
@@ -108,6 +110,7 @@ def run(config, workdir: str) -> list[dict]:
         roofline_ms_per_token=round(roofline_step_ms / batch_size, 6),
         vs_roofline=round(step_ms / roofline_step_ms, 3),
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
+        mesh=None if mesh is None else dict(mesh.shape),
         loop=b.get("loop", "fixed"), fused=cfg.fused, unrolled=cfg.unrolled,
         pallas=cfg.pallas, attn_kernel=cfg.attn_kernel,
         model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,

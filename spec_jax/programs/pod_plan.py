@@ -90,10 +90,7 @@ def abstract_params(cfg, mesh):
                       shapes, parallel.decode_param_shardings(mesh, shapes))
 
 
-def shard_bytes(tree) -> int:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs."""
-  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-             for x in jax.tree.leaves(tree))
+shard_bytes = timing.shard_bytes  # bytes one device holds of a tree of sharded structs
 
 
 def cache_bytes(cfg, batch: int, size: int, sizes: dict) -> int:
