@@ -289,10 +289,19 @@ def check_kernels_on_mesh(mesh: Mesh, models: dict[str, Any]) -> None:
   """ValueError unless every model (name → config; None or a config without `pallas` skips)
   running its layers or its attention on hand-written GPU kernels (`LlamaConfig.pallas`,
   `LlamaConfig.attn_kernel`) decodes on one device: a Pallas kernel has no partitioning rule,
-  so on a mesh XLA would gather its sharded weights or cache to every device on every call."""
+  so on a mesh XLA would gather its sharded weights or cache to every device on every call;
+  nor a fused q/k/v weight (`LlamaConfig.fused`) on a mesh with a tensor axis, whose heads split
+  out of line with their query groups."""
   if mesh.size == 1:
     return
   for name, cfg in models.items():
+    if getattr(cfg, "fused", False) and mesh.shape["tensor"] > 1:
+      raise ValueError(
+          f"The {name}'s q/k/v are one fused weight (model.size ...:fused=1), [D, N+2K, H], "
+          f"whose N+2K heads split over tensor={mesh.shape['tensor']} out of line with their "
+          "groups (one device holds query heads, another the keys), so every layer would "
+          "reshuffle them between devices. Fix: drop :fused=1 from the size on a tensor-parallel "
+          "mesh, or --config.mesh.tensor=1.")
     for option, what in (("pallas", "its layers"), ("attn_kernel", "its attention")):
       if getattr(cfg, option, False):
         raise ValueError(

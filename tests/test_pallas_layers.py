@@ -8,6 +8,7 @@ comparison catches; bad input. (A chi-square run of 3,000 rows through the inter
 experiments/scale/kernels.py (it needs the CUDA plugin, not installed here)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,24 @@ def test_kernels_are_refused_on_a_decoding_mesh(option, what):
   with pytest.raises(ValueError, match=f"The verifier runs {what} on hand-written kernels"):
     testing.lm_speculative(cfg, params, cfg, params, prompts, jax.random.key(0), mesh=mesh,
                            sampling=Sampling(), max_new_tokens=2)
+
+
+def test_fused_qkv_is_refused_on_a_tensor_axis_and_decodes_on_the_others():
+  """A fused q/k/v weight's N+2K heads would split over 'tensor' out of line with their groups;
+  over data and fsdp it decodes as on one device."""
+  cfg, params = testing.tiny_model(fused=True)
+  prompts = generate_lib.pad_prompts([[1, 2], [3, 4]], 2, pad_id=0)
+  run = functools.partial(generate_lib.generate, params, prompts, jax.random.key(0), cfg=cfg,
+                          sampling=Sampling(), max_new_tokens=3)
+  tensor = parallel.make_mesh({"data": 1, "fsdp": 1, "tensor": 2})
+  with pytest.raises(ValueError, match=r"The model's q/k/v are one fused weight.*tensor=2.*"
+                                       r"drop :fused=1"):
+    run(mesh=tensor)
+  with pytest.raises(ValueError, match="The verifier's q/k/v are one fused weight"):
+    testing.lm_speculative(cfg, params, cfg, params, prompts, jax.random.key(0), mesh=tensor,
+                           sampling=Sampling(), max_new_tokens=2)
+  mesh = parallel.make_mesh({"data": 1, "fsdp": 2, "tensor": 1})
+  assert run(mesh=mesh).new_tokens() == run().new_tokens()
 
 
 def test_tile_sweep_runs_and_refuses_an_unknown_field(tmp_path, monkeypatch):
