@@ -122,7 +122,8 @@ class Verdict:
   reached         bool[B, A]: the walk examined a candidate at depth d + 1
   alpha           f32[B, A]: Σ_x min(p, q) at the node examined at depth d + 1 (the glossary's α
                   of one draw); 0 where not reached or without q
-  num_candidates  int32[B, A]: candidates examined at depth d + 1 (1 per reached depth for chains)
+  num_candidates  int32[B, A]: candidates at depth d + 1 when the walk reached it, every sibling
+                  there whether tested before the accepted one or not (1 for chains)
   accept_prob     f32[B, A] | None: chain rules only, P(accept x_d | reached d) =
                   min(1, f(p(x))/q(x)) (1/0 for greedy); None for tree rules
   chain           static bool: the proposal was a chain, so accepted node d + 1 already sits at

@@ -26,7 +26,10 @@ GLOSSARY: dict[str, str] = {
                         "τ = (1-α^{γ+1})/(1-α))",
     "tau_se": "standard error of τ over prompts, as τ is computed (a ratio of sums: the "
               "delta method, each prompt weighing by its verifier calls)",
-    "mean_accepted_tokens": "mean accepted tokens: accepted draft tokens per verifier call, τ - 1",
+    "mean_accepted_tokens": "τ - 1: accepted draft tokens per verifier call, but that a last "
+                            "round cut at the token budget or by a stop token inside its "
+                            "accepted drafts outputs no bonus token (up to 1/calls lower per "
+                            "prompt)",
     "acceptance_rate": "α, acceptance rate: mean over draft positions of Σ_x min(p(x), q(x)), "
                        "p the verifier's and q the drafter's distribution",
     "empirical_acceptance": "empirical accept fraction: accepted draft tokens / draft tokens "
@@ -34,9 +37,10 @@ GLOSSARY: dict[str, str] = {
                             "rejection; not / proposed drafts: see drafts_per_call)",
     "per_position_acceptance": "per-position (conditional) acceptance: P(draft i accepted | "
                                "drafts 1..i-1 accepted), i = 1..γ",
-    "candidates_per_call": "draft candidates the acceptance rule examined per verifier call (a "
-                           "chain stops at its first rejection; a tree rule may test several "
-                           "siblings at one depth)",
+    "candidates_per_call": "draft candidates at the depths the acceptance walk reached, per "
+                           "verifier call (a chain: one a depth, up to its first rejection; a "
+                           "tree: every sibling at a reached depth, those after the accepted "
+                           "one included)",
     "drafts_per_call": "draft tokens proposed per verifier call (γ for a chain; fewer when rows "
                        "stop drafting early, sd_stop; a tree's drafted nodes)",
     "verifier_calls": "verifier forward calls summed over prompts, prefill excluded (a prompt "

@@ -74,7 +74,7 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
     verifier_calls          Σ stats.verifier_calls
     block_efficiency        τ = new_tokens / verifier_calls
     tau_se                  standard error of τ over rows (`ratio_se`; 0 for one row)
-    mean_accepted_tokens    τ − 1
+    mean_accepted_tokens    τ − 1 (a last round cut inside its accepted drafts has no bonus)
     acceptance_rate         α = Σ alpha_sum / Σ reached
     empirical_acceptance    Σ accepted_at / Σ reached
     per_position_acceptance [accepted_at_i / reached_i for each depth i] (None if never reached)
