@@ -33,6 +33,7 @@ import tensorflow_datasets as tfds
 from spec_jax.data import corpora, pipeline
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import sampling as sampling_lib
+from spec_jax.training import checkpoints
 
 NAME = "spec_jax_general"
 
@@ -92,7 +93,9 @@ class Spec:
                        "responses are sampled).")
 
   def config_name(self, verifier: str) -> str:
-    """e.g. 'smollm2_s0_t69_c64_r96'."""
+    """e.g. 'smollm2_s0_t69_c64_r96_T1p0_c2416b'. A verifier that is a spec_jax checkpoint is
+    named by what it holds too (`checkpoints.identity`): two checkpoints of one basename, or one
+    trained again at its path, get datasets of their own."""
     tag = re.sub(r"[^a-z0-9]+", "", os.path.basename(verifier.rstrip("/")).lower()) or "model"
     name = (f"{tag}_s{self.seed}_t{self.topics}_c{self.corpus_prompts}_r{self.response_tokens}"
             f"_T{str(self.temperature).replace('.', 'p')}")
@@ -100,6 +103,8 @@ class Spec:
       name += "_" + "_".join(c.removeprefix("spec_jax_") for c in self.corpora)
     # Everything else that shapes the data, so a changed setting never reads a stale build.
     rest = f"{self.prefix_tokens}/{self.instruction_tokens}/{self.batch_size}"
+    if held := checkpoints.identity(verifier):
+      rest += f"/{held}"
     return f"{name}_{hashlib.md5(rest.encode()).hexdigest()[:6]}"
 
 
@@ -111,9 +116,12 @@ def chat(tokenizer, user: str) -> str:
 
 
 def _sample(generate_fn: Callable, tokenizer, prompts: Sequence[str], max_tokens: int,
-            key: jax.Array, batch_size: int, label: str) -> list[str]:
+            key: jax.Array, batch_size: int, label: str, keep_stop: bool = False) -> list[str]:
   """The texts sampled after each prompt, batch by batch (key folded with the batch index, so a
-  batch's draws depend on the seed and its position alone)."""
+  batch's draws depend on the seed and its position alone), each cut at its first stop token.
+  keep_stop: a response keeps the stop token that ended it (the verifier's end of turn, e.g.
+  SmolLM2's <|im_end|>), so a drafter trained on the text learns where the verifier stops;
+  the tokenizer's EOS is left out, as the token stream appends it to every document."""
   from tqdm import tqdm  # noqa: PLC0415
   out = []
   for i in tqdm(range(0, len(prompts), batch_size), desc=label, leave=False):
@@ -125,8 +133,11 @@ def _sample(generate_fn: Callable, tokenizer, prompts: Sequence[str], max_tokens
     width = -(-width // 32) * 32  # a few prompt widths, not one per batch
     prompts_arr = generate_lib.pad_prompts(ids, width, tokenizer.pad_id)
     new = generate_fn(prompts_arr, max_tokens, jax.random.fold_in(key, i))
-    out += [tokenizer.decode([t for t in row if t not in tokenizer.stop_ids])
-            for row in new[:real]]
+    for row in new[:real]:
+      row = list(row)
+      stop = next((i for i, t in enumerate(row) if t in tokenizer.stop_ids), len(row))
+      kept = row[:stop + (keep_stop and stop < len(row) and row[stop] != tokenizer.eos_id)]
+      out.append(tokenizer.decode(kept))
   return out
 
 
@@ -163,7 +174,7 @@ def build_examples(generate_fn: Callable, tokenizer, spec: Spec, *, data_dir: st
       items += [(name.removeprefix("spec_jax_"), template.format(text=p)) for p in prefixes]
   prompts = [chat(tokenizer, user) for _, user in items]
   responses = _sample(generate_fn, tokenizer, prompts, spec.response_tokens,
-                      jax.random.fold_in(key, 2), spec.batch_size, "responses")
+                      jax.random.fold_in(key, 2), spec.batch_size, "responses", keep_stop=True)
   splits: dict[str, list] = {"train": [], "validation": [], "test": []}
   for i, ((source, _), prompt, response) in enumerate(zip(items, prompts, responses)):
     doc_key = f"{i:05d}:{source}"
@@ -178,8 +189,9 @@ class SpecJaxGeneral(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """The general dataset: examples built by `build_examples`, written once as array_record.
   Read back like any prepared TFDS dataset (`spec_jax_general/<config name>`)."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Self-instruct + corpus-prefix prompts with verifier responses."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "Self-instruct + corpus-prefix prompts with verifier responses.",
+                   "1.1.0": "A response keeps the end-of-turn token the verifier stopped at."}
 
   def __init__(self, *, examples=None, description: str = "", **kwargs):
     self._examples_by_split = examples
