@@ -374,3 +374,27 @@ def test_the_main_jobs_pool_keeps_its_cache_name():
   assert distill_data.pool_digest(key) == "8ab85437dad92ead"
   fused = distill_program.pool_key(config, spec, tokenizer, dataclasses.replace(v_cfg, fused=True))
   assert distill_data.pool_digest(fused) != "8ab85437dad92ead"
+
+
+def test_a_verifier_trained_again_at_its_path_answers_anew(tmp_path):
+  """A verifier checkpoint's pool is keyed by what it holds, not its path alone: trained further
+  at the same path, its responses are generated again instead of read from the cache."""
+  import jax  # noqa: PLC0415
+  from configs import quickstart
+  from spec_jax import testing  # noqa: PLC0415
+  from spec_jax.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  config = quickstart.get_config().drafter
+  config.verifier.checkpoint = str(tmp_path / "verifier")
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  spec = distill_data.Spec.from_config(config.data, config.train.batch_size, config.seed)
+  cfg, params = testing.tiny_model(seed=0)
+  manager = checkpoints.make_manager(config.verifier.checkpoint, async_save=False)
+  keys = []
+  for step in (1, 2):
+    state = type("State", (), dict(step=step, params=params, opt_state={}))()
+    checkpoints.save(manager, step, state, checkpoints.make_meta(cfg, ByteTokenizer()))
+    keys.append(distill_data.pool_digest(distill_program.pool_key(config, spec, tokenizer, cfg)))
+    params = jax.tree.map(lambda x: x + 1, params)
+  manager.close()
+  assert keys[0] != keys[1]

@@ -14,6 +14,7 @@ import tensorflow_datasets as tfds
 
 from spec_jax.data import corpora
 from spec_jax.data import pipeline
+from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.data.tokenizer import ByteTokenizer
 
 SPLITS = ("train", "validation", "test")
@@ -154,6 +155,16 @@ def test_token_stream_content_and_cache(root):
   other = CountingTokenizer("bytes-257-other")
   pipeline.token_stream(SHAKES, "validation", other, data_dir=root)
   assert other.calls > 0
+  # So does one of the same vocabulary that ends documents with another EOS (an HF directory
+  # whose eos_token differs), and its stream carries that EOS.
+  eos_255 = CountingTokenizer()
+  eos_255.eos_id = 255
+  again = pipeline.token_stream(SHAKES, "validation", eos_255, data_dir=root)
+  assert eos_255.calls > 0 and (again == 255).sum() > (stream == 255).sum()
+  # A chat template keys chat rows' caches too (`tokenizer.cache_key`).
+  templated = CountingTokenizer()
+  templated.chat_template = "{{ messages }}"
+  assert len({tokenizer_lib.cache_key(t) for t in (tok, eos_255, templated)}) == 3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import tensorflow_datasets as tfds
 from spec_jax.data import corpora
 from spec_jax.data import humaneval
 from spec_jax.data import sharegpt
+from spec_jax.data import tokenizer as tokenizer_lib
 
 _DEFAULT_DATA_DIR = "~/.cache/spec_jax/tensorflow_datasets"
 # Bump when the token-cache layout or tokenization rule changes: old files are then ignored.
@@ -271,12 +272,12 @@ def token_stream(name: str, split: str, tokenizer, *, data_dir: str | None = Non
 
   Documents come in `text_source` order. The array is cached on disk under
   `<data_dir>/spec_jax_token_cache/` keyed by (dataset name/config/version, split, text_key,
-  tokenizer.fingerprint, document count), so only the first call tokenizes; later calls
+  `tokenizer.cache_key`: vocabulary, EOS and template; document count), so only the first call tokenizes; later calls
   memory-map the file (read-only).
   """
   src = text_source(name, split, data_dir=data_dir, text_key=text_key)
   root = _resolve_data_dir(data_dir)
-  path = _token_cache_path(src, root, split, text_key, tokenizer.fingerprint)
+  path = _token_cache_path(src, root, split, text_key, tokenizer_lib.cache_key(tokenizer))
   if not os.path.exists(path):
     logging.info("Tokenizing %s with %s into %s.", src, tokenizer.fingerprint, path)
     _tokenize_to_file(src, tokenizer, path)

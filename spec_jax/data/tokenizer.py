@@ -4,7 +4,8 @@ for tests.
 
 Every tokenizer exposes the same small surface (`encode`, `encode_batch`, `decode`, `vocab_size`,
 `eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary: drafter and verifier
-must agree on it, and token caches on disk are keyed by it.
+must agree on it; token caches on disk are keyed by `cache_key` (the vocabulary, EOS and chat
+template).
 """
 
 from __future__ import annotations
@@ -427,6 +428,16 @@ class ByteTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def cache_key(tokenizer) -> str:
+  """What a cache of tokenized data depends on beyond the vocabulary (`fingerprint`): the EOS id
+  a token stream appends to every document and the chat template conversations are rendered
+  with. Two tokenizers of one vocabulary (an HF directory with another eos_token or template)
+  key their caches apart."""
+  template = getattr(tokenizer, "chat_template", None) or ""
+  digest = hashlib.sha256(template.encode()).hexdigest()[:8] if template else "chatml"
+  return f"{tokenizer.fingerprint}-eos{tokenizer.eos_id}-{digest}"
 
 
 def check_name(name: str, field: str = "tokenizer") -> None:

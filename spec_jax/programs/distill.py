@@ -173,6 +173,8 @@ def pool_key(config, spec: distill_data.Spec, tokenizer, v_cfg) -> dict:
              prompt_tokens=spec.prompt_tokens, response_tokens=spec.response_tokens,
              batch_size=spec.batch_size, seed=config.seed, temperature=spec.temperature,
              stop_ids=stop_ids)
+  if held := checkpoints.identity(config.verifier.checkpoint):  # what the checkpoint holds:
+    key.update(verifier_held=held)  # trained again at its path, it answers anew
   if chat_data.is_chat(dc.name):  # the rows' rules
     key.update(chat=chat_data.VERSION)
   _, per_call = _pool(config, spec)

@@ -241,7 +241,7 @@ _EXAMPLES: dict[tuple, ChatExamples] = {}
 
 def _cache_path(root: str, src, split: str, tokenizer, p: int, o: int) -> str:
   full_name = src.dataset_info.full_name  # name/version: a rebuilt dataset gets new files
-  key = repr((VERSION, full_name, split, len(src), tokenizer.fingerprint, p, o))
+  key = repr((VERSION, full_name, split, len(src), tokenizer_lib.cache_key(tokenizer), p, o))
   digest = hashlib.sha256(key.encode()).hexdigest()[:12]
   return os.path.join(root, "spec_jax_token_cache", full_name, f"chat-{split}-{p}-{o}-{digest}.npz")
 
@@ -267,7 +267,7 @@ def examples(name: str, split: str, tokenizer, *, prompt_tokens: int, response_t
   """The rows of a split of the chat dataset: from the process's memory (a run reads its eval
   split twice), else the disk cache, else built and cached."""
   root = pipeline.data_dir(data_dir)
-  key = (name, split, tokenizer.fingerprint, prompt_tokens, response_tokens, root)
+  key = (name, split, tokenizer_lib.cache_key(tokenizer), prompt_tokens, response_tokens, root)
   if key in _EXAMPLES:
     return _EXAMPLES[key]
   src = pipeline.example_source(name, split, data_dir=root)

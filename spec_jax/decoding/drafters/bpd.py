@@ -256,9 +256,10 @@ def ngram_lm(opts: BPDOptions, source):
 
   def count():
     from spec_jax.data import pipeline  # noqa: PLC0415  (TFDS only when an n-gram is counted)
+    from spec_jax.data import tokenizer as tokenizer_lib  # noqa: PLC0415
     order, tokenizer = int(opts.ngram_order), source.tokenizer
     path = os.path.join(pipeline.data_dir(source.data_dir), "spec_jax_ngram_cache",
-                        f"{src}_{tokenizer.fingerprint}_order{order}.npz")
+                        f"{src}_{tokenizer_lib.cache_key(tokenizer)}_order{order}.npz")
     if os.path.exists(path):
       return ngram.load(path)
     logging.info("Counting a %d-gram LM on %s (train split) into %s.", order, src, path)
