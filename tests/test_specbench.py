@@ -200,6 +200,7 @@ def _row(category, method, t, tau, speedup, se=0.1, identical=True, gamma=4, **k
   return dict(category=category, method=method, temperature=t, batch_size=1, gamma=gamma,
               block_efficiency=tau, tau_se=None if method == "autoregressive" else se,
               speedup=speedup, tokens_per_s=20.0 * speedup, num_prompts=16, new_tokens=1536,
+              verifier_calls=1536 / tau,
               per_position_acceptance=None if method == "autoregressive" else [0.7, 0.5],
               identical_to_greedy=None if t or method == "autoregressive" else identical,
               part=specbench_report.SUITE, drafter_source="lm", verifier="smollm2",
@@ -228,11 +229,14 @@ def test_report_renders_table_mean_and_anchors_from_synthetic_rows(tmp_path):
   assert "| **mean** | | 1.80 ± 0.20 · 1.20× (1 of 1) |" not in md
   assert "**Exactness: 1 of 8 greedy rows differ" in md and "code/lookup/B=1" in md
   assert "**Not finished yet: 1 runs** (eval_qa)" in md
-  # Anchors: the paper's per-task τ beside ours (MT-bench: mean of chat and chat_turn2).
+  # Anchors: the paper's per-task τ beside ours, every step pooled as theirs (MT-bench: chat's
+  # 768 calls and chat_turn2's 512 for 2 × 1536 tokens, τ 2.40, not the mean 2.50).
   assert "| Vicuna-13B | EAGLE-3 | 6.65 | 7.54 | 6.29 |" in md
-  assert "| smollm2-135m (ours) | sd | 2.50 | 1.50 | 2.50 |" in md
+  assert "| smollm2-135m (ours) | sd | 2.40 | 1.50 | 2.50 |" in md
   assert "| Vicuna-13B-v1.3 | 5.71 | 4.43 | 2.39 | 2.19 | 1.67 |" in md
-  assert "| smollm2-135m (ours) | – | – | – | 2.25 | 1.75 |" in md
+  # Spec-Bench's pooled mean: sd 6144 / (768 + 512 + 1024 + 614.4) = 2.11 (the table's mean of
+  # the categories' τ is 2.25); lookup 6144 / 3942.4 = 1.56.
+  assert "| smollm2-135m (ours) | – | – | – | 2.11 | 1.56 |" in md
   assert "- **math**: seeded, templated grade-school word problems" in md
   panels = specbench_report.plot_panels(config, rows)
   assert panels["T = 0, batch 1"]["sd"]["code"] == (1.5, 0.1)
