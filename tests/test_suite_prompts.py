@@ -81,6 +81,18 @@ def test_every_category_gives_the_count_deterministically(root, category):
     assert len({p[-1]["content"] for p in prompts}) == 5
 
 
+def test_a_continuation_past_its_long_documents_gives_them_all_with_a_warning(root, caplog):
+  """Shakespeare's test split holds stage directions ("[Exit.]") too short for a prompt: a count
+  past the long documents gives those there are (a prefix of any larger count) and warns."""
+  from spec_jax.data import pipeline  # noqa: PLC0415
+  docs = len(pipeline.text_source("spec_jax_shakespeare", "test", data_dir=root))
+  with caplog.at_level("WARNING"):
+    prompts = _get("shakespeare", docs, root)
+  assert 0 < len(prompts) < docs
+  assert f"has {len(prompts)} prompts in split 'test': using {len(prompts)}" in caplog.text
+  assert _get("shakespeare", 5, root) == prompts[:5]
+
+
 def test_seed_changes_the_selection(root):
   assert _get("chat", 5, root, seed=0) != _get("chat", 5, root, seed=1)
   assert _get("qa", 5, root, seed=0) != _get("qa", 5, root, seed=1)

@@ -380,13 +380,15 @@ def _prefix_text(doc: str, ids: Sequence[int], k: int, tokenizer) -> str | None:
 
 
 def load_prompts(name: str, split: str, tokenizer, *, num: int, prompt_tokens: int, seed: int,
-                 data_dir: str | None = None, text_key: str = "text") -> list[str]:
+                 data_dir: str | None = None, text_key: str = "text",
+                 allow_fewer: bool = False) -> list[str]:
   """`num` prompts: prefixes of ~`prompt_tokens` tokens of distinct documents of the split.
 
   Documents are visited in an order drawn from `seed` (grain's index shuffle: O(1) memory even
   for millions of documents); those with fewer than `prompt_tokens` tokens are skipped. Each
   prompt is an exact prefix of its document, cut at a token boundary, and
-  `len(tokenizer.encode(prompt)) <= prompt_tokens`.
+  `len(tokenizer.encode(prompt)) <= prompt_tokens`. A split with fewer such documents is an
+  error, or with `allow_fewer` gives them all (in the same order: a prefix of any larger count).
   """
   _check_positive(num=num, prompt_tokens=prompt_tokens)
   src = text_source(name, split, data_dir=data_dir, text_key=text_key)
@@ -404,6 +406,8 @@ def load_prompts(name: str, split: str, tokenizer, *, num: int, prompt_tokens: i
         prompts.append(text)
         if len(prompts) == num:
           return prompts
+  if allow_fewer:
+    return prompts
   raise ValueError(
       f"Split {split!r} of {name!r} has only {len(prompts)} documents with at least "
       f"prompt_tokens={prompt_tokens} tokens ({len(src)} documents in all); asked for num={num}. "

@@ -280,12 +280,12 @@ def _continuation(category: str, corpus: str) -> Callable:
   def continuation(count, *, seed=0, split="test", data_dir=None, tokenizer=None
                    ) -> list[list[Message]]:
     tokenizer = tokenizer or tokenizer_lib.smollm2_tokenizer()
-    # One prompt per document: a split with fewer documents (the stdlib's test split has 46)
-    # gives them all, with _take's warning.
-    docs = len(pipeline.text_source(corpus, split, data_dir=_root(data_dir)))
-    texts = pipeline.load_prompts(corpus, split, tokenizer, num=min(count, docs),
+    # One prompt per document long enough: a split with fewer (the stdlib's test split has 46
+    # documents; three of Shakespeare's 189 are shorter than the prompt) gives them all, with
+    # _take's warning.
+    texts = pipeline.load_prompts(corpus, split, tokenizer, num=count,
                                   prompt_tokens=CONTINUATION_TOKENS, seed=seed,
-                                  data_dir=_root(data_dir))
+                                  data_dir=_root(data_dir), allow_fewer=True)
     return [_user(f"{CONTINUE[category]}\n\n{t}")
             for t in _take(category, texts, count, split, corpus)]
   continuation.__name__ = category
