@@ -211,6 +211,20 @@ def test_tau_theory():
   assert plots.tau_theory(dict(gamma=4, acceptance_rate=0.5)) == pytest.approx(1.9375)
   assert plots.tau_theory(dict(gamma=4, acceptance_rate=1.0)) == 5.0
   assert plots.tau_theory(dict(gamma=4, acceptance_rate=None)) is None
+  # A tree's row: the chain formula does not describe it, so no theory point is drawn.
+  assert plots.tau_theory(dict(gamma=4, acceptance_rate=0.5, tree="rsd_s W=2 L=4")) is None
+  assert plots.tau_theory(dict(gamma=4, acceptance_rate=0.5, tree=None)) == pytest.approx(1.9375)
+
+
+def test_repeated_rows_at_one_gamma_get_the_standard_error_of_their_mean():
+  """Two seeds' rows at one γ: the point is their mean τ and its bar √(Σ SE²) / n."""
+  rows = [dict(method="sd", temperature=0.0, gamma=4, batch_size=1, block_efficiency=tau,
+               tau_se=0.1, acceptance_rate=0.5, device="cpu") for tau in (2.0, 2.2)]
+  fig = plots.plot_tau_vs_gamma(rows)
+  (ax,) = fig.axes
+  (bars,) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+  segment = bars.lines[2][0].get_segments()[0]
+  assert segment[1][1] - segment[0][1] == pytest.approx(2 * 0.1 * 2 ** 0.5 / 2)
 
 
 def test_speedup_plot_has_baseline_and_theory():

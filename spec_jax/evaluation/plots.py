@@ -23,9 +23,11 @@ def speculative_rows(rows: Iterable[dict]) -> list[dict]:
 
 
 def tau_theory(row: dict) -> float | None:
-  """Chain SD with i.i.d. acceptance (Leviathan et al. eq. 1): τ = (1-α^{γ+1})/(1-α)."""
+  """Chain SD with i.i.d. acceptance (Leviathan et al. eq. 1): τ = (1-α^{γ+1})/(1-α); None for
+  a tree's row (`tree` names its shape), which that formula does not describe."""
   alpha, gamma = row.get("acceptance_rate"), row.get("gamma")
-  if not (tables.is_number(alpha) and tables.is_number(gamma)) or math.isnan(alpha):
+  if row.get("tree") or not (tables.is_number(alpha) and tables.is_number(gamma)) or (
+      math.isnan(alpha)):
     return None
   return metrics.chain_block_efficiency(min(alpha, 1.0), int(gamma))
 
@@ -41,15 +43,19 @@ def _series_label(key: tuple, extras: Sequence[str]) -> str:
   return ", ".join(parts)
 
 
-def _mean_by_gamma(rows: Sequence[dict], value_fn: Callable[[dict], Any]
-                   ) -> tuple[list[float], list[float]]:
-  # Rows repeated at one γ (e.g. several seeds) are averaged into one point.
+def _mean_by_gamma(rows: Sequence[dict], value_fn: Callable[[dict], Any], *,
+                   errors: bool = False) -> tuple[list[float], list[float]]:
+  """Rows repeated at one γ (e.g. several seeds) are averaged into one point; with `errors` the
+  values are their standard errors, and the point's is the mean's, √(Σ SE²) / n."""
   by_gamma: dict[float, list[float]] = {}
   for row in rows:
     value = value_fn(row)
     if tables.is_number(value) and not math.isnan(value):
       by_gamma.setdefault(row["gamma"], []).append(float(value))
   gammas = sorted(by_gamma)
+  if errors:
+    return gammas, [math.sqrt(sum(v * v for v in by_gamma[g])) / len(by_gamma[g])
+                    for g in gammas]
   return gammas, [sum(by_gamma[g]) / len(by_gamma[g]) for g in gammas]
 
 
@@ -107,7 +113,7 @@ def _plot_vs_gamma(rows: Sequence[dict], *, y_key: str, ylabel: str, title: str,
       gammas, values = _mean_by_gamma(series, lambda r: r[y_key])
       errors = None
       if err_key is not None:
-        err_gammas, errs = _mean_by_gamma(series, lambda r: r.get(err_key))
+        err_gammas, errs = _mean_by_gamma(series, lambda r: r.get(err_key), errors=True)
         if err_gammas == gammas:
           errors = errs
       if single:  # one γ: side-by-side bars, not lone points on an auto-zoomed axis

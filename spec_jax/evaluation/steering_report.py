@@ -98,8 +98,12 @@ def render_markdown(config, rows, cost: dict | None, command_line: str,
                   + " | ".join(gains) + " |")
   md += ["", "## Goals", ""]
   for domain, t, g, base, gain, st, b in verdicts:
-    se = np.hypot(st.get("tau_se") or 0, b.get("tau_se") or 0) / max(b["block_efficiency"] - 1,
-                                                                     1e-9)
+    # The gain is R − 1 with R = (τ_st − 1) / (τ_b − 1); the delta method (the two runs taken
+    # as independent, though they decode the same prompts) gives SE(R) = √(se_st² + R² se_b²)
+    # / (τ_b − 1).
+    ratio = gain + 1
+    se = np.hypot(st.get("tau_se") or 0, ratio * (b.get("tau_se") or 0)) / max(
+        b["block_efficiency"] - 1, 1e-9)
     if domain == "in" and t == 1.0 and base == "distilled":
       md.append(f"- In domain, T = 1, γ = {g}: steered vs distilled τ − 1 {100 * gain:+.1f}% "
                 f"(± {100 * se:.1f}%); goal ≥ +{100 * GOAL_GAIN:.0f}%: "
