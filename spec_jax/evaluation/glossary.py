@@ -25,7 +25,9 @@ GLOSSARY: dict[str, str] = {
                         "token included (chain SD with i.i.d. acceptance: "
                         "τ = (1-α^{γ+1})/(1-α))",
     "tau_se": "standard error of τ over prompts, as τ is computed (a ratio of sums: the "
-              "delta method, each prompt weighing by its verifier calls)",
+              "delta method, each prompt weighing by its verifier calls; rows written before "
+              "2026-11-29 hold the standard error of the per-prompt τ mean instead, which "
+              "overstates it where prompts stop early)",
     "mean_accepted_tokens": "τ - 1: accepted draft tokens per verifier call, but that a last "
                             "round cut at the token budget or by a stop token inside its "
                             "accepted drafts outputs no bonus token (up to 1/calls lower per "
