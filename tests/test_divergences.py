@@ -85,6 +85,15 @@ def test_log_law_is_the_decoding_law(sampling):
   assert np.isfinite(dv.log_law(far, sampling_lib.Sampling(1.0))).all()
 
 
+
+def test_log_law_cuts_top_p_at_its_boundary():
+  """A law exact in binary: the mass before a 1/8 token is exactly 0.75, so top_p = 0.75 cuts it
+  in training's law as in decoding's."""
+  exact = jnp.log(jnp.array([[0.125, 0.5, 0.125, 0.25]]))
+  law = np.exp(dv.log_law(exact, sampling_lib.Sampling(1.0, top_p=0.75)))
+  np.testing.assert_allclose(law, [[0, 2 / 3, 0, 1 / 3]], atol=1e-6)
+
+
 def _fd_grad(f, x, eps=1e-2):
   """Central differences of f at x, shaped [*f's shape, *x's shape]; all coordinates in one
   vmapped, jitted call."""

@@ -27,6 +27,11 @@ def test_transforms_on_a_hand_written_law():
                              [0, 4 / 9, 2 / 9, 3 / 9], atol=1e-6)
   np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(1.0, top_p=0.7)),
                              [0, 4 / 7, 0, 3 / 7], atol=1e-6)
+  # The boundary itself, on a law exact in binary (0.7 above is 0.70000005 in float32): the
+  # mass before a 1/8 token is exactly 0.75, not < 0.75, so it is cut.
+  exact = jnp.log(jnp.array([0.125, 0.5, 0.125, 0.25]))
+  np.testing.assert_allclose(probs_from_logits(exact, Sampling(1.0, top_p=0.75)),
+                             [0, 2 / 3, 0, 1 / 3], atol=1e-6)
   t2 = np.array([0.1, 0.4, 0.2, 0.3]) ** 0.5
   np.testing.assert_allclose(probs_from_logits(LOGITS, Sampling(2.0)), t2 / t2.sum(), atol=1e-6)
 
