@@ -584,6 +584,8 @@ def test_teacher_cache_step_never_runs_the_teachers_blocks(pair):
     ({"data.blend": ("spec_jax_general/x",)}, r"data.blend entry 'spec_jax_general/x' is not a"),
     ({"train.checkpoint_every": 3},
      r"train.checkpoint_every=3 must be a multiple of data.refresh_every=2"),
+    ({"drafter.size": "test-tiny:vocab=64", "distill.top_p": 0.9, "distill.divergence": "jsd"},
+     r"distill.top_p=0.9 with a reduced-vocabulary drafter .*Fix: --config.distill.top_p=1.0"),
 ])
 def test_bad_config_is_named_before_anything_loads(tmp_path, overrides, message):
   config = testing.with_overrides(distill_config.get_config("smoke"), overrides)

@@ -80,11 +80,25 @@ def check_config(config) -> tuple[distill.Objective, distill_data.Spec]:
   distill_data.check_schedule(tc, spec)
   distill_data.blend_rows(tc.batch_size, dc.get("blend", ()))
   chat_data.check_config(dc, spec.needs_verifier_data or spec.onpolicy_rows > 0)
+  if config.drafter.size and draft_init.parse_size(config.drafter.size, "drafter.size").vocab:
+    check_reduced_law(objective)
   gib = dc.get("teacher_cache_gib", 0.0)
   if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib >= 0:
     raise ValueError(f"data.teacher_cache_gib={gib!r} must be a number >= 0 (GiB of host memory "
                      "for the verifier's cached hidden states; 0 = no cache).")
   return objective, spec
+
+
+def check_reduced_law(objective: distill.Objective) -> None:
+  """A reduced-vocabulary drafter trains against the verifier's law cut to its tokens and
+  renormalised, then transformed (`draft_init.restrict`): the law decoding accepts against for
+  temperature and top-k, not for top-p, whose cut depends on the mass outside the set."""
+  if objective.sampling.top_p < 1.0:
+    raise ValueError(
+        f"distill.top_p={objective.sampling.top_p} with a reduced-vocabulary drafter "
+        "(drafter.size ...:vocab=N, or a drafter checkpoint with one): its target would be "
+        "top-p of the law cut to its tokens, not decoding's top-p law cut to them. Fix: "
+        "--config.distill.top_p=1.0 (temperature and top_k are exact).")
 
 
 def check_eval(ec) -> None:
@@ -296,6 +310,8 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
                                        field="verifier.checkpoint")
   d_cfg, d_params = _drafter(config, tokenizer)
   distill.check_vocab(v_cfg, d_cfg, config)
+  if d_cfg.head_ids:
+    check_reduced_law(objective)
   student = student_fn(config, v_cfg, d_cfg, d_params)
   v_apply = draft_init.restrict(d_cfg, v_cfg, student.teacher_layers)
   tx, schedule = optim.make_optimizer(tc)

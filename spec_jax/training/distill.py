@@ -217,7 +217,10 @@ def _windowed(batch: Mapping[str, jax.Array], index: jax.Array) -> dict:
 def _token_metrics(teacher_logits, student_logits, batch, objective: Objective) -> dict:
   """Held-out means over the response tokens: every finite divergence, α = Σ min(p, q) (the
   acceptance rate of speculative sampling at objective.sampling), top-1 agreement (argmax p =
-  argmax q: the acceptance test of greedy decoding) and the student's cross-entropy."""
+  argmax q: the acceptance test of greedy decoding) and the student's cross-entropy. For a
+  reduced-vocabulary student p is the teacher's law cut to its tokens and renormalised, and the
+  means run over positions whose next token is among them (`draft_init.restrict`, `map_batch`):
+  α then overstates decoding's, up to a factor 1 / p(its tokens); evaluate measures that one."""
   w = batch["weights"]
   all_d = divergences.all_per_token(teacher_logits, student_logits, sampling=objective.sampling,
                                     beta=objective.beta)
