@@ -130,7 +130,7 @@ def resolve(name: str, shape, sampling, *, lenience: str = "lin", epsilon: float
   if name == "top_k_relaxed":
     if isinstance(relaxed_top_k, bool) or not isinstance(relaxed_top_k, int) or relaxed_top_k < 1:
       raise ValueError(f"decode.relaxed_top_k={relaxed_top_k!r} must be an integer >= 1 (1 = "
-                       "greedy; Stern et al. 2018 used up to 10).")
+                       "greedy but for ties at the top; Stern et al. 2018 used up to 10).")
     fn = functools.partial(fn, k=relaxed_top_k)
   if name == "lenient":
     chain.lenience_fn(lenience, epsilon)  # validate here, outside jit, naming the field

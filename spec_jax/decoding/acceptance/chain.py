@@ -121,10 +121,11 @@ def top_k_relaxed(p: jax.Array, q: jax.Array, draft: jax.Array, rng: jax.Array, 
                   k: int) -> Verdict:
   """Stern et al. 2018's relaxed acceptance (§5.1, top-k selection), lossy: accept draft i while
   it is among the k most likely tokens of p_i (ties at the k-th value included); next = argmax p
-  at the first rejection, or argmax p_γ when every draft is kept. k = 1 is `greedy`. p must be
-  the verifier's full law (the loop passes its T = 1 softmax: ranks are all that matter); the
-  output leaves the verifier's greedy path wherever a non-argmax draft is kept, and the quality
-  cost is reported beside τ (verifier log-likelihood), as for lenience."""
+  at the first rejection, or argmax p_γ when every draft is kept. k = 1 is `greedy` where the
+  top value is unique (a draft tied with the argmax is kept, where greedy takes the lowest id).
+  p must be the verifier's full law (the loop passes its T = 1 softmax: ranks are all that
+  matter); the output leaves the verifier's greedy path wherever a non-argmax draft is kept, and
+  the quality cost is reported beside τ (verifier log-likelihood), as for lenience."""
   del rng
   gamma = _check_shapes(p, q, draft)
   p = p.astype(jnp.float32)
