@@ -74,11 +74,12 @@ _build = standard.builder("dyn")
 
 def build(source: methods.Source, spec: trees.TreeSpec, opts) -> methods.Built:
   """The drafter of the checkpoint (`standard.model_drafter`) growing `spec` dynamically."""
-  vocab = source.d_cfg.vocab_size
+  cfg = source.d_cfg
+  vocab = len(cfg.head_ids) if cfg.head_ids else cfg.vocab_size  # what it can draft
   if spec.width > vocab:
     raise ValueError(f"eval.methods entry dyn:{spec.width}-{spec.kept}@{spec.depth} expands "
-                     f"K={spec.width} children per node, more than the drafter's {vocab} tokens. "
-                     "Fix: a smaller K.")
+                     f"K={spec.width} children per node, more than the drafter's {vocab} tokens "
+                     "it drafts from. Fix: a smaller K.")
   return _build(source, spec, opts)
 
 
