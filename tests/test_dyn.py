@@ -260,6 +260,7 @@ def test_bad_entries_are_refused_before_loading():
   with pytest.raises(ValueError, match="expands K=3 children per node, more than the drafter's 2"):
     methods.build(entry, methods.Source(kind="lm", d_cfg=cfg))
   # A reduced vocabulary drafts from its head's tokens alone.
-  reduced = dataclasses.replace(llama.model_config("test-tiny"), head_ids=(4, 9))
+  reduced = dataclasses.replace(llama.model_config("test-tiny"), head_ids=(4, 9),
+                                tie_embeddings=False)
   with pytest.raises(ValueError, match="more than the drafter's 2 tokens it drafts from"):
     methods.build(entry, methods.Source(kind="lm", d_cfg=reduced))
