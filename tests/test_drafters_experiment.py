@@ -145,6 +145,8 @@ def test_costs_replace_the_in_run_c_and_r():
     (lambda c: setattr(c, "order", ("scratch-t", "vinit-1-v64", "vinit-1")),
      "'vinit-1' must come before 'vinit-1-v64'"),
     (lambda c: setattr(c, "order", ("vinit-1",)), "must list every entry"),
+    (lambda c: c.eval.eval.update(batch_sizes=(1, 4)),
+     r"eval.eval.batch_sizes=\(1, 4\): the drafters' frontier compares them at one batch size"),
 ])
 def test_bad_entries_are_named_before_anything_runs(tmp_path, change, message):
   config = drafters_config.get_config("smoke")

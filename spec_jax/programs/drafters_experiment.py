@@ -49,6 +49,11 @@ def check_config(config, workdir: str | None = None) -> None:
   """Every drafter entry names a known kind and what it needs, before anything runs; `order`
   lists every entry once, each base before its variants; carried rows exist."""
   del workdir
+  batch_sizes = tuple(config.eval.eval.batch_sizes)
+  if len(batch_sizes) != 1:
+    raise ValueError(f"eval.eval.batch_sizes={batch_sizes}: the drafters' frontier compares "
+                     "them at one batch size (a row per drafter, domain, T and γ). Fix: give one, "
+                     "e.g. --config.eval.eval.batch_sizes=1, and run the experiment per size.")
   for name in ("scratch_steps", "distill_steps", "vocab_steps"):
     checks.integer(config[name], name, 1, " (training steps of the entries of that kind "
                    "without steps of their own)")
