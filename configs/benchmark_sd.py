@@ -8,7 +8,7 @@ runs/benchmark_sd/results.json (see configs/evaluate.py). Needs the quickstart d
 (runs/quickstart/drafter); point --config.drafter.checkpoint elsewhere for another.
 Time: ~16 min on 2 CPU cores; the same grid (batch 1 and 8, 3 timed passes) 3.6 min on one
 H100 (experiments/gpu/results.md). `configs/benchmark_sd.py:gpu` and `:gpu,dtype=bfloat16`
-(batch 1, 8, 32; add `,methods=...` through --config.eval.methods for trees), with
+(batch 1, 8, 32; trees through --config.eval.methods, e.g. "('sd','rsd_c')"), with
 `configs/benchmark.py:gpu` and `configs/benchmark_hf.py:gpu` for the AR and transformers rows on
 the same device, have not been run yet.
 Reference (2 CPU cores, drafter-s of `configs/quickstart.py:recipe=scratch`): greedy batch 1, γ=2:

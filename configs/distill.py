@@ -2,7 +2,8 @@
 
   python launch.py --config configs/distill.py --workdir runs/distill_jsd_fixed
   python launch.py --config configs/distill.py:divergence=tvd,source=onpolicy \
-      --workdir runs/distill_tvd_onpolicy --config.drafter.checkpoint=runs/quickstart/drafter
+      --workdir runs/distill_tvd_onpolicy \
+      --config.drafter.checkpoint=runs/quickstart_scratch/drafter
   python launch.py --config configs/distill.py:smoke --workdir /tmp/distill   # tiny, for tests
 Arguments (`:key=value,...`): divergence (fkl, rkl, jsd, tvd, or xent = no teacher), beta
 (JSD[β], β weights the verifier), source (fixed, verifier, onpolicy, mix), lam (on-policy

@@ -5,10 +5,10 @@ topics and requests to continue Shakespeare and Python prefixes (program: genera
   python launch.py --config configs/general_data.py:smoke --workdir /tmp/general   # tiny
 
 Writes the local TFDS dataset `spec_jax_general/<name>` into the data dir (the name is printed
-and saved in WORKDIR/general_data.json, e.g. spec_jax_general/smollm2_s0_t69_c64_r96_T1p0),
+and saved in WORKDIR/general_data.json, e.g. spec_jax_general/smollm2_s0_t69_c64_r96_T1p0_c2416b),
 deterministic given `seed`; a dataset already prepared is reused. Train on it with
   python launch.py --config configs/distill.py --workdir runs/distill_general \
-      --config.data.name=spec_jax_general/smollm2_s0_t69_c64_r96_T1p0
+      --config.data.name=spec_jax_general/smollm2_s0_t69_c64_r96_T1p0_c2416b
 Time on 2 CPU cores: ~6.5 min for the default (333 documents). Smoke: tiny random model, bytes.
 """
 

@@ -1,4 +1,4 @@
-"""Pod plan: Llama 3.1 70B + its one-block feature drafter on 64 devices (fsdp 8 × tensor 8),
+r"""Pod plan: Llama 3.1 70B + its one-block feature drafter on 64 devices (fsdp 8 × tensor 8),
 Llama 3.1 8B on 8 (tensor 8) and Gemma 3 27B on 32 (fsdp 4 × tensor 8), each with its one-block
 feature drafter, batch 32, 4k-slot caches, bfloat16, compiled ahead of time on fake
 CPU devices with abstract parameters (nothing allocated), placed as decoding places them
@@ -6,11 +6,11 @@ CPU devices with abstract parameters (nothing allocated), placed as decoding pla
 memory against a TPU v5e (16 GiB) and an H100 (80 GB), collectives per round, the roofline's
 round-time estimate.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=64 JAX_PLATFORMS=cpu \\
+  XLA_FLAGS=--xla_force_host_platform_device_count=64 JAX_PLATFORMS=cpu \
       python launch.py --config configs/pod_plan.py --workdir experiments/scale
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
       python launch.py --config configs/pod_plan.py:smoke --workdir /tmp/plan  # 1B, 8 devices
-  JAX_PLATFORMS=cpu python launch.py --config configs/pod_plan.py:topology=v5e \\
+  JAX_PLATFORMS=cpu python launch.py --config configs/pod_plan.py:topology=v5e \
       --workdir experiments/scale/v5e   # compiled by XLA:TPU for v5e slices; needs libtpu
 
 Program: spec_jax/programs/pod_plan.py. Writes plan.json (rows: preset, mesh, bytes_per_device,

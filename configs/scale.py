@@ -1,4 +1,4 @@
-"""Speed at the sizes researchers run: an architecture preset (spec_jax/models/presets.py, e.g.
+r"""Speed at the sizes researchers run: an architecture preset (spec_jax/models/presets.py, e.g.
 llama3.1-8b) with random weights (seed 0; its drafter seed 1), and either its autoregressive
 decode step against the memory roofline (program `benchmark`, random prompts of 64 tokens), or,
 with `cost`, the verifier's r(T) and the c of its one-block feature drafter (one block of the
@@ -7,13 +7,13 @@ theoretical speedup at the τ the SmolLM2 suite measured for that kind of drafte
 `cost_model`).
 
 CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything else runs):
-  python launch.py --config configs/scale.py:preset=llama3.2-1b \\
+  python launch.py --config configs/scale.py:preset=llama3.2-1b \
       --workdir experiments/scale/cpu/llama3.2-1b
-  python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \\
+  python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \
       --workdir experiments/scale/cpu/llama3.2-1b-cost
 GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
 that fit one GPU, most important first, e.g.
-  python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \\
+  python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \
       --workdir experiments/scale/gpu/llama3.1-8b
 Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,cost.
 Layouts of the same model (rows carry them): `fused`, q/k/v and gate/up as one weight product

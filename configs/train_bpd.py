@@ -1,11 +1,11 @@
 """Train blockwise-parallel-decoding heads on a frozen verifier (program: train_bpd).
 
-  python launch.py --config configs/train_bpd.py --workdir runs/bpd_h3           # SmolLM2, h = 3
+  python launch.py --config configs/train_bpd.py --workdir runs/bpd_h3_1000      # SmolLM2, h = 3
   python launch.py --config configs/train_bpd.py:heads=5,loss=ce,steps=2000 --workdir runs/bpd_h5
   python launch.py --config configs/train_bpd.py:smoke --workdir /tmp/bpd       # tiny, seconds
 Then decode with the heads as a drafter (BPD, no drafter model):
   python launch.py --config configs/evaluate.py:gammas=3 --workdir runs/eval_bpd \
-      --config.drafter.checkpoint=runs/bpd_h3
+      --config.drafter.checkpoint=runs/bpd_h3_1000
 
 Arguments (`:key=value,...`): heads (h), hidden (each head's width; 0 = the verifier's), loss
 (fkl: distil the verifier's own next-token laws, Medusa-2 style; ce: corpus tokens), steps,

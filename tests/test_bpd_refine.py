@@ -341,6 +341,10 @@ def test_neural_rescorer_bad_input():
     bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, weight=-0.1)
   with pytest.raises(ValueError, match=r"γ=4 needs γ heads; these are 3"):
     bpd_neural.NeuralRescoredBPD(cfg, v_cfg, lm_cfg, gamma=4)
+  features = dataclasses.replace(lm_cfg, feature_width=lm_cfg.d_model)
+  with pytest.raises(ValueError, match=r"bpd.rescorer: the rescoring LM is a feature drafter.*"
+                                       r"rescorer.checkpoint=runs/quickstart_scratch/drafter"):
+    bpd_neural.NeuralRescoredBPD(cfg, v_cfg, features)
 
 
 def test_top_k_relaxed_rule_on_hand_written_laws():

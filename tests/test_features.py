@@ -184,6 +184,12 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
   assert all(r["c"] > 0 for r in rows if r["model"] == "drafter")
   checks = [r for r in rows if r["model"] == "speculative"]
   assert checks and all(1.0 <= r["tau"] <= 3.0 for r in checks)
+  # On-policy data is sampled from the drafter alone, which a feature drafter cannot run.
+  onpolicy = distill_config.get_config("smoke,source=onpolicy")
+  onpolicy.drafter.update(checkpoint=workdir, size="")
+  with pytest.raises(ValueError, match=r"data.source='onpolicy' samples responses from the "
+                                       r"drafter alone, .* is a feature drafter"):
+    distill_program.run(onpolicy, str(tmp_path / "onpolicy"))
 
 
 def test_training_passes_and_their_loss():

@@ -13,7 +13,7 @@
   python launch.py --config experiments/bpd/config.py --workdir experiments/bpd \
       --config.render_only=True   # report the runs that have finished, run nothing
   # The 120-step, k = 4 comparison (experiments/bpd/short_120/); it reuses runs/bpd_h3 for
-  # Shakespeare, h = 3:
+  # Shakespeare, h = 3 (written by experiments/bpd/notes.md's first command, 120 steps):
   python launch.py --config experiments/bpd/config.py:steps=120,seq_len=64,top_k=4 \
       --workdir runs/bpd_short
 The committed results.md carries three settings from an earlier run (`--config.carry=...

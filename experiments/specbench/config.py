@@ -6,7 +6,8 @@
   python launch.py --config experiments/specbench/config.py:smoke --workdir /tmp/specbench
   python launch.py --config experiments/specbench/config.py --workdir experiments/specbench \
       --config.render_only=True   # report the runs that have finished, run nothing
-  ... --config.bpd_checkpoint=runs/bpd/heads   # add the BPD heads' methods (bpd_methods)
+  ... --config.bpd_checkpoint=runs/bpd_chat   # add the BPD heads' methods (bpd_methods; heads
+      # of configs/train_bpd.py:data=sharegpt,vocab=8192)
 
 Program: spec_jax/programs/specbench_experiment.py. The prompt sets are spec_jax/data/suite.py's
 categories (`suite.categories`, all nine by default: chat, chat_turn2, code, translation,

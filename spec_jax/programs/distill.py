@@ -312,6 +312,13 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   distill.check_vocab(v_cfg, d_cfg, config)
   if d_cfg.head_ids:
     check_reduced_law(objective)
+  if spec.onpolicy_rows and d_cfg.feature_width:
+    raise ValueError(
+        f"data.source={spec.source!r} samples responses from the drafter alone, but "
+        f"drafter.checkpoint={config.drafter.checkpoint!r} (size {config.drafter.size!r}) is a "
+        "feature drafter, which drafts only beside the verifier's features. Fix: a language-"
+        "model drafter (e.g. --config.drafter.checkpoint=runs/quickstart_scratch/drafter) or "
+        "data.source='fixed' / 'verifier'.")
   student = student_fn(config, v_cfg, d_cfg, d_params)
   v_apply = draft_init.restrict(d_cfg, v_cfg, student.teacher_layers)
   tx, schedule = optim.make_optimizer(tc)

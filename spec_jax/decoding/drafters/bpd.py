@@ -198,8 +198,10 @@ class BPDOptions:
   ngram: the n-gram LM that rescores the lattice: a dataset whose train split is counted once
     (order `ngram_order`, cached beside the token cache) or a .npz from `models.ngram.save`.
   ngram_weight: w in (1 − w)·log q_head + w·log p_ngram (0 = the heads' ranking).
-  rescorer: bpd_neural's LM, a model section (`configs.common.model`); rescorer_weight its
-    share a of the score."""
+  rescorer: bpd_neural's LM, a model section (`configs.common.model`): a language-model
+    drafter, e.g. the scratch quickstart's (`configs.common.SCRATCH_DRAFTER`); a feature
+    drafter (the main job's) is refused, as it cannot run alone; rescorer_weight its share a
+    of the score."""
   top_k: int = 4
   paths: int = 16
   ngram: str = "spec_jax_shakespeare"

@@ -67,6 +67,11 @@ class NeuralRescoredBPD(bpd.HeadsDrafter):
       raise ValueError(f"bpd.rescorer: the rescoring LM has a vocabulary of "
                        f"{self.lm_cfg.vocab_size} tokens, the verifier {self.heads.vocab_size}. "
                        "Fix: a rescorer trained with the verifier's tokenizer.")
+    if self.lm_cfg.feature_width:
+      raise ValueError("bpd.rescorer: the rescoring LM is a feature drafter, which drafts only "
+                       "beside a verifier's features, not alone. Fix: a language-model drafter, "
+                       "e.g. --config.eval.bpd.rescorer.checkpoint="
+                       "runs/quickstart_scratch/drafter.")
 
   @property
   def shape(self) -> trees.TreeSpec:
@@ -117,7 +122,8 @@ def _build(source: methods.Source, shape: trees.TreeSpec, opts: bpd.BPDOptions) 
   if not opts.rescorer:
     raise ValueError("eval.methods has bpd_neural but eval.bpd.rescorer is not set. Fix: a "
                      "model section, e.g. --config.eval.bpd.rescorer.checkpoint="
-                     "runs/quickstart/drafter (a train_lm or distill workdir).")
+                     "runs/quickstart_scratch/drafter (a language-model drafter's train_lm "
+                     "or distill workdir).")
   section = ml_collections.ConfigDict(dict(opts.rescorer))
   lm_cfg, lm_params = source.cached(("rescorer", section.to_json()), lambda: source.load_model(
       section, "eval.bpd.rescorer.checkpoint", 2))
