@@ -20,13 +20,22 @@ from spec_jax.decoding.drafters import trees
 from spec_jax.models import draft_init, llama
 
 
-def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0, **overrides):
+def tiny_model(seed: int = 0, vocab_size: int = 257, sharpness: float = 1.0,
+               context: float = 1.0, **overrides):
   """A 'test-tiny' Llama with random params. `sharpness` scales the tied embedding so next-token
-  laws range from near-uniform (1) to peaked (~10), which statistical tests need."""
+  laws range from near-uniform (1) to peaked (~10), which statistical tests need. `context`
+  scales the attention's value and output kernels: at random init the residual is mostly the
+  current token's embedding (other contexts move the next-token law by ~0.02 in total variation
+  and never its argmax), so a test of what a cache holds needs ~6 (~0.17, the argmax moving
+  with the context)."""
   cfg = llama.model_config("test-tiny", vocab_size=vocab_size, **overrides)
   params = llama.init_params(cfg, jax.random.key(seed))
   if sharpness != 1.0:
     params = {**params, "embed": {"embedding": params["embed"]["embedding"] * sharpness}}
+  if context != 1.0:
+    attn = params["layers"]["attn"]
+    attn = {**attn, **{k: {"kernel": attn[k]["kernel"] * context} for k in ("v", "o")}}
+    params = {**params, "layers": {**params["layers"], "attn": attn}}
   return cfg, params
 
 

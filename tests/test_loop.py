@@ -120,12 +120,12 @@ def test_a_cache_that_forgets_the_accepted_path_is_caught():
 
 
 def _law_check(drafter, d_params, sampling, *, rule="auto", n_samples=3000, seed=0,
-               v_params=None, **kwargs):
-  """(p-value of the first two emitted tokens vs the exact law, output) over many rows."""
+               v_params=None, n=2, **kwargs):
+  """(p-value of the first n emitted tokens vs the exact law, output) over many rows."""
   v_params = v_params or testing.markov_tables(V, seed=3)[0]
   prompt = [1, 4, 2]
-  law = testing.markov_law(v_params, prompt, 2, sampling)
-  out = _run(v_params, d_params, [prompt] * n_samples, drafter, sampling=sampling, n=2,
+  law = testing.markov_law(v_params, prompt, n, sampling)
+  out = _run(v_params, d_params, [prompt] * n_samples, drafter, sampling=sampling, n=n,
              seed=seed, rule=rule, **kwargs)
   return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law), out
 
@@ -175,6 +175,23 @@ def test_planted_bugs_fail_the_law_check(monkeypatch):
   rsd = testing.MarkovDrafter(V, standard.tree("rsd_c", 1, (4,)))
   assert _law_check(rsd, peaked, Sampling(1.0))[0] > 1e-3
   assert _law_check(rsd, peaked, Sampling(1.0), rule="rrs_with", allow_inexact=True)[0] < 1e-3
+
+
+@pytest.mark.parametrize("shape", [standard.tree("rsd_c", 2, (3, 2)),
+                                   standard.tree("specinfer", 2, width=3)],
+                         ids=lambda s: s.describe())
+def test_rounds_after_an_accepted_path_are_lossless(shape):
+  """Four tokens of depth-2 trees: a second round follows every first round, also one whose
+  accepted path the verifier's cache must move into place; a verifier that never moves it
+  (planted bug) emits the wrong law there, which two tokens would not show."""
+  _, d_params = testing.markov_tables(V, seed=3, drafter_noise=0.5)
+  drafter = testing.MarkovDrafter(V, shape)
+  pvalue, out = _law_check(drafter, d_params, Sampling(1.0), n=4)
+  assert pvalue > 1e-3
+  assert (np.asarray(out.stats.verifier_calls) >= 2).all()
+  assert (np.asarray(out.stats.accepted) >= 2).any()  # some first rounds accepted a path
+  forgetful = _ForgetfulVerifier(V, hidden_layers=drafter.verifier_layers)
+  assert _law_check(drafter, d_params, Sampling(1.0), n=4, verifier=forgetful)[0] < 1e-3
 
 
 # ---------------------------------------------------------------------------------------------

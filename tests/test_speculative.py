@@ -38,7 +38,10 @@ def _sd(v_cfg, v_params, d_cfg, d_params, prompts, *, gamma, sampling=Sampling()
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_equals_autoregressive_ragged_batch(gamma):
-  v_cfg, v_params, d_cfg, d_params = _pair()
+  # A verifier whose next token depends on its context (`tiny_model(context=)`): K/V written at
+  # the wrong slots changes the output.
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
+  _, _, d_cfg, d_params = _pair()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=10)
@@ -58,7 +61,7 @@ def test_greedy_rounds_match_a_host_simulation():
   SD. Output equality alone cannot see a drafter cache that goes stale after rejections (the
   verifier still corrects every token; only acceptance drops), and a perfect drafter never
   rejects. A noisy copy of the verifier agrees with it often but not always."""
-  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0)
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
   d_cfg, d_params = v_cfg, testing.perturbed(v_params, 0.05)
   gamma, n = 3, 12
 

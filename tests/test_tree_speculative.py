@@ -52,7 +52,10 @@ def _run(v_cfg, v_params, d_cfg, d_params, prompts, spec, *, sampling=Sampling()
 
 @pytest.mark.parametrize("method", sorted(SHAPES))
 def test_greedy_tree_equals_autoregressive(method):
-  v_cfg, v_params, d_cfg, d_params = _pair()
+  # A verifier whose next token depends on its context (`tiny_model(context=)`): a cache that
+  # lost or misplaced the accepted path changes the output.
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
+  _, _, d_cfg, d_params = _pair()
   prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
   ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
                              max_new_tokens=10)
