@@ -123,16 +123,31 @@ class _ShiftedLawDrafter(bpd.BPDDrafter):
     return dataclasses.replace(proposal, q=jnp.roll(proposal.q, 1, axis=1)), x
 
 
-@pytest.mark.parametrize("buggy", [False, True])
-def test_sampled_bpd_is_lossless(buggy):
-  """T = 1: 3000 continuations of 2 tokens against the verifier's enumerated law (chi-square);
-  a drafter whose q is not the law its drafts came from must fail the same test."""
+@dataclasses.dataclass(frozen=True)
+class _UntransformedLawDrafter(bpd.BPDDrafter):
+  """Planted bug: reports each head's raw softmax as q, not the temperature/top-k law its drafts
+  were drawn from."""
+
+  def propose(self, params, x, tokens, lengths, rng, sampling):
+    proposal, new_x = super().propose(params, x, tokens, lengths, rng, sampling)
+    raw, _ = super().propose(params, x, tokens, lengths, rng, Sampling(1.0))
+    return dataclasses.replace(proposal, q=raw.q), new_x
+
+
+@pytest.mark.parametrize("buggy, sampling", [
+    (False, Sampling(1.0)), (True, Sampling(1.0)),
+    (False, Sampling(0.8, top_k=4)), ("untransformed", Sampling(0.8, top_k=4))])
+def test_sampled_bpd_is_lossless(buggy, sampling):
+  """3000 continuations of 2 tokens against the verifier's enumerated law (chi-square), at T = 1
+  and under a temperature and top-k; a drafter whose q is not the law its drafts came from (the
+  next head's, or the law before the transform) must fail the same test."""
   v_cfg, v_params, drafter, d_params = _drafter(num_heads=2)
   if buggy:
-    drafter = _ShiftedLawDrafter(drafter.heads, drafter.v_cfg)
-  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, Sampling(1.0))
+    cls = _UntransformedLawDrafter if buggy == "untransformed" else _ShiftedLawDrafter
+    drafter = cls(drafter.heads, drafter.v_cfg)
+  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, sampling)
   many = generate_lib.pad_prompts([[1, 4, 2]] * 3000, 3, pad_id=0)
-  out = _run(v_cfg, v_params, drafter, d_params, many, Sampling(1.0), 2, seed=1)
+  out = _run(v_cfg, v_params, drafter, d_params, many, sampling, 2, seed=1)
   p = testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
   assert np.sum(out.stats.accepted) > 300  # drafts were accepted, not just bonus tokens
   assert (p < 1e-4) if buggy else (p > 1e-3)

@@ -170,6 +170,7 @@ def _law_check(kind, min_ngram=2, cls=None, feature=False):
 
 @pytest.mark.parametrize("kind, min_ngram, feature", [("lookup", 2, False),
                                                       ("overlay", 2, True),
+                                                      ("overlay", 2, False),
                                                       ("overlay", 3, False)])
 def test_lookup_sampling_is_lossless(kind, min_ngram, feature):
   assert _law_check(kind, min_ngram, feature=feature) > 1e-3
