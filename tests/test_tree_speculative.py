@@ -96,7 +96,7 @@ def _law_check(method, sampling, rule="auto", n_samples=10000, seed=0, drafter=(
   """(p-value of the first two emitted tokens vs the exact verifier law, the output) over many
   rows of one prompt, with a depth-2 tree. drafter = (seed, sharpness) of the tiny drafter.
   10,000 rows: an accept test without the residual's normaliser Z (off by ~0.01 in total
-  variation here) gives p ≈ 0.02-0.07 at 3,000 rows, far below 1e-3 at 10,000."""
+  variation here) gives p ≈ 0.02-0.07 at 3,000 rows and fails at 10,000 (rsd_c)."""
   v_cfg, v_params = testing.tiny_model(seed=0, vocab_size=6, sharpness=3.0)
   d_cfg, d_params = testing.tiny_model(seed=drafter[0], vocab_size=6, sharpness=drafter[1])
   prompt = [1, 4, 2]
