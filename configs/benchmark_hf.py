@@ -18,9 +18,10 @@ Time on 2 CPU cores: ~4.5 min on idle cores (~11 min with two other long jobs ru
 GPU: `configs/benchmark_hf.py:gpu` (and `:gpu,dtype=bfloat16`) runs both systems on the
 accelerator at batch 1, 8 and 32; not run yet.
 Reference (2 idle CPU cores; experiments/perf/notes.md has the table): spec_jax SD / transformers
-assisted generation at batch 1, γ = 4: ~1.7x (its default schedule) and ~1.9x (constant γ), τ
-1.39 in both, every row identical to transformers' greedy output. Under load the ratios are
-unreliable.
+assisted generation at batch 1, γ = 4: ~1.7x (its default schedule, τ 1.34) and ~1.9x
+(constant γ, τ 1.39 in both), every row identical to transformers' greedy output; mostly the
+autoregressive gap (spec_jax AR 1.67x transformers greedy; each system's SD / own AR 0.69x vs
+0.59x-0.69x). Under load the ratios are unreliable.
 """
 
 from configs import common
