@@ -272,8 +272,8 @@ def token_stream(name: str, split: str, tokenizer, *, data_dir: str | None = Non
 
   Documents come in `text_source` order. The array is cached on disk under
   `<data_dir>/spec_jax_token_cache/` keyed by (dataset name/config/version, split, text_key,
-  `tokenizer.cache_key`: vocabulary, EOS and template; document count), so only the first call tokenizes; later calls
-  memory-map the file (read-only).
+  `tokenizer.cache_key`: vocabulary, EOS and template; document count), so only the first call
+  tokenizes; later calls memory-map the file (read-only).
   """
   src = text_source(name, split, data_dir=data_dir, text_key=text_key)
   root = _resolve_data_dir(data_dir)

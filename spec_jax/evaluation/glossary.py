@@ -28,8 +28,8 @@ GLOSSARY: dict[str, str] = {
               "delta method, each prompt weighing by its verifier calls; rows written before "
               "2026-11-29 hold the standard error of the per-prompt τ mean instead, which "
               "overstates it where prompts stop early)",
-    "mean_accepted_tokens": "τ - 1: accepted draft tokens per verifier call, but that a last "
-                            "round cut at the token budget or by a stop token inside its "
+    "mean_accepted_tokens": "τ - 1: accepted draft tokens per verifier call, except that a "
+                            "last round cut at the token budget or by a stop token inside its "
                             "accepted drafts outputs no bonus token (up to 1/calls lower per "
                             "prompt)",
     "acceptance_rate": "α, acceptance rate: mean over draft positions of Σ_x min(p(x), q(x)), "
