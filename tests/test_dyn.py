@@ -196,6 +196,16 @@ def test_dyn_over_a_feature_drafter_is_lossless():
                                sampling=Sampling(1.0)) > 1e-3
 
 
+def test_dyn_over_an_lm_drafter_is_lossless():
+  """dyn:3-4@2 over an LM drafter (its own feed and cache relayout), three tokens under a
+  temperature and top-k against the verifier's exact law: the first round's tree and a second
+  round after it."""
+  v_cfg, v_params, d_cfg, d_params = _models("lm", vocab_size=6, sharpness=3.0, sigma=3.0)
+  drafter = lm.LMDrafter(d_cfg, dyn.shape((3, 4), 2, None, 3))
+  assert testing.sd_law_pvalue(v_cfg, v_params, drafter, d_params, [1, 4, 2], n=3,
+                               sampling=Sampling(0.8, top_k=4)) > 1e-3
+
+
 def test_lm_drafter_cache_after_dyn_rounds():
   """After dynamic rounds with random acceptance along the drafted tree, the LM drafter's cache
   holds the committed text's K/V: its law of the next draft (catch-up window) equals a fresh
