@@ -112,6 +112,33 @@ def test_planted_bugs_fail_the_law(monkeypatch, fresh_programs, plant):
   assert _law_pvalue(monkeypatch, plant) < 1e-6
 
 
+def _feature_law_pvalue(monkeypatch=None, plant=None):
+  """p-value of 3 tokens drawn by sd_stop over a feature drafter (γ = 3, stopping below 0.5) at
+  T = 1 against the tiny LM verifier's exact law: its rows stop at different depths, so the
+  next round's drafter state (features and cache) must be the verifier's after a cut chain."""
+  v_cfg, v_params, d_cfg, d_params = testing.tiny_feature_pair(vocab_size=6, sharpness=3.0,
+                                                               sigma=0.5)
+  if plant is not None:
+    monkeypatch.setattr(acceptance.chain, "stop_at_drafted", plant)
+  prompt = [1, 4, 2]
+  out = testing.decode(v_cfg, v_params, features.FeatureDrafter(d_cfg, trees.chain(3, stop=0.5)),
+                       d_params, generate_lib.pad_prompts([prompt] * 4000, 3, pad_id=0),
+                       Sampling(1.0), 3)
+  stats = out.stats
+  assert np.sum(stats.accepted) > 300                                   # drafts get accepted
+  assert np.sum(stats.drafted) < 2.7 * np.sum(stats.verifier_calls)    # and rows stop
+  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 3, Sampling(1.0))
+  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+
+
+def test_sampling_over_a_feature_drafter_is_lossless():
+  assert _feature_law_pvalue() > 1e-3
+
+
+def test_a_planted_bug_fails_the_feature_drafters_law(monkeypatch, fresh_programs):
+  assert _feature_law_pvalue(monkeypatch, _keeps_the_rules_token) < 1e-6
+
+
 @dataclasses.dataclass(frozen=True)
 class _WidthVerifier:
   """Scores every node with logits equal to the width of the call it came in."""

@@ -224,6 +224,28 @@ def test_reporting_the_unsteered_law_is_caught():
   assert _law_check(trees.chain(2), _UnsteeredLawDrafter) < 1e-6
 
 
+def _stop_law_pvalue(cls=steered.SteeredDrafter):
+  """sd_stop over the steered drafter (γ = 3, rows stopping below 0.5): 3 tokens, so most
+  continuations take a second round, steered from a window the first round's cut left."""
+  v_cfg, v_params, drafter, params = _models(strength=2.0)
+  drafter = cls(drafter.cfg, drafter.steering, trees.chain(3, stop=0.5))
+  prompt = [1, 4, 2]
+  out = testing.decode(v_cfg, v_params, drafter, params,
+                       generate_lib.pad_prompts([prompt] * 4000, 3, pad_id=0), Sampling(1.0), 3)
+  assert np.sum(out.stats.accepted) > 300                                          # accepted
+  assert np.sum(out.stats.drafted) < 2.7 * np.sum(out.stats.verifier_calls)       # rows stop
+  law = testing.exact_sequence_law(v_cfg, v_params, prompt, 3, Sampling(1.0))
+  return testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+
+
+def test_steered_sampling_with_a_stop_is_lossless():
+  assert _stop_law_pvalue() > 1e-3
+
+
+def test_reporting_the_unsteered_law_of_a_cut_chain_is_caught():
+  assert _stop_law_pvalue(_UnsteeredLawDrafter) < 1e-6
+
+
 def test_bad_input_names_the_field():
   v_cfg, _ = testing.tiny_model(vocab_size=V)
   d_cfg, _ = testing.tiny_model(vocab_size=V)
