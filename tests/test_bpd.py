@@ -1,7 +1,8 @@
 """BPD heads (models/bpd_heads.py) and BPD decoding as a drafter (decoding/drafters/bpd.py):
 shapes and the shared projection, zero-initialised heads = the verifier's next-token logits,
 greedy output = verifier greedy at batch > 1, sampling lossless (chi-square, with a planted bug
-that must fail), heads sharded over a mesh = unsharded, bad input."""
+that must fail) for chains and for lattice trees of every tree method, heads sharded over a mesh
+= unsharded, bad input."""
 
 import dataclasses
 import functools
@@ -15,7 +16,7 @@ from spec_jax import parallel, testing
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
 from spec_jax.decoding import verifier as verifier_lib
-from spec_jax.decoding.drafters import bpd, standard, trees
+from spec_jax.decoding.drafters import bpd, standard
 from spec_jax.decoding.sampling import Sampling
 from spec_jax.models import bpd_heads, llama
 from spec_jax.training import bpd as bpd_train
@@ -92,7 +93,9 @@ def test_greedy_bpd_equals_verifier_greedy_at_batch_4():
 
 
 TREES = {"rsd_c": standard.tree("rsd_c", depth=3, branching=(2, 2, 1)),
-         "specinfer": standard.tree("specinfer", depth=2, width=3)}
+         "rsd_s": standard.tree("rsd_s", depth=2, width=3),
+         "specinfer": standard.tree("specinfer", depth=2, width=3),
+         "spectr": standard.tree("spectr", depth=2, width=3)}
 
 
 @pytest.mark.parametrize("method", sorted(TREES))
@@ -132,6 +135,22 @@ class _UntransformedLawDrafter(bpd.BPDDrafter):
     proposal, new_x = super().propose(params, x, tokens, lengths, rng, sampling)
     raw, _ = super().propose(params, x, tokens, lengths, rng, Sampling(1.0))
     return dataclasses.replace(proposal, q=raw.q), new_x
+
+
+@pytest.mark.parametrize("method", sorted(TREES))
+def test_lattice_trees_are_lossless_under_a_transform_and_a_raw_q_is_caught(method):
+  """Each lattice tree at T = 0.8 with top-k 4 follows the verifier's law of 2 tokens; the same
+  tree reporting each head's raw softmax as q (not the law its nodes were drawn from) fails it."""
+  v_cfg, v_params, chain_drafter, d_params = _drafter()
+  sampling = Sampling(0.8, top_k=4)
+  law = testing.exact_sequence_law(v_cfg, v_params, [1, 4, 2], 2, sampling)
+  many = generate_lib.pad_prompts([[1, 4, 2]] * 2000, 3, pad_id=0)
+  for cls, lossless in ((bpd.BPDDrafter, True), (_UntransformedLawDrafter, False)):
+    out = _run(v_cfg, v_params, cls(chain_drafter.heads, v_cfg, tree=TREES[method]), d_params,
+               many, sampling, 2, seed=2)
+    p = testing.chi_square_pvalue([tuple(r) for r in out.new_tokens()], law)
+    assert np.sum(out.stats.accepted) > 300
+    assert (p > 1e-3) if lossless else (p < 1e-6), (cls.__name__, p)
 
 
 @pytest.mark.parametrize("buggy, sampling", [
@@ -254,7 +273,7 @@ def test_train_bpd_resumes_and_records_its_verifier(tmp_path):
   BPD method included, is tests/test_bpd_experiment.py's smoke.)"""
   from configs import train_bpd as train_bpd_config
   from spec_jax import loading
-  from spec_jax.programs import evaluate, train_bpd
+  from spec_jax.programs import train_bpd
   from spec_jax.training import metrics as metrics_lib
   heads_dir = str(tmp_path / "heads")
   result = train_bpd.run(train_bpd_config.get_config("smoke"), heads_dir)
