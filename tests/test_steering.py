@@ -214,14 +214,18 @@ def _law_check(shape, cls=steered.SteeredDrafter):
   return testing.sd_law_pvalue(v_cfg, v_params, drafter, params, [1, 4, 2])
 
 
-@pytest.mark.parametrize("shape", [trees.chain(2), standard.tree("rsd_c", 2, (2, 1))],
-                         ids=lambda s: s.describe())
+@pytest.mark.parametrize("shape", [
+    trees.chain(2), standard.tree("rsd_c", 2, (2, 1)), standard.tree("rsd_s", 2, width=2),
+    standard.tree("specinfer", 2, width=2), standard.tree("spectr", 2, width=2)],
+    ids=lambda s: s.describe())
 def test_steered_sampling_is_lossless(shape):
   assert _law_check(shape) > 1e-3
 
 
-def test_reporting_the_unsteered_law_is_caught():
-  assert _law_check(trees.chain(2), _UnsteeredLawDrafter) < 1e-6
+@pytest.mark.parametrize("shape", [trees.chain(2), standard.tree("rsd_s", 2, width=2)],
+                         ids=lambda s: s.describe())
+def test_reporting_the_unsteered_law_is_caught(shape):
+  assert _law_check(shape, _UnsteeredLawDrafter) < 1e-6
 
 
 def _stop_law_pvalue(cls=steered.SteeredDrafter):
