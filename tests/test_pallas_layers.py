@@ -226,6 +226,38 @@ def test_greedy_decoding_equals_xla_layers(option, fused):
   testing.assert_greedy_equal(v_kernels, v_params, drafter, d_params, reference)
 
 
+def _lower_for_triton(cfg):
+  """Autoregressive decoding of `cfg` with random weights, lowered for an NVIDIA GPU (Pallas's
+  Triton lowering runs here; no GPU or CUDA library is needed to lower)."""
+  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype),
+                        decoder.param_shapes(cfg))
+  gpu = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
+      device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="cuda"))
+  with jax.sharding.use_abstract_mesh(gpu):
+    generate_lib._generate_jit.trace(  # noqa: SLF001
+        params, jax.ShapeDtypeStruct((1, 8), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
+        jax.random.key(0), cfg=cfg, sampling=Sampling(), max_new_tokens=2, stop_ids=(),
+        fixed_steps=True).lower(lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("option", ["pallas", "attn_kernel"])
+def test_a_head_size_triton_cannot_load_is_refused_with_the_fix(option):
+  """Triton loads only power-of-two sizes, and the kernels load whole heads: head_dim = 16 lowers
+  for a GPU (odd model and MLP widths too), head_dim = 20 fails in Triton's lowering, and the
+  model config refuses it first, in one line naming the option to drop."""
+  fused = dict(fused=True) if option == "pallas" else {}
+  ok = llama.model_config("test-tiny", vocab_size=64, head_dim=16, d_model=48, d_ff=72,
+                          n_heads=6, **fused, **{option: True})
+  _lower_for_triton(ok)
+  bad = dataclasses.replace(ok)
+  object.__setattr__(bad, "head_dim", 20)  # past the config's check: what Triton would get
+  with pytest.raises(ValueError, match="Triton lowering currently requires .* power of 2"):
+    _lower_for_triton(bad)
+  with pytest.raises(ValueError, match=f"{option}=1: .* head_dim=20 is not one. Fix: drop "
+                                       f":{option}=1 from model.size"):
+    llama.model_config("test-tiny", head_dim=20, **fused, **{option: True})
+
+
 def test_bad_input_names_the_field():
   with pytest.raises(ValueError, match="model.size.*fused=1:pallas=1"):
     draft_init.parse_size("smollm2-135m:pallas=1")

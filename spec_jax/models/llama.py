@@ -126,6 +126,12 @@ class LlamaConfig:
       raise ValueError(f"layer_windows needs one window >= 0 per layer ({self.n_layers}), got "
                        f"{self.layer_windows}.")
 
+    kernels = "pallas" if self.pallas else "attn_kernel" if self.attn_kernel else ""
+    if kernels and self.head_dim & (self.head_dim - 1):
+      raise ValueError(f"{kernels}=1: the hand-written kernels load whole heads, and Triton "
+                       f"loads only power-of-two sizes; head_dim={self.head_dim} is not one. "
+                       f"Fix: drop :{kernels}=1 from model.size (XLA's layers take any head "
+                       "size).")
     if self.pallas:
       reason = pallas_layers.unsupported(self)
       if reason is not None:
