@@ -18,7 +18,7 @@ from spec_jax.decoding import loop
 from spec_jax.decoding import verifier as verifier_lib
 from spec_jax.decoding.drafters import lm, trees
 from spec_jax.decoding.sampling import Sampling
-from spec_jax.models import draft_init, gemma, llama
+from spec_jax.models import draft_init, gemma, layers, llama
 from spec_jax.programs import train_lm
 
 
@@ -45,6 +45,20 @@ def test_all_layers_reproduce_the_verifier_and_a_subset_keeps_its_blocks():
   g_cfg = gemma.GemmaConfig(**{**dataclasses.asdict(cfg), "family": "gemma",
                                "layer_windows": (4, 0)})
   assert draft_init.select_layers(g_cfg, params, [1])[0].layer_windows == (0,)
+
+
+def test_layers_are_selected_from_an_unrolled_model_too():
+  """A model in the unrolled layout (`layers_<i>`, as a checkpoint trained with :unrolled=1
+  holds) keeps its blocks in its own layout: blocks 2 and 0 of it are the stacked selection's."""
+  cfg, params = testing.tiny_model(seed=3, vocab_size=61, n_layers=3)
+  u_cfg = dataclasses.replace(cfg, unrolled=True)
+  unrolled = layers.unstack_layers(params, cfg.n_layers)
+  got_cfg, got = draft_init.select_layers(u_cfg, unrolled, [2, 0])
+  want_cfg, want = draft_init.select_layers(cfg, params, [2, 0])
+  assert got_cfg == dataclasses.replace(want_cfg, unrolled=True)
+  assert sorted(got) == sorted(layers.unstack_layers(want, 2))
+  tokens = [[1, 5, 9, 2, 7, 7, 30]]
+  np.testing.assert_array_equal(_logits(got_cfg, got, tokens), _logits(want_cfg, want, tokens))
 
 
 @pytest.mark.parametrize("size, want", [

@@ -150,12 +150,16 @@ def layer_subset(size: Size, n_layers: int, field: str = "model.size") -> tuple[
 
 def select_layers(cfg: llama.LlamaConfig, params, layers, field: str = "model.size"):
   """(cfg, params) of the model keeping only `layers` (block indices, in the order given) with
-  its embedding, final norm and output head. Sliding windows and per-layer RoPE follow their
-  layers."""
+  its embedding, final norm and output head, in the params' own layout (stacked or unrolled).
+  Sliding windows and per-layer RoPE follow their layers."""
   layers = layer_subset(Size("", layers=tuple(layers)), cfg.n_layers, field)
   idx = np.asarray(layers)
   windows = tuple(cfg.layer_windows[i] for i in layers) if cfg.layer_windows else ()
   new_cfg = dataclasses.replace(cfg, n_layers=len(layers), layer_windows=windows)
+  if cfg.unrolled:  # one tree per layer, "layers_<i>" (`layers.unstack_layers`)
+    new_params = {k: v for k, v in params.items() if not k.startswith("layers_")}
+    new_params.update({f"layers_{j}": params[f"layers_{i}"] for j, i in enumerate(layers)})
+    return new_cfg, new_params
   new_params = dict(params)
   new_params["layers"] = jax.tree.map(lambda x: x[idx], params["layers"])
   return new_cfg, new_params
