@@ -34,14 +34,36 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
 XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
 
 
+# Threads per fake CPU device (`--xla_force_host_platform_device_count`). XLA:CPU runs a program's
+# independent operations concurrently on one shared thread pool, NPROC threads (the machine's
+# cores when unset), and a collective blocks its thread until every device reaches it. A decoding
+# round starts a collective alongside a while loop that holds others, so with a few threads all of
+# them can wait in one collective while a device's turn at it sits queued behind them: a deadlock
+# (8 devices on 2 cores: the sharded speculative loop stuck within 0-5 rounds of a few hundred;
+# 4 threads per device: none in 2,400, two processes at once).
+CPU_THREADS_PER_FAKE_DEVICE = 4
+
+
+def fake_cpu_devices(xla_flags: str) -> int:
+  """The device count `--xla_force_host_platform_device_count` asks for (1 when unset)."""
+  counts = [flag.split("=", 1)[1] for flag in xla_flags.split()
+            if flag.startswith("--xla_force_host_platform_device_count=")]
+  return int(counts[-1]) if counts and counts[-1].isdigit() else 1
+
+
 def set_xla_defaults(environ=None) -> str:
   """Appends each of XLA_DEFAULTS whose flag XLA_FLAGS does not set yet (so a user's own setting
-  wins) and returns the resulting XLA_FLAGS; call it before jax starts a backend."""
+  wins) and returns the resulting XLA_FLAGS; with fake CPU devices also sizes XLA:CPU's thread
+  pool (NPROC, unless set) so their collectives cannot starve it. Call it before jax starts a
+  backend."""
   environ = os.environ if environ is None else environ
   given = environ.get("XLA_FLAGS", "").split()
   named = {flag.split("=", 1)[0] for flag in given}
   added = [flag for flag in XLA_DEFAULTS if flag.split("=", 1)[0] not in named]
   environ["XLA_FLAGS"] = " ".join(given + added)
+  devices = fake_cpu_devices(environ["XLA_FLAGS"])
+  if devices > 1 and "NPROC" not in environ:
+    environ["NPROC"] = str(CPU_THREADS_PER_FAKE_DEVICE * devices)
   return environ["XLA_FLAGS"]
 
 

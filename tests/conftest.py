@@ -2,9 +2,10 @@
 
 import os
 
-# The 8 fake devices' collectives rendezvous between threads; on 2 oversubscribed cores (two
-# xdist workers plus the multi-host test's subprocesses) one can wait longer than XLA's default
-# 40 s before aborting the process, so the tests give it 10 minutes (a hang still fails the run).
+# The 8 fake devices' collectives rendezvous between threads (cli.set_xla_defaults sizes their
+# thread pool so they cannot deadlock); on 2 oversubscribed cores (two xdist workers plus the
+# multi-host test's subprocesses) one can still wait longer than XLA's default 40 s before
+# aborting the process, so the tests give it 10 minutes.
 # XLA:CPU's classic fusion emitters instead of its MLIR ones: compiling is most of the suite's
 # time, and they compile the tiny models' loops ~35% faster (measured 2026-11-24: six decoding
 # loops 14.9 → 9.4 s); launched subprocesses (multi-host: TEST_XLA_FLAGS) use them too.

@@ -72,7 +72,10 @@ def test_sharded_gemma_with_its_feature_drafter_equals_single_device():
   """A Gemma 3 verifier (q/k norms, a sliding-window layer, norms after each sublayer) and its
   one-block feature drafter (the fc over [features; embeddings], the tied vocabulary split over
   both model axes) on data 2 × fsdp 2 × tensor 2: greedy AR and greedy chain SD token for token
-  as on one device, the SD again equal to AR."""
+  as on one device, the SD again equal to AR. Run again 30 times, the sharded loop never
+  deadlocks: its rounds start a collective beside a while loop that holds others, which starved
+  XLA:CPU's thread pool at its default size (`cli.CPU_THREADS_PER_FAKE_DEVICE`; unset, 3 of 5
+  such runs hung)."""
   v_cfg = gemma.GemmaConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                             head_dim=8, d_ff=64, rope_theta=10_000.0, rope_local_theta=1_000.0,
                             query_pre_attn_scalar=16.0, qk_norm=True, layer_windows=(3, 0))
@@ -93,6 +96,11 @@ def test_sharded_gemma_with_its_feature_drafter_equals_single_device():
     runs[name] = (ar.new_tokens(), sd.new_tokens())
   assert runs["mesh"] == runs["one device"]
   assert runs["mesh"][1] == runs["mesh"][0]
+  for _ in range(30):
+    sd = loop.speculative_generate(v_params, d_params, prompts, jax.random.key(0),
+                                   verifier=verifier, drafter=drafter, sampling=Sampling(),
+                                   max_new_tokens=10, mesh=mesh)
+    assert sd.new_tokens() == runs["mesh"][1]
 
 
 def test_tensor_parallel_verifier_logits_equal_single_device():
