@@ -173,14 +173,25 @@ def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool =
   A feature drafter (cfg.feature_width) also takes `features` f32[B,T,F]. `logit_index`
   int32[B,K] computes the logits only at those positions of each row ([B,K,V]; hidden and
   cache are unaffected)."""
-  model = Decoder(cfg, tuple(hidden_layers), reduced_logits)
+  hidden_layers = tuple(hidden_layers)
 
   def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None,
             features=None, logit_index=None):
-    return model.apply({"params": params}, tokens, positions, cache, mask, slots, steer,
-                       features, logit_index)
+    return _apply(cfg, hidden_layers, reduced_logits, params, tokens, positions, cache, mask,
+                  slots, steer, features, logit_index)
 
   return apply
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), inline=True)
+def _apply(cfg, hidden_layers, reduced_logits, params, tokens, positions, cache, mask, slots,
+           steer, features, logit_index):
+  """`make_apply`'s forward, jitted so that a call inside another traced program reuses the
+  jaxpr of any earlier call with the same config and shapes instead of tracing the modules again
+  (most of a decoding loop's trace time; XLA inlines the call, so the compiled program is the
+  same)."""
+  return Decoder(cfg, hidden_layers, reduced_logits).apply(
+      {"params": params}, tokens, positions, cache, mask, slots, steer, features, logit_index)
 
 
 @functools.partial(jax.jit, static_argnums=0)
