@@ -163,6 +163,26 @@ def test_attention_split_over_programs_equals_xla_layers(monkeypatch):
   assert max(diffs.values()) < 2e-5, diffs
 
 
+def test_a_tile_setting_set_between_programs_is_traced_anew(monkeypatch):
+  """A sweep sets `pallas_attention.TILES` between programs (experiments/scale/pallas_tiles.py):
+  a program traced after the change cuts its kernels the new way, though the model's forward of
+  that config and shapes was traced before (`decoder.make_apply` reuses such traces)."""
+  overrides, b, t, tree = CASES["gemma3-tree"]
+  cfg, params = _model(**overrides, attn_kernel=True)
+  cache = L.init_cache(cfg, b, S)
+  tokens, positions, mask, slots = _call(b, t, tree)
+
+  def program():
+    return str(jax.jit(decoder.make_apply(cfg)).trace(params, tokens, positions, cache, mask,
+                                                      slots).jaxpr)
+
+  whole = program()
+  assert program() == whole  # (the same setting: the same program)
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, split=8))
+  split = program()
+  assert "grid=(2, 10, 1)" in whole and "grid=(2, 10, 3)" in split  # 24 slots: 3 programs
+
+
 def test_kernels_close_to_xla_layers_bfloat16():
   """bfloat16: the same rounding points, but the softmax weights stay float32 here (XLA
   rounds them to bfloat16 before the value product): close, to bfloat16's precision."""
@@ -199,7 +219,7 @@ def _plant_gain_offset(monkeypatch):
 @pytest.mark.parametrize("plant, family", [
     (_plant_rope_sign, "llama"), (_plant_all_new_visible, "llama"), (_plant_norm_width, "llama"),
     (_plant_no_window, "gemma"), (_plant_gain_offset, "gemma")])
-def test_planted_bugs_fail_the_comparison(plant, family, monkeypatch):
+def test_planted_bugs_fail_the_comparison(plant, family, monkeypatch, fresh_programs):
   """A sign flipped in RoPE, every cache slot and new token visible, RMSNorm over one element
   too few; in Gemma, the sliding window ignored, the norms' gain without its stored offset:
   each moves the kernels' output far past the tolerance above."""
@@ -408,7 +428,7 @@ def _plant_window_global(monkeypatch):
 @pytest.mark.parametrize("plant, family, split", [
     (_plant_first_layer, "llama", 0), (_plant_window_global, "gemma", 0),
     (_plant_all_new_visible, "llama", 0), (_plant_window_global, "gemma", 8)])
-def test_attention_kernel_planted_bugs_fail(plant, family, split, monkeypatch):
+def test_attention_kernel_planted_bugs_fail(plant, family, split, monkeypatch, fresh_programs):
   """Every layer reading the first layer's cache; Gemma's window ignored (also over split
   programs); every slot visible: each fails the comparison above."""
   plant(monkeypatch)

@@ -103,6 +103,25 @@ def test_sharded_gemma_with_its_feature_drafter_equals_single_device():
     assert sd.new_tokens() == runs["mesh"][1]
 
 
+def test_a_forward_traced_for_a_mesh_after_one_device_keeps_its_activation_layout():
+  """`decoder.make_apply` reuses the trace of a forward seen before with the same config and
+  shapes; one traced inside a decoding program on a mesh (`parallel.decoding_layout`) lays its
+  activations out, though the same forward was traced without a layout first (a planted bug
+  reusing that trace gathers the weights every round: tests/test_pod_plan.py)."""
+  cfg, params = testing.tiny_model(seed=0)
+  tokens = jnp.zeros((8, 3), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(3), (8, 3))
+
+  def constraints():
+    jaxpr = jax.jit(llama.make_apply(cfg)).trace(params, tokens, positions).jaxpr
+    return str(jaxpr).count("sharding_constraint")
+
+  assert constraints() == 0
+  with parallel.decoding_layout(parallel.make_mesh(MESHES["data=2,fsdp=2,tensor=2"])):
+    assert constraints() > 0
+  assert constraints() == 0
+
+
 def test_tensor_parallel_verifier_logits_equal_single_device():
   cfg, params = testing.tiny_model(seed=0)
   apply = jax.jit(llama.make_apply(cfg))

@@ -177,19 +177,24 @@ def make_apply(cfg, hidden_layers: Sequence[int] = (), *, reduced_logits: bool =
 
   def apply(params, tokens, positions, cache=None, mask=None, slots=None, steer=None,
             features=None, logit_index=None):
-    return _apply(cfg, hidden_layers, reduced_logits, params, tokens, positions, cache, mask,
-                  slots, steer, features, logit_index)
+    context = (pallas_attention.TILES, L.activation_layout())
+    return _apply(cfg, hidden_layers, reduced_logits, context, params, tokens, positions, cache,
+                  mask, slots, steer, features, logit_index)
 
   return apply
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), inline=True)
-def _apply(cfg, hidden_layers, reduced_logits, params, tokens, positions, cache, mask, slots,
-           steer, features, logit_index):
-  """`make_apply`'s forward, jitted so that a call inside another traced program reuses the
-  jaxpr of any earlier call with the same config and shapes instead of tracing the modules again
-  (most of a decoding loop's trace time; XLA inlines the call, so the compiled program is the
-  same)."""
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3), inline=True)
+def _apply(cfg, hidden_layers, reduced_logits, context, params, tokens, positions, cache, mask,
+           slots, steer, features, logit_index):
+  """`make_apply`'s forward, jitted and inlined where it is called, so that a call inside another
+  traced program reuses the jaxpr of an earlier call with the same config and shapes instead of
+  tracing the modules again (most of a decoding loop's trace time); the program is the same as
+  without. context: what the forward reads while traced besides its arguments, as the caller
+  sees it, part of that reuse's key: the kernels' `pallas_attention.TILES` (a tile sweep sets it
+  between programs) and the activation layout of a decoding program on a mesh
+  (`layers.activation_shardings`; none in training or on one device)."""
+  del context  # read by the layers themselves
   return Decoder(cfg, hidden_layers, reduced_logits).apply(
       {"params": params}, tokens, positions, cache, mask, slots, steer, features, logit_index)
 

@@ -72,6 +72,12 @@ def activation_shardings(shardings: dict | None):
     _SHARDINGS.reset(token)
 
 
+def activation_layout() -> tuple:
+  """The shardings `activation_shardings` sets here, hashable (a key for reusing a trace)."""
+  shardings = _SHARDINGS.get()
+  return () if shardings is None else tuple(sorted(shardings.items()))
+
+
 def constrain(x: jax.Array, *kinds: str) -> jax.Array:
   """x constrained in turn to the shardings `activation_shardings` gives each of `kinds`
   (`parallel.ACTIVATIONS`; e.g. a product's output first as its weight shard leaves it, then as
