@@ -39,8 +39,7 @@ XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
 # cores when unset), and a collective blocks its thread until every device reaches it. A decoding
 # round starts a collective alongside a while loop that holds others, so with a few threads all of
 # them can wait in one collective while a device's turn at it sits queued behind them: a deadlock
-# (8 devices on 2 cores: the sharded speculative loop stuck within 0-5 rounds of a few hundred;
-# 4 threads per device: none in 2,400, two processes at once).
+# (docs/design.md §5, the CPU collectives trap).
 CPU_THREADS_PER_FAKE_DEVICE = 4
 
 
@@ -63,8 +62,15 @@ def set_xla_defaults(environ=None) -> str:
   environ["XLA_FLAGS"] = " ".join(given + added)
   devices = fake_cpu_devices(environ["XLA_FLAGS"])
   if devices > 1 and "NPROC" not in environ:
-    environ["NPROC"] = str(CPU_THREADS_PER_FAKE_DEVICE * devices)
+    environ["NPROC"] = str(cpu_threads(devices))
   return environ["XLA_FLAGS"]
+
+
+def cpu_threads(fake_devices: int) -> int:
+  """XLA:CPU's pool size for this many fake devices: 4 threads each, or the cores this process
+  may run on if more (XLA's own default, which also sizes its intra-op parallelism)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(cores or 1, CPU_THREADS_PER_FAKE_DEVICE * fake_devices)
 
 
 def programs() -> list[str]:

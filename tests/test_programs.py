@@ -246,15 +246,18 @@ def test_xla_defaults_add_only_flags_the_user_left_unset():
   assert "NPROC" not in env  # one device: XLA's own thread count
 
 
-def test_fake_cpu_devices_get_threads_for_their_collectives():
+def test_fake_cpu_devices_get_threads_for_their_collectives(monkeypatch):
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   cli.set_xla_defaults(env)
-  assert env["NPROC"] == str(8 * cli.CPU_THREADS_PER_FAKE_DEVICE)
+  assert env["NPROC"] == str(cli.cpu_threads(8)) and cli.cpu_threads(8) >= 32
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "NPROC": "3"}
   cli.set_xla_defaults(env)
   assert env["NPROC"] == "3"  # the user's own setting wins
-  # This test process too (conftest.py): 8 fake devices, 32 threads.
-  assert os.environ["NPROC"] == str(8 * cli.CPU_THREADS_PER_FAKE_DEVICE)
+  # This test process too (conftest.py: 8 fake devices).
+  assert os.environ["NPROC"] == str(cli.cpu_threads(8))
+  # Never fewer threads than cores (XLA's default, which also sets its intra-op parallelism).
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+  assert cli.cpu_threads(8) == 64
 
 
 def test_quickstart_default_is_the_sharegpt_drafter_on_chat_and_code():
