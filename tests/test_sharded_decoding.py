@@ -73,9 +73,9 @@ def test_sharded_gemma_with_its_feature_drafter_equals_single_device():
   one-block feature drafter (the fc over [features; embeddings], the tied vocabulary split over
   both model axes) on data 2 × fsdp 2 × tensor 2: greedy AR and greedy chain SD token for token
   as on one device, the SD again equal to AR. Run again 20 times, the sharded loop never
-  deadlocks: its rounds start a collective beside a while loop that holds others, which starved
-  XLA:CPU's thread pool at its default size (`cli.CPU_THREADS_PER_FAKE_DEVICE`; unset, 3 of 5
-  such runs hung)."""
+  deadlocks: its rounds start a collective beside a while loop that holds others, which starves
+  XLA:CPU's thread pool at its default size (`cli.cpu_threads` sizes it; with NPROC=2 most such
+  runs hang)."""
   v_cfg = gemma.GemmaConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                             head_dim=8, d_ff=64, rope_theta=10_000.0, rope_local_theta=1_000.0,
                             query_pre_attn_scalar=16.0, qk_norm=True, layer_windows=(3, 0))
