@@ -96,6 +96,9 @@ def get_config(arg=None):
                       prompt_multiple=512 if args.smoke else 64)
   if args.smoke:  # one γ, as the main job has (the suite's time; evaluate's tests sweep γ)
     config.evaluate.eval.gammas = (2,)
+    # Every batch padded to the suite's width (512), one compiled program per setting instead of
+    # one per bucket width: bucketing has its own tests (tests/test_prompt_buckets.py).
+    config.evaluate.eval.prompt_buckets = 0
   else:  # and prompt lookup over the drafter (experiments/drafters/lookup: greedy τ 2.02 → 2.87)
     config.evaluate.eval.methods = ("sd", "sd_lookup")
   distill_args = (f"divergence={args.distill_divergence},source={args.distill_source}")

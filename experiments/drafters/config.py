@@ -138,7 +138,7 @@ def get_config(arg=None):
     config.scratch_steps = config.distill_steps = config.vocab_steps = 2
     config.scratch.train.update(eval_every=0, checkpoint_every=2)
     config.distill.train.update(checkpoint_every=2)
-    config.eval.eval.update(gammas=(2,), temperatures=(1.0,), num_prompts=2, new_tokens=6)
+    config.eval.eval.update(gammas=(2,), temperatures=(1.0,), num_prompts=2, new_tokens=8)
     config.gammas = (2,)
     config.out_gammas = (2,)
     config.frontier_gamma = 2

@@ -111,7 +111,7 @@ def get_config(arg=None):
     config.fixed_depths = (1,)
     config.budgets = (4,)
     config.budget_widths = (3,)
-    config.eval.update(num_prompts=2, new_tokens=6, batch_sizes=(2,), max_prompt_tokens=24)
+    config.eval.update(num_prompts=2, new_tokens=8, batch_sizes=(2,), max_prompt_tokens=32)
     config.num_data_prompts = 2
     config.data_prompt_tokens = 12
     config.level_ks = (1, 2)

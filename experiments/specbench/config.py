@@ -99,7 +99,7 @@ def get_config(arg=None):
     # and temperature has its own tests; the report's tables per temperature are tested on
     # synthetic rows, the trees' cache room on the default config).
     config.eval.update(methods=("sd", "lookup"), gammas=(2,), temperatures=(0.0,),
-                       num_prompts=2, new_tokens=6, batch_sizes=(2,))
+                       num_prompts=2, new_tokens=8, batch_sizes=(2,))
     config.turn1 = generate_config.get_config("smoke")
     config.turn1.prompts = ()
     config.turn1.generation.update(max_new_tokens=6, batch_size=2)

@@ -57,5 +57,5 @@ def get_config(arg=None):
     config.train.train.update(num_steps=4, checkpoint_every=4, eval_every=0)
     config.steered_runs = dict(steered=dict(mode="merged", freeze_drafter=False))
     config.domains = {"in": "spec_jax_shakespeare"}
-    config.eval.eval.update(gammas=(2,), temperatures=(1.0,), num_prompts=2, new_tokens=6)
+    config.eval.eval.update(gammas=(2,), temperatures=(1.0,), num_prompts=2, new_tokens=8)
   return config
