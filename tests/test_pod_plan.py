@@ -18,6 +18,10 @@ from spec_jax.programs import pod_plan
 # trip count) whose body runs an all-reduce f32[4,8] in a loop XLA knows runs 3 times, an
 # all-gather f32[2,2] in a loop whose condition says `i < 2` (XLA:TPU's form: no annotation) and
 # a collective-permute bf16[16] once; the condition's all-reduce pred[2] runs once per round.
+# Then the asynchronous forms, once each: an all-reduce of two arrays merged by XLA's combiner
+# (its start's type: the results, 16 + 32 bytes), a combined all-gather (the start's type:
+# (operands, results): 16 + 24 bytes delivered), a collective-permute (operand, result, context),
+# and a reduce-scatter f32[4] wrapped in an async pair whose done names the computation too.
 HLO = """HloModule m, entry_computation_layout={(f32[4,8]{1,0})->f32[4,8]{1,0}}
 
 %add (x: f32[], y: f32[]) -> f32[] {
@@ -38,10 +42,22 @@ HLO = """HloModule m, entry_computation_layout={(f32[4,8]{1,0})->f32[4,8]{1,0}}
   ROOT %lt = pred[]{:T(512)} compare(%i, %two), direction=LT
 }
 
+%rs (q: f32[8]) -> f32[4] {
+  ROOT %r = f32[4]{0} reduce-scatter(%q), channel_id=9, dimensions={0}, to_apply=%add
+}
+
 %body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
   %w = s32[] while(%t), condition=%c, body=%inner, backend_config={"known_trip_count":{"n":"3"}}
   %w2 = s32[] while(%t2), condition=%lt2, body=%inner2
   %cp = bf16[16]{0} collective-permute(%x), channel_id=2, source_target_pairs={{0,1},{1,0}}
+  %ars = (f32[4]{0}, f32[8]{0}) all-reduce-start(%u, %v), channel_id=6, to_apply=%add
+  %ard = (f32[4]{0}, f32[8]{0}) all-reduce-done(%ars)
+  %ags = ((f32[2]{0}, f32[3]{0}), (f32[4]{0}, f32[6]{0})) all-gather-start(%u, %v), channel_id=7
+  %agd = (f32[4]{0}, f32[6]{0}) all-gather-done(%ags)
+  %cps = (bf16[16]{0}, bf16[16]{0}, u32[], u32[]) collective-permute-start(%y), channel_id=8
+  %cpd = bf16[16]{0} collective-permute-done(%cps)
+  %rss = ((f32[8]{0}), f32[4]{0}) async-start(%z), calls=%rs
+  %rsd = f32[4]{0} async-done(%rss), calls=%rs
 }
 
 %cond (p: (s32[], f32[4,8])) -> pred[] {
@@ -58,10 +74,11 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
 
 def test_collectives_are_counted_per_round_from_the_hlo():
   got = pod_plan.collectives_per_round(HLO)
-  assert got["all-reduce"] == {"count": 4, "bytes": 3 * 4 * 8 * 4 + 2, "largest": 4 * 8 * 4}
-  assert got["collective-permute"] == {"count": 1, "bytes": 32, "largest": 32}
+  assert got["all-reduce"] == {"count": 5, "bytes": 3 * 4 * 8 * 4 + 2 + 48, "largest": 4 * 8 * 4}
+  assert got["collective-permute"] == {"count": 2, "bytes": 32 + 32, "largest": 32}
   # The entry's all-gather is prefill, not a round; the condition-bounded loop's runs twice.
-  assert got["all-gather"] == {"count": 2, "bytes": 2 * 16, "largest": 16}
+  assert got["all-gather"] == {"count": 3, "bytes": 2 * 16 + 40, "largest": 40}
+  assert got["reduce-scatter"] == {"count": 1, "bytes": 16, "largest": 16}
   assert got["unknown_trip_counts"] == 0
 
 

@@ -136,19 +136,45 @@ def _trips(line: str, comps: dict) -> int | None:
 
 
 def _callees(line: str, comps: dict) -> list[tuple[str, int | None]]:
-  """(computation, times it runs per execution of `line`; None: an unknown trip count)."""
+  """(computation, times it runs per execution of `line`; None: an unknown trip count). An async
+  pair's wrapped computation (e.g. a reduce-scatter) runs once, for its start: the done (and any
+  update) may name it too."""
+  if re.search(r"\sasync-(?:done|update)\(", line):
+    return []
   times = _trips(line, comps) if " while(" in line else 1
   branches = [c.strip().lstrip("%") for group in _BRANCHES.findall(line)
               for c in group.split(",") if c.strip()]
   return [(c, times) for c in _CALLS.findall(line)] + [(c, 1) for c in branches]
 
 
-def _type_bytes(types: str, start: bool) -> int:
-  # Element bytes from the type's bit width (bf16: 2, f32: 4, pred: 1).
-  arrays = [int(re.sub(r"\D", "", dt) or 8) // 8 * math.prod(int(d) for d in dims.split(",") if d)
-            for dt, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", types)]
-  # An async start's result is a tuple (operand, result, context): count the result once.
-  return (max(arrays) if start else sum(arrays)) if arrays else 0
+def _array_bytes(types: str) -> int:
+  """Bytes of every array in an HLO type (element bytes from the bit width: bf16 2, f32 4,
+  pred 1), a tuple's summed."""
+  return sum(int(re.sub(r"\D", "", dt) or 8) // 8 * math.prod(int(d) for d in dims.split(",") if d)
+             for dt, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", types))
+
+
+def _tuple_elements(types: str) -> list[str]:
+  """The top-level elements of a tuple type "(a, (b, c), d)" (layouts {..} left in place)."""
+  parts, depth, start = [], 0, 1
+  for i, ch in enumerate(types):
+    if ch in "({[":
+      depth += 1
+    elif ch in ")}]":
+      depth -= 1
+    elif ch == "," and depth == 1:
+      parts.append(types[start:i])
+      start = i + 1
+  return [*parts, types[start:types.rindex(")")]]
+
+
+def _type_bytes(types: str, kind: str, start: bool) -> int:
+  """The bytes a collective delivers: its result. A combiner may merge several collectives into
+  one over a tuple of arrays: all of them count. An async start's type is its result for an
+  all-reduce, else (operands, results, context...): the second element."""
+  if start and kind != "all-reduce" and types.startswith("("):
+    return _array_bytes(_tuple_elements(types)[1])
+  return _array_bytes(types)
 
 
 def collectives_per_round(hlo: str) -> dict[str, dict[str, int]]:
@@ -167,7 +193,8 @@ def collectives_per_round(hlo: str) -> dict[str, dict[str, int]]:
     for line in comps[name]:
       op = _OP.search(line)
       if op:
-        kind, size = out[op.group(2)], _type_bytes(op.group(1), bool(op.group(3)))
+        kind = out[op.group(2)]
+        size = _type_bytes(op.group(1), op.group(2), bool(op.group(3)))
         kind["count"] += times
         kind["bytes"] += times * size
         kind["largest"] = max(kind["largest"], size)
