@@ -112,7 +112,8 @@ def test_render_only_reproduces_the_committed_results(tmp_path):
   assert "are not in runs/): eval_features-1-v8k_in, eval_features-1-v8k_out," in md
   assert ("| features-1-v8k-long | 37.23 | 1890 | 0.073 | 2.33 ± 0.19 | 2.00 ± 0.08 | "
           "1.20 ± 0.05 | 1.81 | 1.67 | 1.29 |") in md
-  assert "features-1-v8k-long: τ(γ=4, T=1, in) 2.00 (goal ≥ 2.0: met)" in md
+  assert ("features-1-v8k-long: τ(γ=4, T=1, in) 2.00 ± 0.08 (goal ≥ 2.0: met, within 2 SE); out "
+          "of domain 1.20 ± 0.05 (goal ≥ 1.5: not met)") in md
   assert "| vinit-4-v4k | – | – | – | – | – | – | – | – | – |" in md
   assert "(28.3M for smollm2's)" in md
 
