@@ -187,6 +187,10 @@ def test_rsd_render_only_reads_back_and_runs_nothing(tmp_path, monkeypatch):
   # B = 5: SD's best shape is γ = 4; RSD-S's is the width-2 tree that just fits.
   assert ("| 5 | 1.40 ± 0.01 (rsd_s W=2 L=2) | 1.30 ± 0.01 (rsd_c W=3 L=1) | 1.30 ± 0.01 "
           "(spectr W=3 L=1) | 1.40 ± 0.01 (γ=4) | rsd_s | holds |") in md
+  # Each cell is a maximum over shapes: the selection it carries is said, with the counts (SD:
+  # γ = 1, 3 and 4; RSD-S: part (a)'s shape and the two width-2 trees).
+  assert ("within B (at the largest B: rsd_s 3, rsd_c 1, spectr 1, sd 3 shapes): the largest "
+          "of noisy estimates is biased upwards") in md
   assert "(this run's: 1.50–1.50×)" in md
   for name in ("tau_vs_depth.png", "tau_vs_budget.png"):
     assert os.path.getsize(tmp_path / name) > 0

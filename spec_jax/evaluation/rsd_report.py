@@ -274,9 +274,17 @@ def _part_b(config, rows) -> list[str]:
       md.append(f"| {b} | " + " | ".join(cells)
                 + f" | {winner['method'] if winner else '–'} | {verdict} |")
     md.append("")
+  # How many shapes each cell's maximum was taken over, at the largest budget.
+  shapes = {m: max((sum(r["method"] == m and r["dataset"] == d
+                        and r["verifier_tokens_per_call"] <= max(config.budgets) for r in pool)
+                    for d in config.budget_datasets), default=0) for m in methods}
   md += [f"RSD-S has the best τ at {verdicts['holds']} budgets, is within noise of the best "
          f"at {verdicts['within noise']} and behind it beyond noise at "
-         f"{verdicts['does not hold']}. Cells: τ ± standard error (shape).", ""]
+         f"{verdicts['does not hold']}. Cells: τ ± standard error (shape). Each cell is the "
+         "largest τ among its method's shapes within B (at the largest B: "
+         + ", ".join(f"{m} {n}" for m, n in shapes.items()) + " shapes): the largest of noisy "
+         "estimates is biased upwards, more for a method with more shapes, and the verdicts' "
+         "standard errors do not account for that selection.", ""]
   se = [r["tau_se"] for r in pool if r.get("tau_se") is not None
         and r["method"] != "autoregressive"]
   if se:
