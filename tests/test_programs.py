@@ -462,6 +462,10 @@ def test_evaluate_smoke_rows_and_report(tmp_path, monkeypatch):
       assert row["drafter_calls"] == row["verifier_calls"] * row["gamma"]
       if row["temperature"] == 0.0:
         assert row["identical_to_greedy"] is True
+      # Per-prompt counts, for paired comparisons of rows over the same prompts.
+      per_tokens, per_calls = row["prompt_new_tokens"], row["prompt_verifier_calls"]
+      assert len(per_tokens) == len(per_calls) == row["num_prompts"] == 3
+      assert (sum(per_tokens), sum(per_calls)) == (row["new_tokens"], row["verifier_calls"])
   for name in ("results.json", "results.md", "config.json", "tau_vs_gamma.png",
                "speedup_vs_gamma.png"):
     assert (tmp_path / name).stat().st_size > 0, name

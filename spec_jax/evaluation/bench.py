@@ -150,6 +150,8 @@ class Row:
   baseline: str | None = None  # "earlier": that pass is not the one in this row's table
   paired_speedup: float | None = None  # the median of paired_speedups
   paired_speedups: list | None = None  # one per paired pass (Workload.pairs)
+  prompt_new_tokens: list | None = None  # per prompt, in order: paired comparisons of rows
+  prompt_verifier_calls: list | None = None  # (metrics.tau_diff_se)
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -344,5 +346,6 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       relaxed_top_k=decode.relaxed_top_k if rule_name == "top_k_relaxed" else None,
       prompt_widths=work.widths, baseline_tokens_per_s=round(base.tokens_per_s, 2),
       paired_speedup=round(statistics.median(paired), 4) if paired else None,
-      paired_speedups=paired)
+      paired_speedups=paired, prompt_new_tokens=summary["prompt_new_tokens"],
+      prompt_verifier_calls=summary["prompt_verifier_calls"])
   return row, tokens

@@ -55,8 +55,10 @@ def _mode(t: float) -> str:
 
 
 def _z(row, base) -> float:
-  """(τ - τ_base) in combined standard errors (SE over prompts, independent prompts' runs)."""
-  se = np.hypot(row.get("tau_se") or 0.0, base.get("tau_se") or 0.0)
+  """(τ - τ_base) in standard errors of the difference: paired over the prompts both decoded
+  where the rows carry per-prompt counts, else combined as if independent
+  (`metrics.tau_diff_se`)."""
+  se, _ = metrics.tau_diff_se(row, base)
   return (row["block_efficiency"] - base["block_efficiency"]) / max(se, 1e-9)
 
 
@@ -197,9 +199,10 @@ def findings(config, grid) -> list[str]:
     best = best_distilled(grid, t)
     b, g = rows[best], base
     gain = b["block_efficiency"] / g["block_efficiency"] - 1
+    how = "paired over prompts" if metrics.tau_diff_se(b, g)[1] else "combined as if independent"
     out.append(f"- {_mode(t)}: best distilled drafter `{best}` τ = {b['block_efficiency']:.3f} "
                f"vs CE baseline {g['block_efficiency']:.3f} ({gain:+.1%}, {_z(b, g):.1f} "
-               f"combined standard errors); the ≥ {config.goal:.0%} goal is "
+               f"standard errors of the difference, {how}); the ≥ {config.goal:.0%} goal is "
                f"{'met' if gain >= config.goal else 'not met'}. By α (Σ min(p, q) over the SD "
                f"run's positions, less noisy than τ): {b['acceptance_rate']:.3f} vs "
                f"{g['acceptance_rate']:.3f} "

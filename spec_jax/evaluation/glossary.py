@@ -28,6 +28,10 @@ GLOSSARY: dict[str, str] = {
               "delta method, each prompt weighing by its verifier calls; rows written before "
               "2026-11-29 hold the standard error of the per-prompt τ mean instead, which "
               "overstates it where prompts stop early)",
+    "prompt_new_tokens": "tokens emitted for each prompt, in the prompt set's order",
+    "prompt_verifier_calls": "verifier calls for each prompt, in the same order: two rows of "
+                             "one prompt set compare paired over prompts (a difference of τ's "
+                             "standard error from the per-prompt differences)",
     "mean_accepted_tokens": "τ - 1: accepted draft tokens per verifier call, except that a "
                             "last round cut at the token budget or by a stop token inside its "
                             "accepted drafts outputs no bonus token (up to 1/calls lower per "

@@ -80,6 +80,9 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
     per_position_acceptance [accepted_at_i / reached_i for each depth i] (None if never reached)
     candidates_per_call     Σ candidates / verifier_calls (None when stats have no candidates)
     drafts_per_call         Σ drafted / verifier_calls (None when stats have no drafted)
+    prompt_new_tokens       [num_new of each real row], in order
+    prompt_verifier_calls   [verifier calls of each real row], in order (with the above: a
+                            paired comparison of two runs over the same prompts, `tau_diff_se`)
   Ratios without a denominator (no call, no examined draft) are None. Nothing is rounded.
   """
   reals = _reals(outputs, reals)
@@ -105,7 +108,8 @@ def summarize(outputs: Sequence[Any], reals: Sequence[int] | None = None) -> dic
       empirical_acceptance=_ratio(accepted_at.sum(), reached.sum()),
       per_position_acceptance=[_ratio(a, r) for a, r in zip(accepted_at.sum(0),
                                                              reached.sum(0))],
-      candidates_per_call=candidates, drafts_per_call=drafted)
+      candidates_per_call=candidates, drafts_per_call=drafted,
+      prompt_new_tokens=num_new.tolist(), prompt_verifier_calls=calls.tolist())
 
 
 def ratio_se(num: np.ndarray, den: np.ndarray) -> float:
@@ -120,6 +124,41 @@ def ratio_se(num: np.ndarray, den: np.ndarray) -> float:
     return 0.0
   residuals = num - (num.sum() / total) * den
   return float(math.sqrt(n * np.sum(residuals ** 2) / (n - 1)) / total)
+
+
+def _influence(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+  """Each row's linearised contribution to R = Σ num / Σ den (mean zero): (num_i − R·den_i)
+  over the mean den. `ratio_se` is its standard error of the mean."""
+  total = den.sum()
+  return (num - (num.sum() / total) * den) * (len(num) / total)
+
+
+def paired_ratio_diff_se(num_a, den_a, num_b, den_b) -> float:
+  """Standard error of R_a − R_b (R = Σ num / Σ den) when row i of a and row i of b come from
+  the same prompt: the delta method on the per-prompt differences of the two influences, so a
+  prompt that is easy (or hard) for both runs cancels out. Two runs of independent prompts
+  would instead combine their `ratio_se` in quadrature, which overstates the error of a paired
+  difference whenever the prompts' τ are positively correlated across runs."""
+  arrays = [np.asarray(x, np.float64) for x in (num_a, den_a, num_b, den_b)]
+  if len({len(x) for x in arrays}) != 1:
+    raise ValueError(f"paired_ratio_diff_se: both runs need one entry per prompt, got lengths "
+                     f"{[len(x) for x in arrays]}.")
+  n = len(arrays[0])
+  if n < 2 or arrays[1].sum() <= 0 or arrays[3].sum() <= 0:
+    return 0.0
+  diff = _influence(*arrays[:2]) - _influence(*arrays[2:])
+  return float(math.sqrt(np.sum(diff ** 2) / (n * (n - 1))))
+
+
+def tau_diff_se(a: dict, b: dict) -> tuple[float, bool]:
+  """(standard error of τ_a − τ_b, paired?) for two results rows: paired over prompts
+  (`paired_ratio_diff_se`) when both carry prompt_new_tokens / prompt_verifier_calls for the
+  same number of prompts (evaluate's rows of one prompt set do), else their tau_se combined as
+  if independent (rows written before the per-prompt fields; conservative for shared prompts)."""
+  keys = ("prompt_new_tokens", "prompt_verifier_calls")
+  if all(r.get(k) for r in (a, b) for k in keys) and len(a[keys[0]]) == len(b[keys[0]]):
+    return paired_ratio_diff_se(a[keys[0]], a[keys[1]], b[keys[0]], b[keys[1]]), True
+  return float(math.hypot(a.get("tau_se") or 0.0, b.get("tau_se") or 0.0)), False
 
 
 def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int) -> float:

@@ -8,10 +8,9 @@ temperatures) is read from the config or the rows.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-from spec_jax.evaluation import experiment, glossary, tables
+from spec_jax.evaluation import experiment, glossary, metrics, tables
 
 # The paper's claims this experiment checks (Jeon et al. 2024, §5): at a fixed draft length the
 # order RSD-S ≥ RSD-C ≥ SpecTr ≥ SD in τ; at a fixed budget RSD-S is usually the best.
@@ -42,11 +41,12 @@ def best_within_budget(rows, budget: int) -> dict[tuple[str, str], dict]:
 
 def compare(a: dict, b: dict) -> str:
   """'>' when row a's τ exceeds row b's by more than NOISE_SE standard errors of the difference,
-  '<' when it falls short by more, '≈' (within noise) otherwise. The standard errors are over
-  prompts and combined as if independent (both rows decode the same prompts, so this is
-  conservative)."""
+  '<' when it falls short by more, '≈' (within noise) otherwise. Both rows decode the same
+  prompts: the difference's standard error is paired over them where the rows carry per-prompt
+  counts, else their standard errors combined as if independent (conservative;
+  `metrics.tau_diff_se`)."""
   d = a["block_efficiency"] - b["block_efficiency"]
-  se = math.hypot(a.get("tau_se") or 0.0, b.get("tau_se") or 0.0)
+  se, _ = metrics.tau_diff_se(a, b)
   if d > NOISE_SE * se:
     return ">"
   if d < -NOISE_SE * se:
