@@ -108,9 +108,26 @@ def test_paired_tau_difference_se_is_the_spread_of_the_difference_over_prompt_se
   spread = np.std(diffs, ddof=1)
   assert np.mean(paired) == pytest.approx(spread, rel=0.1)
   assert np.mean(independent) > 2.5 * spread
+  # The ratio τ_a / τ_b the same way (BPD's gain over plain BPD): paired, against its spread.
+  ratios, ratio_ses = [], []
+  for _ in range(1000):
+    p = rng.uniform(0.1, 0.9, 40)
+    calls_a, calls_b = rng.integers(10, 31, 40), rng.integers(10, 31, 40)
+    tokens_a = calls_a + rng.binomial(3 * calls_a, p)
+    tokens_b = calls_b + rng.binomial(3 * calls_b, np.minimum(p + 0.05, 1.0))
+    a = dict(prompt_new_tokens=tokens_a.tolist(), prompt_verifier_calls=calls_a.tolist(),
+             block_efficiency=tokens_a.sum() / calls_a.sum())
+    b = dict(prompt_new_tokens=tokens_b.tolist(), prompt_verifier_calls=calls_b.tolist(),
+             block_efficiency=tokens_b.sum() / calls_b.sum())
+    ratios.append(a["block_efficiency"] / b["block_efficiency"])
+    ratio_ses.append(metrics.tau_ratio_se(a, b)[0])
+  assert np.mean(ratio_ses) == pytest.approx(np.std(ratios, ddof=1), rel=0.1)
   # Rows without per-prompt counts (written before them), or of different prompt sets: their
   # standard errors combined as if independent.
   assert metrics.tau_diff_se(dict(tau_se=0.3), dict(tau_se=0.4)) == (pytest.approx(0.5), False)
+  assert metrics.tau_ratio_se(dict(block_efficiency=2.0, tau_se=0.3),
+                              dict(block_efficiency=1.0, tau_se=0.2)) == (
+                                  pytest.approx(2 * np.hypot(0.15, 0.2)), False)
   short = dict(prompt_new_tokens=[3, 4], prompt_verifier_calls=[1, 2], tau_se=0.3)
   assert metrics.tau_diff_se(short, dict(b, tau_se=0.4)) == (pytest.approx(0.5), False)
   with pytest.raises(ValueError, match="one entry per prompt"):

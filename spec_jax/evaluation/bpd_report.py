@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from spec_jax.evaluation import experiment, glossary, tables
+from spec_jax.evaluation import experiment, glossary, metrics, tables
 
 # Decoded BPD methods (evaluate's row names) and the oracle, in table order.
 DECODED = ("bpd", "bpd_tree", "bpd_ngram", "bpd_ngram_beam", "bpd_neural")
@@ -112,17 +112,16 @@ def oracle_row(k: int, stats: dict) -> dict:
 
 
 def add_gains(rows: list[dict]) -> None:
-  """gain_over_bpd (and its standard error, prompts treated as independent between the two
-  runs, which is conservative: both decode the same prompts) on every non-bpd BPD row."""
+  """gain_over_bpd and its standard error on every non-bpd BPD row: paired over the prompts both
+  runs decoded where the rows carry per-prompt counts, else the runs taken as independent
+  (conservative; `metrics.tau_ratio_se`)."""
   plain = {(r["dataset"], r["heads"], r["temperature"]): r for r in rows if r["method"] == "bpd"}
   for r in rows:
     b = plain.get((r["dataset"], r["heads"], r["temperature"]))
     if r["method"] in ("autoregressive", "bpd") or b is None or not b["block_efficiency"]:
       continue
     ratio = r["block_efficiency"] / b["block_efficiency"]
-    rel = math.hypot((r.get("tau_se") or 0.0) / r["block_efficiency"],
-                     (b.get("tau_se") or 0.0) / b["block_efficiency"])
-    r.update(gain_over_bpd=round(ratio - 1, 4), gain_se=round(ratio * rel, 4))
+    r.update(gain_over_bpd=round(ratio - 1, 4), gain_se=round(metrics.tau_ratio_se(r, b)[0], 4))
 
 
 def collect_rows(config, collected, previous: list[dict]) -> tuple[list[dict], list[str]]:

@@ -150,14 +150,39 @@ def paired_ratio_diff_se(num_a, den_a, num_b, den_b) -> float:
   return float(math.sqrt(np.sum(diff ** 2) / (n * (n - 1))))
 
 
+def _paired(a: dict, b: dict):
+  """Both rows' per-prompt (tokens, calls) arrays when they carry them for as many prompts, else
+  None."""
+  keys = ("prompt_new_tokens", "prompt_verifier_calls")
+  if all(r.get(k) for r in (a, b) for k in keys) and len(a[keys[0]]) == len(b[keys[0]]):
+    return [np.asarray(r[k], np.float64) for r in (a, b) for k in keys]
+  return None
+
+
+def tau_ratio_se(a: dict, b: dict) -> tuple[float, bool]:
+  """(standard error of τ_a / τ_b, paired?), as `tau_diff_se`: the delta method on the
+  per-prompt differences of the relative influences when both rows carry per-prompt counts,
+  else the relative standard errors combined in quadrature."""
+  ratio = a["block_efficiency"] / b["block_efficiency"]
+  arrays = _paired(a, b)
+  if arrays is not None and len(arrays[0]) >= 2:
+    rel = (_influence(*arrays[:2]) / a["block_efficiency"]
+           - _influence(*arrays[2:]) / b["block_efficiency"])
+    n = len(rel)
+    return float(ratio * math.sqrt(np.sum(rel ** 2) / (n * (n - 1)))), True
+  rel = math.hypot((a.get("tau_se") or 0.0) / a["block_efficiency"],
+                   (b.get("tau_se") or 0.0) / b["block_efficiency"])
+  return float(ratio * rel), False
+
+
 def tau_diff_se(a: dict, b: dict) -> tuple[float, bool]:
   """(standard error of τ_a − τ_b, paired?) for two results rows: paired over prompts
   (`paired_ratio_diff_se`) when both carry prompt_new_tokens / prompt_verifier_calls for the
   same number of prompts (evaluate's rows of one prompt set do), else their tau_se combined as
   if independent (rows written before the per-prompt fields; conservative for shared prompts)."""
-  keys = ("prompt_new_tokens", "prompt_verifier_calls")
-  if all(r.get(k) for r in (a, b) for k in keys) and len(a[keys[0]]) == len(b[keys[0]]):
-    return paired_ratio_diff_se(a[keys[0]], a[keys[1]], b[keys[0]], b[keys[1]]), True
+  arrays = _paired(a, b)
+  if arrays is not None:
+    return paired_ratio_diff_se(*arrays), True
   return float(math.hypot(a.get("tau_se") or 0.0, b.get("tau_se") or 0.0)), False
 
 
