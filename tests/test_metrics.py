@@ -108,8 +108,9 @@ def test_paired_tau_difference_se_is_the_spread_of_the_difference_over_prompt_se
   spread = np.std(diffs, ddof=1)
   assert np.mean(paired) == pytest.approx(spread, rel=0.1)
   assert np.mean(independent) > 2.5 * spread
-  # The ratio τ_a / τ_b the same way (BPD's gain over plain BPD): paired, against its spread.
-  ratios, ratio_ses = [], []
+  # The ratio τ_a / τ_b the same way (BPD's gain over plain BPD), and (τ_a − 1) / (τ_b − 1)
+  # (steering's): paired, against their spread.
+  ratios, ratio_ses, offset_ratios, offset_ses = [], [], [], []
   for _ in range(1000):
     p = rng.uniform(0.1, 0.9, 40)
     calls_a, calls_b = rng.integers(10, 31, 40), rng.integers(10, 31, 40)
@@ -121,7 +122,11 @@ def test_paired_tau_difference_se_is_the_spread_of_the_difference_over_prompt_se
              block_efficiency=tokens_b.sum() / calls_b.sum())
     ratios.append(a["block_efficiency"] / b["block_efficiency"])
     ratio_ses.append(metrics.tau_ratio_se(a, b)[0])
+    # (τ_a − 1) / (τ_b − 1): the steering report's gain in accepted tokens per call.
+    offset_ratios.append((a["block_efficiency"] - 1) / (b["block_efficiency"] - 1))
+    offset_ses.append(metrics.tau_ratio_se(a, b, offset=1.0)[0])
   assert np.mean(ratio_ses) == pytest.approx(np.std(ratios, ddof=1), rel=0.1)
+  assert np.mean(offset_ses) == pytest.approx(np.std(offset_ratios, ddof=1), rel=0.1)
   # Rows without per-prompt counts (written before them), or of different prompt sets: their
   # standard errors combined as if independent.
   assert metrics.tau_diff_se(dict(tau_se=0.3), dict(tau_se=0.4)) == (pytest.approx(0.5), False)

@@ -159,20 +159,20 @@ def _paired(a: dict, b: dict):
   return None
 
 
-def tau_ratio_se(a: dict, b: dict) -> tuple[float, bool]:
-  """(standard error of τ_a / τ_b, paired?), as `tau_diff_se`: the delta method on the
-  per-prompt differences of the relative influences when both rows carry per-prompt counts,
-  else the relative standard errors combined in quadrature."""
-  ratio = a["block_efficiency"] / b["block_efficiency"]
+def tau_ratio_se(a: dict, b: dict, offset: float = 0.0) -> tuple[float, bool]:
+  """(standard error of (τ_a − offset) / (τ_b − offset), paired?), as `tau_diff_se`: the delta
+  method on the per-prompt differences of the relative influences when both rows carry
+  per-prompt counts, else the relative standard errors combined in quadrature. offset 1: the
+  ratio of accepted tokens per call, τ − 1."""
+  num, den = a["block_efficiency"] - offset, max(b["block_efficiency"] - offset, 1e-9)
+  ratio = num / den
   arrays = _paired(a, b)
   if arrays is not None and len(arrays[0]) >= 2:
-    rel = (_influence(*arrays[:2]) / a["block_efficiency"]
-           - _influence(*arrays[2:]) / b["block_efficiency"])
+    rel = _influence(*arrays[:2]) / num - _influence(*arrays[2:]) / den
     n = len(rel)
-    return float(ratio * math.sqrt(np.sum(rel ** 2) / (n * (n - 1)))), True
-  rel = math.hypot((a.get("tau_se") or 0.0) / a["block_efficiency"],
-                   (b.get("tau_se") or 0.0) / b["block_efficiency"])
-  return float(ratio * rel), False
+    return float(abs(ratio) * math.sqrt(np.sum(rel ** 2) / (n * (n - 1)))), True
+  return float(math.hypot((a.get("tau_se") or 0.0) / den,
+                          ratio * (b.get("tau_se") or 0.0) / den)), False
 
 
 def tau_diff_se(a: dict, b: dict) -> tuple[float, bool]:

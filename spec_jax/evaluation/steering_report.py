@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec_jax.evaluation import experiment
+from spec_jax.evaluation import experiment, metrics
 
 # SD² Table 1 (k = 8 chain, τ with the bonus token, mean over 5 datasets, T = 1 unless noted):
 # pretrained → distilled → steered.
@@ -98,12 +98,10 @@ def render_markdown(config, rows, cost: dict | None, command_line: str,
                   + " | ".join(gains) + " |")
   md += ["", "## Goals", ""]
   for domain, t, g, base, gain, st, b in verdicts:
-    # The gain is R − 1 with R = (τ_st − 1) / (τ_b − 1); the delta method (the two runs taken
-    # as independent, though they decode the same prompts) gives SE(R) = √(se_st² + R² se_b²)
-    # / (τ_b − 1).
-    ratio = gain + 1
-    se = np.hypot(st.get("tau_se") or 0, ratio * (b.get("tau_se") or 0)) / max(
-        b["block_efficiency"] - 1, 1e-9)
+    # The gain is R − 1 with R = (τ_st − 1) / (τ_b − 1): its standard error by the delta
+    # method, paired over the prompts both runs decoded where the rows carry per-prompt counts,
+    # else the runs taken as independent, √(se_st² + R² se_b²) / (τ_b − 1).
+    se, _ = metrics.tau_ratio_se(st, b, offset=1.0)
     if domain == "in" and t == 1.0 and base == "distilled":
       md.append(f"- In domain, T = 1, γ = {g}: steered vs distilled τ − 1 {100 * gain:+.1f}% "
                 f"(± {100 * se:.1f}%); goal ≥ +{100 * GOAL_GAIN:.0f}%: "
