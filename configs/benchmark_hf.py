@@ -10,7 +10,10 @@ the full vocabulary, as transformers' assisted generation needs), both exported 
 directories under the workdir and loaded from there by both systems; 8 Shakespeare test prompts
 of exactly 64 tokens, 64 new tokens each, greedy, EOS stopping off. Rows: transformers greedy
 (batch 1, 8), transformers assisted generation (batch 1; its default schedule and constant γ),
-spec_jax autoregressive and speculative decoding (batch 1, 8). Writes results.json, summary.json
+spec_jax autoregressive and speculative decoding (batch 1, 8). Its default schedule stops drafting
+below an assistant confidence of 0.4; transformers adapts that threshold during a generation only
+when scikit-learn is installed, which requirements-test.txt leaves out, so it stays at 0.4 here
+(`pip install scikit-learn` to measure the adaptive one). Writes results.json, summary.json
 (speedups), results.md, and hf/verifier, hf/drafter.
 Needs torch and transformers (requirements-test.txt). If other jobs share the cores, set
 OMP_WAIT_POLICY=PASSIVE, or torch's spinning threads collapse (1.3 tokens/s instead of 7.8 seen).
