@@ -83,50 +83,47 @@ def test_tau_se_is_the_spread_of_tau_over_repeated_prompt_sets():
   assert metrics.ratio_se([5], [2]) == 0.0 and metrics.ratio_se([4, 6], [2, 3]) == 0.0
 
 
+def _paired_runs(rng) -> tuple[dict, dict]:
+  """Rows of two methods on the same 40 prompts, each prompt with its own difficulty (its
+  acceptance probability, shared by both methods; method b's is 0.3 higher, so τ_a / τ_b ≈ 0.7
+  and (τ_a − 1) / (τ_b − 1) ≈ 0.55: a standard error that drops the ratio's factor is off by
+  far more than the tolerance)."""
+  p = rng.uniform(0.1, 0.6, 40)
+  rows = []
+  for shift in (0.0, 0.3):
+    calls = rng.integers(10, 31, 40)
+    tokens = calls + rng.binomial(3 * calls, np.minimum(p + shift, 1.0))
+    rows.append(dict(prompt_new_tokens=tokens.tolist(), prompt_verifier_calls=calls.tolist(),
+                     block_efficiency=tokens.sum() / calls.sum(),
+                     tau_se=metrics.ratio_se(tokens, calls)))
+  return rows[0], rows[1]
+
+
 def test_paired_tau_difference_se_is_the_spread_of_the_difference_over_prompt_sets():
-  """Two methods on the same 40 prompts, each prompt with its own difficulty (its acceptance
-  probability, shared by both methods; method b a little better): 1,000 prompt sets. The
-  standard deviation of τ_a − τ_b over the sets is what the paired standard error must estimate
-  (within 10%); combining the two runs' tau_se as if independent (the planted estimator, what
-  the reports used before) reads the prompts' difficulty and is over 2.5× too large."""
+  """Two methods on the same prompts (`_paired_runs`), 1,000 prompt sets. The standard deviation
+  of τ_a − τ_b over the sets is what the paired standard error must estimate (within 10%);
+  combining the two runs' tau_se as if independent (the planted estimator, what the reports used
+  before) reads the prompts' difficulty and is over 2× too large. The same for the ratio
+  τ_a / τ_b (BPD's gain over plain BPD) and (τ_a − 1) / (τ_b − 1) (steering's gain)."""
   rng = np.random.default_rng(0)
-  diffs, paired, independent = [], [], []
+  got = {"diff": [], "ratio": [], "offset": []}
+  ses = {"diff": [], "ratio": [], "offset": []}
+  independent = []
   for _ in range(1000):
-    p = rng.uniform(0.1, 0.9, 40)
-    calls_a, calls_b = rng.integers(10, 31, 40), rng.integers(10, 31, 40)
-    tokens_a = calls_a + rng.binomial(3 * calls_a, p)
-    tokens_b = calls_b + rng.binomial(3 * calls_b, np.minimum(p + 0.05, 1.0))
-    diffs.append(tokens_a.sum() / calls_a.sum() - tokens_b.sum() / calls_b.sum())
-    a = dict(prompt_new_tokens=tokens_a.tolist(), prompt_verifier_calls=calls_a.tolist(),
-             tau_se=metrics.ratio_se(tokens_a, calls_a))
-    b = dict(prompt_new_tokens=tokens_b.tolist(), prompt_verifier_calls=calls_b.tolist(),
-             tau_se=metrics.ratio_se(tokens_b, calls_b))
-    se, was_paired = metrics.tau_diff_se(a, b)
-    assert was_paired
-    paired.append(se)
+    a, b = _paired_runs(rng)
+    ta, tb = a["block_efficiency"], b["block_efficiency"]
+    got["diff"].append(ta - tb)
+    got["ratio"].append(ta / tb)
+    got["offset"].append((ta - 1) / (tb - 1))
+    for name, (se, was_paired) in (("diff", metrics.tau_diff_se(a, b)),
+                                   ("ratio", metrics.tau_ratio_se(a, b)),
+                                   ("offset", metrics.tau_ratio_se(a, b, offset=1.0))):
+      assert was_paired
+      ses[name].append(se)
     independent.append(metrics.tau_diff_se(dict(tau_se=a["tau_se"]), b)[0])
-  spread = np.std(diffs, ddof=1)
-  assert np.mean(paired) == pytest.approx(spread, rel=0.1)
-  assert np.mean(independent) > 2.5 * spread
-  # The ratio τ_a / τ_b the same way (BPD's gain over plain BPD), and (τ_a − 1) / (τ_b − 1)
-  # (steering's): paired, against their spread.
-  ratios, ratio_ses, offset_ratios, offset_ses = [], [], [], []
-  for _ in range(1000):
-    p = rng.uniform(0.1, 0.9, 40)
-    calls_a, calls_b = rng.integers(10, 31, 40), rng.integers(10, 31, 40)
-    tokens_a = calls_a + rng.binomial(3 * calls_a, p)
-    tokens_b = calls_b + rng.binomial(3 * calls_b, np.minimum(p + 0.05, 1.0))
-    a = dict(prompt_new_tokens=tokens_a.tolist(), prompt_verifier_calls=calls_a.tolist(),
-             block_efficiency=tokens_a.sum() / calls_a.sum())
-    b = dict(prompt_new_tokens=tokens_b.tolist(), prompt_verifier_calls=calls_b.tolist(),
-             block_efficiency=tokens_b.sum() / calls_b.sum())
-    ratios.append(a["block_efficiency"] / b["block_efficiency"])
-    ratio_ses.append(metrics.tau_ratio_se(a, b)[0])
-    # (τ_a − 1) / (τ_b − 1): the steering report's gain in accepted tokens per call.
-    offset_ratios.append((a["block_efficiency"] - 1) / (b["block_efficiency"] - 1))
-    offset_ses.append(metrics.tau_ratio_se(a, b, offset=1.0)[0])
-  assert np.mean(ratio_ses) == pytest.approx(np.std(ratios, ddof=1), rel=0.1)
-  assert np.mean(offset_ses) == pytest.approx(np.std(offset_ratios, ddof=1), rel=0.1)
+  for name in got:
+    assert np.mean(ses[name]) == pytest.approx(np.std(got[name], ddof=1), rel=0.1), name
+  assert np.mean(independent) > 2 * np.std(got["diff"], ddof=1)
   # Rows without per-prompt counts (written before them), or of different prompt sets: their
   # standard errors combined as if independent.
   assert metrics.tau_diff_se(dict(tau_se=0.3), dict(tau_se=0.4)) == (pytest.approx(0.5), False)

@@ -150,8 +150,8 @@ class Row:
   baseline: str | None = None  # "earlier": that pass is not the one in this row's table
   paired_speedup: float | None = None  # the median of paired_speedups
   paired_speedups: list | None = None  # one per paired pass (Workload.pairs)
-  prompt_new_tokens: list | None = None  # per prompt, in order: paired comparisons of rows
-  prompt_verifier_calls: list | None = None  # (metrics.tau_diff_se)
+  prompt_new_tokens: list | None = None  # per prompt, in order (metrics.tau_diff_se pairs rows)
+  prompt_verifier_calls: list | None = None  # per prompt, in the same order
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)

@@ -13,8 +13,8 @@ ROW_KEYS = ("drafter", "kind", "params_m", "cost_ratio_c", "gamma", "temperature
             "batch_size", "rule", "block_efficiency", "tau_se", "acceptance_rate", "speedup",
             "theoretical_speedup", "verifier_cost_ratio_r", "tokens_per_s", "ar_tokens_per_s",
             "identical_to_greedy", "dataset", "device", "build_s")
-# One colour per kind in the plots.
 NOISE_SE = 2.0  # a goal within this many standard errors of τ is flagged: the run cannot tell
+# One colour per kind in the plots.
 COLOURS = {"scratch": "#1f77b4", "vinit": "#d62728", "features": "#9467bd", "vocab": "#2ca02c"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">")
 
