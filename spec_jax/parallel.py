@@ -317,7 +317,12 @@ def cache_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: Any, mesh: Mesh) -> Any:
-  """Parameters that decode on `mesh`, placed by `decode_param_rule`."""
+  """Parameters that decode on `mesh`, placed by `decode_param_rule`. Multi-host: a process's own
+  copy of a leaf (a loaded checkpoint sits on the process's first device) goes in as host data,
+  which every process holds alike: device_put cannot move a committed array across hosts."""
+  if jax.process_count() > 1:
+    params = jax.tree.map(
+        lambda x: np.asarray(x) if getattr(x, "is_fully_addressable", False) else x, params)
   return jax.device_put(params, decode_param_shardings(mesh, params))
 
 

@@ -105,6 +105,50 @@ def test_two_processes_generate_and_train_like_one(tmp_path):
   assert keys("train2") == keys("train1")
 
 
+def _save_model(path, cfg, params) -> str:
+  """A train_lm-format checkpoint of (cfg, params) with the byte tokenizer, which launch.py's
+  `model.checkpoint` loads."""
+  import types  # noqa: PLC0415
+
+  from spec_jax.data.tokenizer import ByteTokenizer  # noqa: PLC0415
+  from spec_jax.training import checkpoints  # noqa: PLC0415
+  manager = checkpoints.make_manager(str(path), async_save=False)
+  state = types.SimpleNamespace(step=0, params=params, opt_state={})
+  checkpoints.save(manager, 0, state, checkpoints.make_meta(cfg, ByteTokenizer()))
+  manager.wait_until_finished()
+  return str(path)
+
+
+def test_two_processes_decode_speculatively_like_one(tmp_path):
+  """Speculative decoding (chain, γ = 3, T = 1) on a data × tensor mesh over both processes, its
+  verifier and drafter loaded from train_lm checkpoints by each process: the same completions
+  and the same τ per prompt as one process with 8 devices (every device runs the same
+  per-shard program either way, so the draws agree exactly). The models are sharp,
+  context-dependent tiny ones (`testing.tiny_model`) and a perturbed copy that agrees only
+  sometimes; greedy random models loop on one byte, which would hide a broken cache or verdict.
+  A checkpoint restored onto process 0's device, or a process's own copy of the params put on
+  the global mesh as a committed array, fails here (both did)."""
+  from spec_jax import testing  # noqa: PLC0415
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
+  verifier = _save_model(tmp_path / "verifier", v_cfg, v_params)
+  drafter = _save_model(tmp_path / "drafter", v_cfg, testing.perturbed(v_params, 0.3))
+  overrides = {"method": "sd", "gamma": 3, "model.checkpoint": verifier,
+               "drafter.checkpoint": drafter, "mesh.data": -1, "mesh.tensor": 2,
+               "generation.batch_size": 8, "generation.sampling.temperature": 1.0}
+  _run_here("generate", "smoke", tmp_path / "sd1", **overrides)
+  _launch_pair("--config=configs/generate.py:smoke",
+               *(f"--config.{k}={v}" for k, v in overrides.items()),
+               f"--workdir={tmp_path / 'sd2'}")
+  read = lambda d: [json.loads(line) for line in open(tmp_path / d / "generations.jsonl")]  # noqa: E731
+  one, two = read("sd1"), read("sd2")
+  assert [(r["completion"], r["block_efficiency"]) for r in two] == [
+      (r["completion"], r["block_efficiency"]) for r in one]
+  completions = [r["completion"] for r in one]
+  assert len(one) >= 3 and len(set(completions)) == len(completions)  # the prompts' own texts
+  assert all(len(set(c)) > 2 for c in completions)  # not one repeated byte
+  assert any(r["block_efficiency"] > 1.0 for r in one)  # drafts were accepted
+
+
 def test_processes_that_disagree_on_the_config_are_refused(tmp_path):
   outs = _launch_pair("--config=configs/generate.py:smoke", f"--workdir={tmp_path}",
                       extra=((), ("--config.seed=1",)), ok=False, timeout=240)

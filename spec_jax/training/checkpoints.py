@@ -457,7 +457,8 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
   path: a train_lm workdir (newest checkpoint), its `checkpoints/` folder, or a specific
     `checkpoints/<step>` folder.
   model_cfg: if given, the checkpoint's model config must equal it (CheckpointError otherwise).
-  shardings: pytree of Shardings for the params (default: the first device).
+  shardings: pytree of Shardings for the params (default: this process's first device; on
+    several hosts, each process restores its own copy).
 
   The params and meta are verified against the digests recorded when they were saved: a corrupt
   checkpoint is refused (CorruptCheckpointError: its path, step, array and the fix), never loaded
@@ -483,7 +484,7 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
         shapes["out"] = jax.ShapeDtypeStruct((b_cfg.num_heads, b_cfg.d_model, b_cfg.vocab_size),
                                              "float32")
     if shardings is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
       shardings = jax.tree.map(lambda _: device, shapes)
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                             shapes, shardings)
