@@ -316,14 +316,20 @@ def cache_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(None, BATCH_AXES, None, "tensor", None))
 
 
-def place_params(params: Any, mesh: Mesh) -> Any:
-  """Parameters that decode on `mesh`, placed by `decode_param_rule`. Multi-host: a process's own
-  copy of a leaf (a loaded checkpoint sits on the process's first device) goes in as host data,
-  which every process holds alike: device_put cannot move a committed array across hosts."""
+def put(tree: Any, shardings: Any) -> Any:
+  """jax.device_put(tree, shardings) for parameters every process holds alike (loaded from the
+  same checkpoint, or initialised from the same seed). Multi-host: a process's own copy of a
+  leaf (a loaded checkpoint sits on the process's first device) goes in as host data, since
+  device_put cannot move a committed array across hosts."""
   if jax.process_count() > 1:
-    params = jax.tree.map(
-        lambda x: np.asarray(x) if getattr(x, "is_fully_addressable", False) else x, params)
-  return jax.device_put(params, decode_param_shardings(mesh, params))
+    tree = jax.tree.map(
+        lambda x: np.asarray(x) if getattr(x, "is_fully_addressable", False) else x, tree)
+  return jax.device_put(tree, shardings)
+
+
+def place_params(params: Any, mesh: Mesh) -> Any:
+  """Parameters that decode on `mesh`, placed by `decode_param_rule` (`put`)."""
+  return put(params, decode_param_shardings(mesh, params))
 
 
 def constrain_caches(tree: Any, mesh: Mesh | None) -> Any:

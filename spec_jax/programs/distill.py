@@ -326,7 +326,7 @@ def run(config, workdir: str, *, step_hook: Callable[[int], None] | None = None,
   mesh = parallel.make_mesh(config.mesh)
   # The frozen verifier is sharded like any params (it is usually the larger model).
   v_shardings = parallel.param_shardings(mesh, v_params)
-  v_params = jax.device_put(v_params, v_shardings)
+  v_params = parallel.put(v_params, v_shardings)
   logging.info("Distilling %s (%.2fM params) from %s (%.2fM) with %s on %s data.", d_cfg,
                d_cfg.num_params / 1e6, config.verifier.checkpoint or config.verifier.size,
                v_cfg.num_params / 1e6, objective, spec.source)
