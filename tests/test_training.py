@@ -319,6 +319,33 @@ def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
   checkpoints.load_model(os.path.join(workdir, "checkpoints", "1"))
 
 
+def test_a_runtime_failure_while_restoring_does_not_blame_the_files(saved_run, monkeypatch):
+  """A device, memory or cross-process failure during orbax's restore (here a gloo all-gather
+  that lost its peer, as a multi-host load once did) is not corruption: the error says the
+  files were not judged damaged, with no advice to delete them, and a resuming run moves
+  nothing aside. Classifying it as corrupt (the plant: every exception) fails each check."""
+  import orbax.checkpoint as ocp  # noqa: PLC0415
+  workdir = saved_run[0]
+  real = ocp.CheckpointManager.restore
+
+  def flaky(self, step, args=None, **kwargs):
+    if args is not None and "params" in args.keys():
+      raise jax.errors.JaxRuntimeError("UNKNOWN: Gloo AllGather failed: Connection closed by peer")
+    return real(self, step, args=args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", flaky)
+  for load in (lambda: checkpoints.load_model(workdir),
+               lambda: checkpoints.restore_latest(workdir, saved_run[2], skip_corrupt=True)):
+    with pytest.raises(checkpoints.CheckpointError) as e:
+      load()
+    assert not isinstance(e.value, checkpoints.CorruptCheckpointError)
+    assert "Gloo AllGather failed" in str(e.value) and "not judged damaged" in str(e.value)
+    assert "delete" not in str(e.value)
+  assert not os.path.exists(os.path.join(workdir, "checkpoints_corrupt"))
+  monkeypatch.undo()
+  checkpoints.load_model(workdir)  # the same files load
+
+
 # ---------------------------------------------------------------------------------------------
 # Metrics.
 

@@ -99,7 +99,7 @@ def _restore_meta(manager: ocp.CheckpointManager, step: int) -> dict:
     meta = dict(manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))["meta"])
   except Exception as e:  # orbax/tensorstore raise assorted types on bad files
-    raise integrity.unreadable(path, step, e) from e
+    raise integrity.restore_error(path, step, e) from e
   integrity.verify(path, step, meta)
   return meta
 
@@ -181,7 +181,7 @@ def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, mod
         train=ocp.args.StandardRestore({"step": abstract_state.step,
                                         "opt_state": abstract_state.opt_state})))
   except Exception as e:  # orbax/tensorstore raise assorted types on bad files
-    raise integrity.unreadable(path, step, e) from e
+    raise integrity.restore_error(path, step, e) from e
   integrity.verify(path, step, meta, {"params": restored["params"], "train": restored["train"]})
   train = restored["train"]
   state = abstract_state.replace(step=train["step"], params=restored["params"],
@@ -499,7 +499,7 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
       params = manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(abstract)))["params"]
     except Exception as e:
-      raise integrity.unreadable(step_path, step, e) from e
+      raise integrity.restore_error(step_path, step, e) from e
     integrity.verify(step_path, step, meta, {"params": params})
   finally:
     manager.close()

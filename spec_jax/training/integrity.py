@@ -173,6 +173,25 @@ def _array_named(err: Exception) -> str:
   return f"{os.path.basename(base.rstrip('/'))}/{key.rstrip('/')}" if key else ""
 
 
+# Errors of the runtime, not of a checkpoint's files: a device, the memory or the connection
+# between processes failed while the files were being restored.
+RUNTIME_ERRORS = (jax.errors.JaxRuntimeError, MemoryError)
+
+
+def restore_error(path: str, step: int, err: Exception) -> CheckpointError:
+  """The error for a step that orbax could not restore: `unreadable` (corrupt: training sets it
+  aside and resumes from an older step) unless the runtime failed (`RUNTIME_ERRORS`), when the
+  files are not blamed."""
+  if not isinstance(err, RUNTIME_ERRORS):
+    return unreadable(path, step, err)
+  cause = str(err).splitlines()[0] if str(err) else ""
+  return CheckpointError(
+      f"Checkpoint {path} (step {step}) could not be restored: {type(err).__name__}: "
+      f"{cause[:300]}. The runtime failed (a device, the memory or the connection between "
+      "processes), not the checkpoint's files, which were not judged damaged and were left in "
+      "place. Fix the cause and load it again.")
+
+
 def unreadable(path: str, step: int, err: Exception) -> CorruptCheckpointError:
   """The error for a step whose files orbax/tensorstore cannot decode."""
   # tensorstore appends its whole JSON spec (kilobytes) to every error: keep the cause only.
