@@ -138,6 +138,15 @@ DECODE_ROLES = {
     "lm_head": (None, ("fsdp", "tensor")),  # [D, V]
     "embed": (("fsdp", "tensor"), None),    # [V, D]
 }
+# BPD heads (models/bpd_heads.py), stacked on a leading head axis A under a drafter's "heads"
+# key: A over 'tensor', so each device evaluates its own heads (a parallel map over the stack),
+# and D over 'fsdp' like the products above (an own projection's V over 'fsdp', as lm_head's).
+HEAD_ROLES = {
+    "w1": ("tensor", "fsdp", None),   # [A, D, F]
+    "b1": ("tensor", None),           # [A, F]
+    "w2": ("tensor", None, "fsdp"),   # [A, F, D]
+    "out": ("tensor", None, "fsdp"),  # [A, D, V]
+}
 
 
 def decode_param_rule(path_keys: Sequence[str], shape: Sequence[int], fsdp: int,
@@ -150,15 +159,17 @@ def decode_param_rule(path_keys: Sequence[str], shape: Sequence[int], fsdp: int,
   the products `DECODE_ROLES` names put their model-width dim over 'fsdp' and their heads,
   feed-forward or vocabulary dim over 'tensor', and the activations around them are laid out
   to match (`decoding_layout`): each device multiplies by its own shard and only activations
-  cross the mesh. Vectors (norm gains, q/k norms) are replicated, biases split their heads
-  like their kernels; any other parameter follows the training rule. A dim that does not
-  divide over its axis stays whole (one meant for both axes takes 'fsdp' alone if that
-  divides it)."""
+  cross the mesh. Stacked BPD heads split their head axis over 'tensor' (`HEAD_ROLES`).
+  Vectors (norm gains, q/k norms) are replicated, biases split their heads like their kernels;
+  any other parameter follows the training rule. A dim that does not divide over its axis
+  stays whole (one meant for both axes takes 'fsdp' alone if that divides it)."""
   keys = [str(k) for k in path_keys]
   module = keys[-2] if len(keys) >= 2 else ""
   leaf = keys[-1] if keys else ""
   roles = DECODE_ROLES.get(module)
-  if roles is not None and leaf == "bias" and module in ("q", "k", "v", "qkv"):
+  if module == "heads" and leaf in HEAD_ROLES and len(shape) == len(HEAD_ROLES[leaf]):
+    roles = HEAD_ROLES[leaf]
+  elif roles is not None and leaf == "bias" and module in ("q", "k", "v", "qkv"):
     roles = roles[1:]  # [N, H]: split the heads as the kernel does
   elif roles is None or leaf not in ("kernel", "embedding") or len(shape) < len(roles):
     if len(shape) - ("layers" in keys) <= 1:

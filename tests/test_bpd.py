@@ -1,8 +1,8 @@
 """BPD heads (models/bpd_heads.py) and BPD decoding as a drafter (decoding/drafters/bpd.py):
 shapes and the shared projection, zero-initialised heads = the verifier's next-token logits,
 greedy output = verifier greedy at batch > 1, sampling lossless (chi-square, with a planted bug
-that must fail) for chains and for lattice trees of every tree method, heads sharded over a mesh
-= unsharded, bad input."""
+that must fail) for chains and for lattice trees of every tree method, heads split over a mesh
+decode like one device, bad input."""
 
 import dataclasses
 import functools
@@ -74,11 +74,11 @@ def _drafter(num_heads=3, tie=True, seed=1):
   return v_cfg, v_params, drafter, d_params
 
 
-def _run(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0):
+def _run(v_cfg, v_params, drafter, d_params, prompts, sampling, n, seed=0, mesh=None):
   return loop.speculative_generate(
       v_params, d_params, prompts, jax.random.key(seed),
       verifier=verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers), drafter=drafter,
-      sampling=sampling, max_new_tokens=n)
+      sampling=sampling, max_new_tokens=n, mesh=mesh)
 
 
 def test_greedy_bpd_equals_verifier_greedy_at_batch_4():
@@ -172,19 +172,31 @@ def test_sampled_bpd_is_lossless(buggy, sampling):
   assert (p < 1e-4) if buggy else (p > 1e-3)
 
 
-def test_heads_sharded_over_the_mesh_equal_unsharded():
-  """h = 4 heads split over the mesh's tensor axis (2) compute the same logits as on one device."""
+def test_heads_on_a_mesh_split_their_stack_and_decode_like_one_device():
+  """Decoding on a mesh (data 2 x fsdp 2 x tensor 2) places the 4 stacked heads, own projections
+  included, with their head axis over 'tensor' and the model width over 'fsdp'
+  (parallel.HEAD_ROLES), as evaluate and the decoding loop place them: the heads' logits equal
+  one device's, and greedy BPD decoding on the mesh is the verifier's greedy output."""
   v_cfg, v_params = _verifier(vocab=64)
-  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=4, hidden=16)
-  params = _random_heads(cfg, v_cfg, v_params)
+  cfg = bpd_heads.BPDConfig.for_verifier(v_cfg, num_heads=4, hidden=16, own_projection=True)
+  drafter = bpd.BPDDrafter(cfg, v_cfg)
+  d_params = drafter.params(_random_heads(cfg, v_cfg, v_params), v_params)
+  mesh = parallel.make_mesh(dict(data=2, fsdp=2, tensor=2))
+  placed = parallel.place_params(d_params, mesh)
+  spec = jax.sharding.PartitionSpec
+  assert {k: v.sharding.spec for k, v in placed["heads"].items()} == {
+      "w1": spec("tensor", "fsdp", None), "b1": spec("tensor", None),
+      "w2": spec("tensor", None, "fsdp"), "out": spec("tensor", None, "fsdp")}
   x = jax.random.normal(jax.random.key(3), (8, v_cfg.d_model))
-  out = bpd_heads.verifier_output(v_cfg, v_params)
-  want = bpd_heads.head_logits(cfg, params, v_cfg, out, x)
-  mesh = parallel.make_mesh(dict(data=4, fsdp=1, tensor=2))
-  sharded = bpd_heads.shard_params(params, mesh)
-  assert sharded["w1"].sharding.spec == jax.sharding.PartitionSpec("tensor")
-  got = jax.jit(lambda p, x: bpd_heads.head_logits(cfg, p, v_cfg, out, x))(sharded, x)
+  want = _head_logits(cfg, d_params["heads"], v_cfg, d_params["out"], x)
+  got = _head_logits(cfg, placed["heads"], v_cfg, placed["out"], x)
   np.testing.assert_allclose(got, want, atol=1e-5)
+  prompts = generate_lib.pad_prompts(PROMPTS, 8, pad_id=0)
+  ar = generate_lib.generate(v_params, prompts, jax.random.key(0), cfg=v_cfg, sampling=Sampling(),
+                             max_new_tokens=8)
+  out = _run(v_cfg, v_params, drafter, d_params, prompts, Sampling(), 8, mesh=mesh)
+  assert out.new_tokens() == ar.new_tokens()
+  assert len(out.tokens.sharding.device_set) == 8
 
 
 @pytest.mark.parametrize("loss, own, subset", [

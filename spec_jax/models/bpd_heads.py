@@ -12,8 +12,8 @@ t + 1 + k:
 W2 starts at zero, so a fresh head is exactly the verifier's next-token prediction. With
 `own_projection` each head has its own [D, V] projection (initialised from the verifier's) and
 the final norm stays shared. The h heads are one parallel map (`jax.vmap`) over parameters stacked
-on a leading head axis A; on a mesh that axis is sharded over `HEAD_AXIS` (`shard_params`), so
-each device evaluates its own heads (the design card's "pmapped BPD heads", with jit + shardings).
+on a leading head axis A; decoding on a mesh splits that axis over 'tensor'
+(`parallel.HEAD_ROLES`), so each device evaluates its own heads.
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from spec_jax.models import decoder, llama
-
-HEAD_AXIS = "tensor"  # the mesh axis (configs/common.py: mesh) the stacked heads are split over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,17 +165,3 @@ def one_head_logits(cfg: BPDConfig, params, v_cfg, v_out, u: jax.Array, j: int,
     return decoder.output_logits(v_cfg, v_out, u)
   y = decoder.final_norm(v_cfg, v_out, u).astype(jnp.float32)
   return y @ (params["out"][j] if ids is None else jnp.take(params["out"][j], ids, axis=1))
-
-
-def shard_params(params, mesh) -> dict:
-  """The stacked heads placed with their head axis split over HEAD_AXIS (replicated when the
-  axis size does not divide h); None mesh: unchanged."""
-  if mesh is None:
-    return params
-  n = mesh.shape.get(HEAD_AXIS, 1)
-
-  def place(x):
-    spec = P(HEAD_AXIS) if n > 1 and x.shape[0] % n == 0 else P()
-    return jax.device_put(x, NamedSharding(mesh, spec))
-
-  return jax.tree.map(place, params)
