@@ -362,13 +362,6 @@ def constrain_caches(tree: Any, mesh: Mesh | None) -> Any:
   return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, llama.KVCache))
 
 
-def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
-  """Arrays whose leading dim is the batch, constrained to `batch_sharding` (inside jit)."""
-  if mesh is None:
-    return tree
-  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sharding(mesh)), tree)
-
-
 # Activations inside a decoding program on a mesh (`decoding_layout`), by what they are:
 ACTIVATIONS = {
     # the residual stream and the sublayers' inputs [B, T, D]: D over 'fsdp', as every weight
