@@ -149,6 +149,34 @@ def test_two_processes_decode_speculatively_like_one(tmp_path):
   assert any(r["block_efficiency"] > 1.0 for r in one)  # drafts were accepted
 
 
+
+def test_two_processes_evaluate_like_one(tmp_path):
+  """`evaluate` (chain SD, γ = 3, T = 1, batch 4 on data 2 × fsdp 2 × tensor 2) with both models
+  loaded from checkpoints on two processes: the same τ, α and per-prompt counts as one process,
+  results written by process 0 alone, and its table and progress bars shown by process 0 alone
+  (process 1's own timings go to its log)."""
+  from spec_jax import testing  # noqa: PLC0415
+  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
+  verifier = _save_model(tmp_path / "verifier", v_cfg, v_params)
+  drafter = _save_model(tmp_path / "drafter", v_cfg, testing.perturbed(v_params, 0.3))
+  overrides = {"verifier.checkpoint": verifier, "drafter.checkpoint": drafter,
+               "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "eval.methods": ("sd",),
+               "eval.gammas": (3,), "eval.temperatures": (1.0,), "eval.batch_sizes": (4,),
+               "eval.num_prompts": 4}
+  one = _run_here("evaluate", "smoke", tmp_path / "ev1", **overrides)
+  outs = _launch_pair("--config=configs/evaluate.py:smoke",
+                      *(f"--config.{k}={v}".replace(" ", "") for k, v in overrides.items()),
+                      f"--workdir={tmp_path / 'ev2'}")
+  two = json.load(open(tmp_path / "ev2" / "results.json"))
+  same = ("method", "block_efficiency", "acceptance_rate", "per_position_acceptance",
+          "prompt_new_tokens", "prompt_verifier_calls")
+  assert [[r[k] for k in same] for r in two] == [[r[k] for k in same] for r in one]
+  assert any(r["block_efficiency"] > 1.0 for r in one)
+  assert len(open(tmp_path / "ev2" / "rows.jsonl").readlines()) == len(two)  # written once
+  assert "| autoregressive |" in outs[0] and "| autoregressive |" not in outs[1]
+  assert "it/s" in outs[0] and "it/s" not in outs[1]  # progress bars: process 0's alone
+  assert "| autoregressive |" in open(tmp_path / "ev2" / "log.process1.txt").read()
+
 def test_processes_that_disagree_on_the_config_are_refused(tmp_path):
   outs = _launch_pair("--config=configs/generate.py:smoke", f"--workdir={tmp_path}",
                       extra=((), ("--config.seed=1",)), ok=False, timeout=240)

@@ -115,7 +115,8 @@ def analyse(v_params, v_cfg: llama.LlamaConfig, d_params, d_cfg: llama.LlamaConf
   per_row = {name: {k: [] for k in ks} for name in (*RULES, "rho")}
   rng = jax.random.key(seed)
   positions = 0
-  for i, out in enumerate(tqdm.tqdm(outputs, desc=desc, disable=desc is None, leave=False)):
+  quiet = desc is None or jax.process_index() != 0  # one bar: process 0's
+  for i, out in enumerate(tqdm.tqdm(outputs, desc=desc, disable=quiet, leave=False)):
     tokens = np.asarray(out.tokens)
     plens, lens = np.asarray(out.prompt_lengths), np.asarray(out.lengths)
     p_all, q_all = _laws(v_params, d_params, jnp.asarray(tokens), v_cfg=v_cfg, d_cfg=d_cfg)

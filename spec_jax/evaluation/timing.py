@@ -33,6 +33,11 @@ def device_description() -> str:
   return f"{devices[0].device_kind} x{len(devices)}"
 
 
+def _quiet(desc: str | None) -> bool:
+  """No progress bar: none asked for (desc None), or a multi-host process other than 0."""
+  return desc is None or jax.process_index() != 0
+
+
 Clock = Callable[[], float]  # seconds since an arbitrary origin; only differences are read
 
 
@@ -65,7 +70,7 @@ def timed_pass(fn: Callable[..., Any], inputs: Sequence[Any], *, desc: str | Non
   if repeats < 1:
     raise ValueError(f"timing repeats must be >= 1, got {repeats}.")
   outputs, seconds, cpu, wall = [], 0.0, 0.0, 0.0
-  for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=desc is None)):
+  for i, x in enumerate(tqdm.tqdm(inputs, desc=desc, leave=False, disable=_quiet(desc))):
     times = []
     for _ in range(repeats):
       cpu0 = cpu_clock()
@@ -130,7 +135,8 @@ def paired_passes(a: Callable[[Any, int], Any], b: Callable[[Any, int], Any],
   if repeats < 1:
     raise ValueError(f"paired passes need repeats >= 1, got {repeats}.")
   out = []
-  bar = tqdm.tqdm(total=repeats * len(inputs), desc=desc, leave=False, disable=desc is None)
+  bar = tqdm.tqdm(total=repeats * len(inputs), desc=desc, leave=False,
+                  disable=_quiet(desc))
   for k in range(repeats):
     seconds = [0.0, 0.0]
     for i, x in enumerate(inputs):

@@ -332,7 +332,11 @@ def run(config, workdir: str) -> list[dict]:
                and r["batch_size"] == batch_size]
       columns = [c for c in CONSOLE_COLUMNS if c not in ("tree", "paired_speedup")
                  or any(r.get(c) for r in shown)]
-      print(f"\n{label}\n" + tables.markdown_table(shown, columns), flush=True)
+      table = f"\n{label}\n" + tables.markdown_table(shown, columns)
+      if parallel.is_writer():  # multi-host: process 0's rows are the ones written
+        print(table, flush=True)
+      else:  # this process's own timings, in its own log only
+        logging.info("%s", table)
   report.write_results(workdir, rows, echo=config.get("print_json", False))
   report.write_report(workdir, rows, title=config.get("title", "spec_jax evaluation"),
                       config_text=str(config))

@@ -124,7 +124,8 @@ def _sample(generate_fn: Callable, tokenizer, prompts: Sequence[str], max_tokens
   the tokenizer's EOS is left out, as the token stream appends it to every document."""
   from tqdm import tqdm  # noqa: PLC0415
   out = []
-  for i in tqdm(range(0, len(prompts), batch_size), desc=label, leave=False):
+  for i in tqdm(range(0, len(prompts), batch_size), desc=label, leave=False,
+                disable=jax.process_index() != 0):
     batch = list(prompts[i:i + batch_size])
     real = len(batch)
     batch += [batch[-1]] * (batch_size - real)  # one compiled shape for every batch
