@@ -172,6 +172,7 @@ def test_two_processes_evaluate_like_one(tmp_path):
           "prompt_new_tokens", "prompt_verifier_calls")
   assert [[r[k] for k in same] for r in two] == [[r[k] for k in same] for r in one]
   assert any(r["block_efficiency"] > 1.0 for r in one)
+  assert all(r["device"].endswith(" per process, 2 processes") for r in two)
   assert len(open(tmp_path / "ev2" / "rows.jsonl").readlines()) == len(two)  # written once
   assert "| autoregressive |" in outs[0] and "| autoregressive |" not in outs[1]
   assert "it/s" in outs[0] and "it/s" not in outs[1]  # progress bars: process 0's alone

@@ -26,11 +26,16 @@ import tqdm
 
 
 def device_description() -> str:
-  """e.g. 'cpu (2 cores, x86_64)' or 'NVIDIA H100 80GB HBM3 x1'."""
+  """e.g. 'cpu (2 cores, x86_64)' or 'NVIDIA H100 80GB HBM3 x1': this process's devices, and
+  on several processes, how many ('NVIDIA H100 80GB HBM3 x8 per process, 2 processes')."""
   devices = jax.local_devices()
   if devices[0].platform == "cpu":
-    return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
-  return f"{devices[0].device_kind} x{len(devices)}"
+    text = f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+  else:
+    text = f"{devices[0].device_kind} x{len(devices)}"
+  if jax.process_count() > 1:
+    text += f" per process, {jax.process_count()} processes"
+  return text
 
 
 def _quiet(desc: str | None) -> bool:
