@@ -6,7 +6,9 @@ use the byte tokenizer except where BPE behaviour is the point.
 
 import collections
 import os
+import random
 import sys
+import unicodedata
 
 import numpy as np
 import pytest
@@ -321,6 +323,28 @@ def test_errors(root, tmp_path):
   with pytest.raises(ValueError, match=rf"has {n} tokens.*batch_size = 4"):
     pipeline.lm_batches(SHAKES, "validation", tok, seq_len=n // 4, batch_size=4, seed=0,
                         data_dir=root)
+
+
+def test_portable_repr_is_reprs_text_with_unicode_3_2s_printable_characters():
+  """The fingerprint's writing of a token: Python's repr wherever Unicode 3.2 and this interpreter
+  agree on the characters (quotes, backslashes, controls, every plane), and an escape for a
+  character assigned after 3.2 that this interpreter prints, so no Python's Unicode version
+  changes it."""
+  portable = tokenizer_lib._portable_repr  # noqa: SLF001
+  rng = random.Random(0)
+  checked = 0
+  for _ in range(20_000):
+    text = "".join(chr(rng.choice((rng.randrange(0x80), rng.randrange(0x80, 0x3000),
+                                   rng.randrange(0x3000, 0x110000))))
+                   for _ in range(rng.randrange(6)))
+    if all(unicodedata.category(c) == unicodedata.ucd_3_2_0.category(c) for c in text):
+      assert portable(text) == repr(text), ascii(text)
+      checked += 1
+  assert checked > 5_000
+  for text in ("it's", 'say "hi"', "both ' and \"", "back\\slash", "\t\n\r\x00\x7f", "é\xa0\u2028"):
+    assert portable(text) == repr(text)
+  smiley = "\U0001f600"  # Unicode 6.1: printed by repr, escaped here
+  assert repr(smiley) == f"'{smiley}'" and portable(smiley) == "'\\U0001f600'"
 
 
 def test_a_bad_gguf_tokenizer_names_its_path(tmp_path):

@@ -253,10 +253,11 @@ def _lower_for_triton(cfg):
                         decoder.param_shapes(cfg))
   gpu = jax.sharding.AbstractMesh((1,), ("gpu",), abstract_device=jax.sharding.AbstractDevice(
       device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="cuda"))
+  key = jax.random.key(0)  # made outside the abstract mesh, where nothing can run (jax 0.11)
   with jax.sharding.use_abstract_mesh(gpu):
     generate_lib._generate_jit.trace(  # noqa: SLF001
         params, jax.ShapeDtypeStruct((1, 8), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32),
-        jax.random.key(0), cfg=cfg, sampling=Sampling(), max_new_tokens=2, stop_ids=(),
+        key, cfg=cfg, sampling=Sampling(), max_new_tokens=2, stop_ids=(),
         fixed_steps=True).lower(lowering_platforms=("cuda",))
 
 

@@ -41,6 +41,9 @@ def test_tokenizer_matches_hf():
     i += 1
   assert i >= 5
   assert tok.vocab_size == 49152 and tok.eos_id == 0
+  # Checkpoints and token caches are keyed by it (experiments/steering's committed checkpoints
+  # carry it); a byte-level BPE vocabulary's repr is the same under every Python.
+  assert tok.fingerprint == tok.repr_fingerprint == "bcc1f6b63e5e573f"
 
 
 def test_logits_match_hf(smollm2):

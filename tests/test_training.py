@@ -238,6 +238,7 @@ def test_checkpoint_model_mismatch_is_named(saved_run):
 
   class OtherTok:
     name, vocab_size, fingerprint = "other", 300, "other-300"
+    repr_fingerprint = fingerprint
   _, _, meta = checkpoints.load_model(workdir)
   with pytest.raises(checkpoints.CheckpointError, match=r"fingerprint bytes-257.*other-300"):
     checkpoints.check_tokenizer(meta, OtherTok(), workdir)

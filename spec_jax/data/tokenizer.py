@@ -3,9 +3,9 @@ GGUFs, any HF tokenizer directory (tokenizer.json + tokenizer_config.json), and 
 for tests.
 
 Every tokenizer exposes the same small surface (`encode`, `encode_batch`, `decode`, `vocab_size`,
-`eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary: drafter and verifier
-must agree on it; token caches on disk are keyed by `cache_key` (the vocabulary, EOS and chat
-template).
+`eos_id`, `pad_id`, `fingerprint`). `fingerprint` identifies the vocabulary, the same under every
+Python (`HFTokenizer.fingerprint`): drafter and verifier must agree on it; token caches on disk
+are keyed by `cache_key` (the vocabulary, EOS and chat template).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import pathlib
+import unicodedata
 from typing import Protocol, Sequence
 
 import tokenizers
@@ -31,6 +32,8 @@ class Tokenizer(Protocol):
 
   @property
   def fingerprint(self) -> str: ...
+  @property
+  def repr_fingerprint(self) -> str: ...
   def encode(self, text: str) -> list[int]: ...
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
   def decode(self, ids: Sequence[int]) -> str: ...
@@ -76,11 +79,27 @@ class HFTokenizer:
 
   @functools.cached_property
   def fingerprint(self) -> str:
-    vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    """The vocabulary's hash, the same under every Python: the (token, id) list written as
+    `repr` writes it, but with `_portable_repr`'s fixed rule for which characters are escaped."""
+    items = ", ".join(f"({_portable_repr(t)}, {i})" for t, i in self._vocab_items())
+    return self._digest(f"[{items}]")
+
+  @functools.cached_property
+  def repr_fingerprint(self) -> str:
+    """The same hash over Python's own `repr` of the list, which changes with the interpreter's
+    Unicode version wherever a token holds a character assigned in a later version (Gemma's
+    vocabulary does; byte-level BPE vocabularies such as SmolLM2's do not, and there the two
+    are equal). A checkpoint whose metadata carries it loads on the interpreter that wrote it."""
+    return self._digest(repr(self._vocab_items()))
+
+  def _vocab_items(self) -> list[tuple[str, int]]:
+    return sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+
+  def _digest(self, vocab_text: str) -> str:
     # The BOS rule changes every token stream, so token caches keyed by this must differ; without
-    # it the fingerprint is the vocabulary's alone, as before add_bos existed.
+    # it the fingerprint is the vocabulary's alone.
     bos = f"+bos={self.bos_id}" if self.add_bos else ""
-    return hashlib.sha256((repr(vocab) + bos).encode()).hexdigest()[:16]
+    return hashlib.sha256((vocab_text + bos).encode()).hexdigest()[:16]
 
   def _with_bos(self, ids: list[int]) -> list[int]:
     if self.add_bos and ids[:1] != [self.bos_id]:
@@ -420,6 +439,10 @@ class ByteTokenizer:
   stop_ids = (256,)
   fingerprint = "bytes-257"
 
+  @property
+  def repr_fingerprint(self) -> str:
+    return self.fingerprint
+
   def encode(self, text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
@@ -428,6 +451,39 @@ class ByteTokenizer:
 
   def decode(self, ids: Sequence[int]) -> str:
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+# Python's repr leaves a non-ASCII character unescaped when its Unicode category is none of these.
+_ESCAPED_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"))
+_CONTROL_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _portable_repr(text: str) -> str:
+  """`repr(text)` as CPython writes it, except that whether a non-ASCII character is printed or
+  escaped follows Unicode 3.2's categories (`unicodedata.ucd_3_2_0`, the same in every Python)
+  rather than the interpreter's own Unicode version, which grows with each release: a character
+  assigned after 3.2 is always escaped. Equal to `repr` whenever the two databases agree on the
+  text's characters."""
+  quote = '"' if "'" in text and '"' not in text else "'"
+  out = [quote]
+  for ch in text:
+    code = ord(ch)
+    if ch in (quote, "\\"):
+      out.append("\\" + ch)
+    elif ch in _CONTROL_ESCAPES:
+      out.append(_CONTROL_ESCAPES[ch])
+    elif code < 0x20 or code == 0x7f:
+      out.append(f"\\x{code:02x}")
+    elif code < 0x7f or unicodedata.ucd_3_2_0.category(ch) not in _ESCAPED_CATEGORIES:
+      out.append(ch)
+    elif code <= 0xff:
+      out.append(f"\\x{code:02x}")
+    elif code <= 0xffff:
+      out.append(f"\\u{code:04x}")
+    else:
+      out.append(f"\\U{code:08x}")
+  out.append(quote)
+  return "".join(out)
 
 
 def cache_key(tokenizer) -> str:

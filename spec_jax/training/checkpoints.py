@@ -388,7 +388,8 @@ def check_model_config(saved: llama.LlamaConfig, requested: llama.LlamaConfig, p
 def check_tokenizer(meta: dict, tokenizer, path: str) -> None:
   """Raise CheckpointError when a checkpoint was trained with another vocabulary."""
   saved = meta.get("tokenizer", {})
-  if saved.get("fingerprint") != tokenizer.fingerprint:
+  # repr_fingerprint: the interpreter-dependent form a checkpoint may carry (data/tokenizer.py).
+  if saved.get("fingerprint") not in (tokenizer.fingerprint, tokenizer.repr_fingerprint):
     raise CheckpointError(
         f"Checkpoint {path} was trained with tokenizer {saved.get('name')!r} (fingerprint "
         f"{saved.get('fingerprint')}, vocab {saved.get('vocab_size')}) but the requested "
