@@ -1,6 +1,7 @@
 """Shared test set-up: fake CPU devices must be configured before jax is imported anywhere."""
 
 import os
+from importlib import metadata
 
 # The 8 fake devices' collectives rendezvous between threads (cli.set_xla_defaults sizes their
 # thread pool so they cannot deadlock); on 2 oversubscribed cores (two xdist workers plus the
@@ -12,7 +13,10 @@ import os
 # Each program's machine code as one LLVM module instead of parallel split parts: two workers
 # already keep both cores busy, and the split's threads only add overhead (measured 2026-11-28:
 # four decoding loops, two processes at once, 2.8 → 2.2 s of compiling each).
-TEST_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1 "
+# jaxlib 0.11's XLA has only the MLIR emitters and stops at start-up on the flag.
+_CLASSIC_EMITTERS = ("--xla_cpu_use_fusion_emitters=false "
+                     if tuple(map(int, metadata.version("jaxlib").split(".")[:2])) < (0, 11) else "")
+TEST_XLA_FLAGS = (_CLASSIC_EMITTERS + "--xla_cpu_parallel_codegen_split_count=1 "
                   "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + TEST_XLA_FLAGS)
