@@ -332,7 +332,8 @@ def run_all(config, workdir: str, runs: Iterable[Run]) -> Collected:
       continue
     else:
       logging.info("Run %s in %s", run.name, directory)
-      print(f"\n[{run.name}] {directory}", flush=True)
+      if parallel.is_writer():
+        print(f"\n[{run.name}] {directory}", flush=True)
       rows = _execute(run, directory)
     for row in rows:
       row.update(run.tags)
