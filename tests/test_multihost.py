@@ -120,41 +120,16 @@ def _save_model(path, cfg, params) -> str:
 
 
 def test_two_processes_decode_speculatively_like_one(tmp_path):
-  """Speculative decoding (chain, γ = 3, T = 1) on a data × tensor mesh over both processes, its
-  verifier and drafter loaded from train_lm checkpoints by each process: the same completions
-  and the same τ per prompt as one process with 8 devices (every device runs the same
-  per-shard program either way, so the draws agree exactly). The models are sharp,
-  context-dependent tiny ones (`testing.tiny_model`) and a perturbed copy that agrees only
-  sometimes; greedy random models loop on one byte, which would hide a broken cache or verdict.
-  A checkpoint restored onto process 0's device, or a process's own copy of the params put on
-  the global mesh as a committed array, fails here (both did)."""
-  from spec_jax import testing  # noqa: PLC0415
-  v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
-  verifier = _save_model(tmp_path / "verifier", v_cfg, v_params)
-  drafter = _save_model(tmp_path / "drafter", v_cfg, testing.perturbed(v_params, 0.3))
-  overrides = {"method": "sd", "gamma": 3, "model.checkpoint": verifier,
-               "drafter.checkpoint": drafter, "mesh.data": -1, "mesh.tensor": 2,
-               "generation.batch_size": 8, "generation.sampling.temperature": 1.0}
-  _run_here("generate", "smoke", tmp_path / "sd1", **overrides)
-  _launch_pair("--config=configs/generate.py:smoke",
-               *(f"--config.{k}={v}" for k, v in overrides.items()),
-               f"--workdir={tmp_path / 'sd2'}")
-  read = lambda d: [json.loads(line) for line in open(tmp_path / d / "generations.jsonl")]  # noqa: E731
-  one, two = read("sd1"), read("sd2")
-  assert [(r["completion"], r["block_efficiency"]) for r in two] == [
-      (r["completion"], r["block_efficiency"]) for r in one]
-  completions = [r["completion"] for r in one]
-  assert len(one) >= 3 and len(set(completions)) == len(completions)  # the prompts' own texts
-  assert all(len(set(c)) > 2 for c in completions)  # not one repeated byte
-  assert any(r["block_efficiency"] > 1.0 for r in one)  # drafts were accepted
-
-
-
-def test_two_processes_evaluate_like_one(tmp_path):
-  """`evaluate` (chain SD, γ = 3, T = 1, batch 4 on data 2 × fsdp 2 × tensor 2) with both models
-  loaded from checkpoints on two processes: the same τ, α and per-prompt counts as one process,
-  results written by process 0 alone, and its table and progress bars shown by process 0 alone
-  (process 1's own timings go to its log)."""
+  """`evaluate` with chain SD (γ = 3, T = 1, batch 4) on a data 2 × fsdp 2 × tensor 2 mesh over
+  both processes, its verifier and drafter loaded from train_lm checkpoints by each process: the
+  same completions, τ, α and per-prompt counts as one process with 8 devices (every device runs
+  the same per-shard program either way, so the draws agree exactly); rows and texts written by
+  process 0 alone, and its table and progress bars shown by process 0 alone (process 1's own
+  timings go to its log). The models are sharp, context-dependent tiny ones
+  (`testing.tiny_model`) and a perturbed copy that agrees only sometimes; greedy random models
+  loop on one byte, which would hide a broken cache or verdict. A checkpoint restored onto
+  process 0's device, or a process's own copy of the params put on the global mesh as a
+  committed array, fails here (both did)."""
   from spec_jax import testing  # noqa: PLC0415
   v_cfg, v_params = testing.tiny_model(seed=0, sharpness=4.0, context=6.0)
   verifier = _save_model(tmp_path / "verifier", v_cfg, v_params)
@@ -162,7 +137,7 @@ def test_two_processes_evaluate_like_one(tmp_path):
   overrides = {"verifier.checkpoint": verifier, "drafter.checkpoint": drafter,
                "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "eval.methods": ("sd",),
                "eval.gammas": (3,), "eval.temperatures": (1.0,), "eval.batch_sizes": (4,),
-               "eval.num_prompts": 4}
+               "eval.num_prompts": 4, "eval.save_text": True}
   one = _run_here("evaluate", "smoke", tmp_path / "ev1", **overrides)
   outs = _launch_pair("--config=configs/evaluate.py:smoke",
                       *(f"--config.{k}={v}".replace(" ", "") for k, v in overrides.items()),
@@ -171,12 +146,19 @@ def test_two_processes_evaluate_like_one(tmp_path):
   same = ("method", "block_efficiency", "acceptance_rate", "per_position_acceptance",
           "prompt_new_tokens", "prompt_verifier_calls")
   assert [[r[k] for k in same] for r in two] == [[r[k] for k in same] for r in one]
-  assert any(r["block_efficiency"] > 1.0 for r in one)
+  texts = lambda d: [json.loads(line)["completion"]  # noqa: E731
+                     for line in open(tmp_path / d / "texts.jsonl")]
+  assert texts("ev2") == texts("ev1")
+  completions = texts("ev1")
+  assert len(completions) == 4 and len(set(completions)) == 4  # the prompts' own texts
+  assert all(len(set(c)) > 2 for c in completions)  # not one repeated byte
+  assert any(r["block_efficiency"] > 1.0 for r in one)  # drafts were accepted
   assert all(r["device"].endswith(" per process, 2 processes") for r in two)
   assert len(open(tmp_path / "ev2" / "rows.jsonl").readlines()) == len(two)  # written once
   assert "| autoregressive |" in outs[0] and "| autoregressive |" not in outs[1]
   assert "it/s" in outs[0] and "it/s" not in outs[1]  # progress bars: process 0's alone
   assert "| autoregressive |" in open(tmp_path / "ev2" / "log.process1.txt").read()
+
 
 def test_processes_that_disagree_on_the_config_are_refused(tmp_path):
   outs = _launch_pair("--config=configs/generate.py:smoke", f"--workdir={tmp_path}",
