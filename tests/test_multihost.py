@@ -1,7 +1,9 @@
 """Two processes on loopback, 4 fake CPU devices each (`launch.py --distributed` with a local
 coordinator), against one process with 8: the same greedy text from `generate` on a data mesh
-over all 8 devices, and the same trained parameters from `train_lm` (sharded batches, orbax
-checkpoints written by both processes, metrics by process 0 only)."""
+over all 8 devices, the same trained parameters from `train_lm` (sharded batches, orbax
+checkpoints written by both processes, metrics by process 0 only), and the same speculative
+completions and rows from `evaluate` with models loaded from checkpoints (results, texts and the
+console from process 0 only)."""
 
 import json
 import os
