@@ -69,7 +69,8 @@ def test_generate_prompts_file_and_errors(tmp_path):
   config.prompts_file = str(jsonl)
   assert prompts_lib.read_prompts(config, None) == ["a\nb", "c"]
   for text, message in (("\n  \n", "holds no prompts"), ('{"text": "x"}\n', 'string "prompt"'),
-                        ("{oops\n", "line 1 starts with '{' but is not valid JSON")):
+                        ("{oops\n", "line 1 starts with '{' but is not valid JSON"),
+                        ('{"prompt": "a"}\n\n{"prompt": ""}\n', 'line 3: the "prompt" is empty')):
     jsonl.write_text(text)
     with pytest.raises(ValueError, match=message):
       prompts_lib.read_prompts(config, None)

@@ -20,7 +20,8 @@ from spec_jax.data import pipeline
 
 def _read_file(path: str) -> list[str]:
   """Prompts of a file: JSON lines ({"prompt": ...}) or one prompt per line (`\\n` escapes
-  allowed); blank lines skipped. Refuses a missing or empty file, naming prompts_file."""
+  allowed); blank lines skipped. Refuses a missing or empty file and an empty JSON prompt,
+  naming prompts_file."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"prompts_file={path!r} does not exist. Fix: pass a text file with "
                             "one prompt per line, or JSON lines with a \"prompt\" field.")
@@ -39,6 +40,9 @@ def _read_file(path: str) -> list[str]:
         if not isinstance(record.get("prompt"), str):
           raise ValueError(f"prompts_file={path!r} line {number}: a JSON line needs a string "
                            "\"prompt\" field.")
+        if not record["prompt"]:
+          raise ValueError(f"prompts_file={path!r} line {number}: the \"prompt\" is empty. Fix: "
+                           "give it text, or drop the line (blank lines are skipped).")
         out.append(record["prompt"])
       else:
         out.append(line.rstrip("\n").replace("\\n", "\n"))

@@ -80,7 +80,8 @@ def pad_prompts(ids: Sequence[Sequence[int]], max_prompt_tokens: int, pad_id: in
   prompt_buckets). A prompt longer than max_prompt_tokens is an error naming `field`."""
   for i, row in enumerate(ids):
     if len(row) == 0:
-      raise ValueError(f"Prompt {i} is empty: generation needs at least one prompt token.")
+      raise ValueError(f"Prompt {i} is empty: generation needs at least one prompt token. Fix: "
+                       "give it text, or drop it.")
     if len(row) > max_prompt_tokens:
       raise ValueError(
           f"Prompt {i} has {len(row)} tokens but {field}={max_prompt_tokens} (the KV cache holds "
