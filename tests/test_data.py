@@ -345,6 +345,11 @@ def test_portable_repr_is_reprs_text_with_unicode_3_2s_printable_characters():
     assert portable(text) == repr(text)
   smiley = "\U0001f600"  # Unicode 6.1: printed by repr, escaped here
   assert repr(smiley) == f"'{smiley}'" and portable(smiley) == "'\\U0001f600'"
+  # A vocabulary: each token so written (Python's repr for the tokens without such a character).
+  items = [("a", 0), ("it's", 1), ("é", 2), (f"x{smiley}", 3), ("\u0120the", 4)]
+  want = "[" + ", ".join(f"({portable(t)}, {i})" for t, i in items) + "]"
+  assert tokenizer_lib._portable_list_repr(items) == want != repr(items)  # noqa: SLF001
+  assert tokenizer_lib._portable_list_repr(items[:3]) == repr(items[:3])  # noqa: SLF001
 
 
 def test_a_bad_gguf_tokenizer_names_its_path(tmp_path):

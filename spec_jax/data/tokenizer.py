@@ -81,8 +81,7 @@ class HFTokenizer:
   def fingerprint(self) -> str:
     """The vocabulary's hash, the same under every Python: the (token, id) list written as
     `repr` writes it, but with `_portable_repr`'s fixed rule for which characters are escaped."""
-    items = ", ".join(f"({_portable_repr(t)}, {i})" for t, i in self._vocab_items())
-    return self._digest(f"[{items}]")
+    return self._digest(_portable_list_repr(self._vocab_items()))
 
   @functools.cached_property
   def repr_fingerprint(self) -> str:
@@ -456,6 +455,7 @@ class ByteTokenizer:
 # Python's repr leaves a non-ASCII character unescaped when its Unicode category is none of these.
 _ESCAPED_CATEGORIES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"))
 _CONTROL_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_ucd_category = unicodedata.ucd_3_2_0.category  # the same database in every Python
 
 
 def _portable_repr(text: str) -> str:
@@ -474,7 +474,7 @@ def _portable_repr(text: str) -> str:
       out.append(_CONTROL_ESCAPES[ch])
     elif code < 0x20 or code == 0x7f:
       out.append(f"\\x{code:02x}")
-    elif code < 0x7f or unicodedata.ucd_3_2_0.category(ch) not in _ESCAPED_CATEGORIES:
+    elif code < 0x7f or _ucd_category(ch) not in _ESCAPED_CATEGORIES:
       out.append(ch)
     elif code <= 0xff:
       out.append(f"\\x{code:02x}")
@@ -484,6 +484,18 @@ def _portable_repr(text: str) -> str:
       out.append(f"\\U{code:08x}")
   out.append(quote)
   return "".join(out)
+
+
+def _portable_list_repr(items: list[tuple[str, int]]) -> str:
+  """repr(items) with every token written by `_portable_repr`: Python's own repr of a token
+  except where the token holds a character the two Unicode databases disagree on."""
+  chars = set("".join(token for token, _ in items))
+  differ = {ch for ch in chars
+            if ord(ch) > 0x7f and ch.isprintable() == (_ucd_category(ch) in _ESCAPED_CATEGORIES)}
+  if not differ:
+    return repr(items)
+  return "[" + ", ".join(f"({_portable_repr(t) if differ.intersection(t) else repr(t)}, {i})"
+                         for t, i in items) + "]"
 
 
 def cache_key(tokenizer) -> str:
