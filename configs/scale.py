@@ -30,13 +30,13 @@ Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype,
 ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
 model "theory" rows). experiments/scale/results.md collects them, one table per device kind.
 Time: 1B on 2 CPU cores, 2–3 min each (estimated; 4.9 GB of float32 weights, ~0.2 s a step);
-on one H200, 40–50 s per preset and program, mostly compiling.
-Reference numbers (experiments/scale/results.md, one H200): Llama 3.1 8B batch 1 decode step
-5.66 ms with its weight products on cuBLAS (the launcher's GPU default, `cli.XLA_DEFAULTS`),
-1.46× the roofline of the run's own read (the weights it reads: all but the gathered input
-embedding; the issue's target: ≤ 1.3×), 11.66 ms with Triton
-GEMM fusions; batch 32 throughput 27× batch 1 (target ≥ 20×; measured under Triton); the
-135M-shape step 1.41 ms in float32, 10× its roofline, 1.22 ms `fused` (target ≤ 3×).
+on one H200, 10–25 s per preset and program (the written-out 8B: ~60 s).
+Reference numbers (experiments/scale/results.md, one H200, weight products on cuBLAS, the
+launcher's GPU default `cli.XLA_DEFAULTS`): Llama 3.1 8B batch 1 decode step 5.65 ms, 1.49× the
+roofline of the run's own read (the weights it reads: all but the gathered input embedding),
+5.09 ms `fused,unrolled` (1.35×; the issue's target: ≤ 1.3×), 11.66 ms with Triton GEMM fusions;
+batch 32 throughput 26× batch 1 (target ≥ 20×); the 135M-shape float32 step 1.70 ms `fused`
+(13× its roofline), 1.40 ms `fused,attn_kernel` (10×), 1.87 ms `pallas` (target ≤ 3×).
 On 2 CPU cores the 1B decode step takes 285 ms scanned, 127 ms `unrolled` and 96 ms `fused`
 and `unrolled` (the same model; experiments/scale/results.md, "the layouts").
 """

@@ -6,18 +6,17 @@
 #       (8B, batch 1) fused and unrolled, r(T) and the one-block feature drafter's c for Llama 3.1
 #       8B, the headline steps with Triton's GEMM fusions (the earlier default), then the other
 #       presets (experiments/scale/gpu_cublas/<run>/);
-#   bash experiments/scale/gpu.sh bars      the issue's GPU bars first, each beside its baseline
-#       in the same run, batch 1: the 135M shape's float32 step on the hand-written kernels
-#       (configs/scale.py `pallas`) beside XLA's fused layers, the 8B step fused with the
-#       attention kernel (`attn_kernel`), scanned and unrolled, and fused and unrolled without
-#       it, beside the default, the 135M step fused with the attention kernel, then the
-#       kernels' tile sweep (experiments/scale/pallas_tiles.py, within the time left)
+#   bash experiments/scale/gpu.sh bars      the issue's GPU bars, each beside its baseline in the
+#       same run: the 135M shape's float32 step fused with the attention kernel (its fastest,
+#       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
+#       default) and on XLA's Triton fusions, beside the fused step; the 8B step fused and
+#       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it
+#       (experiments/scale/gpu_bars2/<run>/);
+#   bash experiments/scale/gpu.sh kernels   the hand-written kernels (configs/scale.py `pallas`)
+#       and the attention kernel (`attn_kernel`) beside XLA's layers for the 135M, 8B and Gemma 3
+#       1B shapes, the 8B default and two layouts at batch 1, 8 and 32, then the kernels' tile
+#       sweeps (experiments/scale/pallas_tiles.py, within the time left)
 #       (experiments/scale/gpu_bars/<run>/);
-#   bash experiments/scale/gpu.sh bars2     the rest of the bars: the 8B step on the kernels, the
-#       135M bfloat16 step on the kernels and on XLA's fused layers, the 8B step at batch 1, 8
-#       and 32 (the throughput bar) by default and fused with the attention kernel, the 135M
-#       kernels at batch 8 and 32, Gemma 3 1B fused, on the kernels and with the attention
-#       kernel, then the 8B shape's three layouts in one process (gpu_bars/ too);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -108,38 +107,62 @@ W_BARS=experiments/scale/gpu_bars
 B1=gpu,batch_sizes=1
 SMOL_F=(--config.model.size=smollm2-135m:fused=1)
 SMOL_P=(--config.model.size=smollm2-135m:fused=1:pallas=1)
+SMOL_A=(--config.model.size=smollm2-135m:fused=1:attn_kernel=1)
 if [ "${1:-presets}" = bars ]; then
+  # The bars' best layouts of 2026-11-30 (results.md, "the bars") again, each beside what it
+  # replaces in the same run, and the one lead left for the 135M step: its weight products on
+  # cuBLAS (the launcher's default) against XLA's Triton fusions (its 1.22 ms fused step of
+  # 2026-11-28 ran under them; 1.70 ms on cuBLAS). Rows in gpu_bars2/ (gpu_bars/ holds the
+  # kernels mode's, 2026-11-30).
+  W=experiments/scale/gpu_bars2
+  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" "${SMOL_A[@]}"
+  XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-attn-triton $B1,dtype=float32 "${SMOL[@]}" \
+      "${SMOL_A[@]}"
+  step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
+  XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-triton $B1,dtype=float32 "${SMOL[@]}" \
+      "${SMOL_F[@]}"
+  # Written out: one CUDA graph a step and 417 kernels against 537 (kernels.json).
+  step smollm2-135m-f32-fused-unrolled-attn $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
+  XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-unrolled-attn-triton $B1,dtype=float32 \
+      "${SMOL[@]}" --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
+  # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
+  step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
+  step llama3.1-8b $B1,preset=llama3.1-8b
+  # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
+  XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
+  step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
+elif [ "${1:-presets}" = kernels ]; then
+  # The hand-written kernels (`pallas`) and the attention kernel (`attn_kernel`) beside XLA's
+  # layers, batch 1 unless named: measured 2026-11-30 (results.md, "the bars").
   W=$W_BARS
   step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
   step smollm2-135m-f32-pallas $B1,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
-  step llama3.1-8b $B1,preset=llama3.1-8b
-  # XLA's layers (products on cuBLAS) with one attention kernel a layer: 539 and 438 kernels a
-  # step against 666 and 563 without (experiments/scale/kernels.json).
-  step llama3.1-8b-fused-attn $B1,preset=llama3.1-8b,fused,attn_kernel
+  # The default at batch 1, 8 and 32: the batch-1 baseline and the throughput bar in one run.
+  step llama3.1-8b-batches gpu,preset=llama3.1-8b
+  # XLA's layers (products on cuBLAS) with one attention kernel a layer: 438 and 539 kernels a
+  # step against 563 and 666 without (experiments/scale/kernels.json).
   step llama3.1-8b-fused-unrolled-attn $B1,preset=llama3.1-8b,fused,unrolled,attn_kernel
+  step llama3.1-8b-fused-attn $B1,preset=llama3.1-8b,fused,attn_kernel
   step llama3.1-8b-fused-unrolled $B1,preset=llama3.1-8b,fused,unrolled
-  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:fused=1:attn_kernel=1
-  left=$((540 - SECONDS))
-  echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
-  if [ "$left" -ge 60 ] && [ -z "${LIST:-}" ]; then
-    timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --out "$W/pallas-tiles" \
-        --budget_s "$((left - 40))" >>"$LOG" 2>&1
-    echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
-  fi
-elif [ "${1:-presets}" = bars2 ]; then
-  W=$W_BARS
+  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" "${SMOL_A[@]}"
   step llama3.1-8b-pallas $B1,preset=llama3.1-8b,pallas
   step smollm2-135m-pallas $B1 "${SMOL[@]}" "${SMOL_P[@]}"
   step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"
-  step llama3.1-8b-batches gpu,preset=llama3.1-8b
   step llama3.1-8b-fused-attn-batches gpu,preset=llama3.1-8b,fused,attn_kernel
   step smollm2-135m-f32-pallas-batches gpu,dtype=float32 "${SMOL[@]}" "${SMOL_P[@]}"
   step gemma3-1b-fused $B1,preset=gemma3-1b,fused
   step gemma3-1b-pallas $B1,preset=gemma3-1b,pallas
   step gemma3-1b-fused-attn $B1,preset=gemma3-1b,fused,attn_kernel
-  # The 8B shape's XLA fused layers, with the attention kernel and on the kernels, in one
-  # process, each checked against XLA's greedy tokens.
+  # The kernels' tiles (135M, float32), then the 8B shape's XLA fused layers, with the attention
+  # kernel and on the kernels, in one process, each checked against XLA's greedy tokens.
+  left=$((540 - SECONDS))
+  echo "== pallas-tiles (t=${SECONDS}s)" >>"$LOG"
+  if [ "$left" -ge 60 ] && [ -z "${LIST:-}" ]; then
+    timeout -k 5 "$((left / 2))" python3 experiments/scale/pallas_tiles.py \
+        --out "$W/pallas-tiles" --budget_s "$((left / 2 - 30))" >>"$LOG" 2>&1
+    echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  fi
   left=$((540 - SECONDS))
   echo "== pallas-tiles-8b (t=${SECONDS}s)" >>"$LOG"
   if [ "$left" -ge 90 ] && [ -z "${LIST:-}" ]; then
