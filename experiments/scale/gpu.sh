@@ -126,6 +126,10 @@ if [ "${1:-presets}" = bars ]; then
       --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-unrolled-attn-triton $B1,dtype=float32 \
       "${SMOL[@]}" --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
+  # In bfloat16 the attention kernel slowed the 8B step and the hand-written layers the 135M
+  # step: the 135M shape in bfloat16, fused, with and without it, tells dtype from shape.
+  step smollm2-135m-fused-attn $B1 "${SMOL[@]}" "${SMOL_A[@]}"
+  step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"
   # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
   step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
   step llama3.1-8b $B1,preset=llama3.1-8b
