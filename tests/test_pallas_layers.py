@@ -163,6 +163,28 @@ def test_attention_split_over_programs_equals_xla_layers(monkeypatch):
   assert max(diffs.values()) < 2e-5, diffs
 
 
+def test_narrow_column_blocks_equal_xla_layers(monkeypatch):
+  """Two output columns a program (`Tiles.columns`, under a 32-byte sector of a weight row):
+  every product and every q/k/v half spread over more programs, with masked edges at the odd
+  widths, q/k norm and bias: still XLA's layers. A width no power of two is refused."""
+  overrides, b, t, tree = CASES["odd-widths-qk-norm-bias"]
+  cfg, params = _model(**overrides)
+  kernels = dataclasses.replace(cfg, pallas=True)
+  cache = L.init_cache(cfg, b, S)
+
+  def program():
+    return str(jax.jit(decoder.make_apply(kernels)).trace(params, *_call(b, t, tree)[:2], cache,
+                                                          *_call(b, t, tree)[2:]).jaxpr)
+
+  assert "grid=(6, 1)" in program()  # the down product: 48 columns, 8 a program
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(columns=2))
+  assert "grid=(24, 1)" in program()  # 2 a program
+  diffs = _max_differences(cfg, params, b, t, tree)
+  assert max(diffs.values()) < 2e-5, diffs
+  with pytest.raises(ValueError, match="columns=3"):
+    pallas_attention.Tiles(columns=3)
+
+
 def test_a_tile_setting_set_between_programs_is_traced_anew(monkeypatch):
   """A sweep sets `pallas_attention.TILES` between programs (experiments/scale/pallas_tiles.py):
   a program traced after the change cuts its kernels the new way, though the model's forward of

@@ -10,8 +10,9 @@
 #       same run: the 135M shape's float32 step fused with the attention kernel (its fastest,
 #       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
 #       default) and on XLA's Triton fusions, beside the fused step; the 8B step fused and
-#       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it
-#       (experiments/scale/gpu_bars2/<run>/);
+#       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it,
+#       then the hand-written kernels with narrower column blocks (`Tiles.columns`) in float32
+#       and bfloat16 (experiments/scale/gpu_bars2/<run>/);
 #   bash experiments/scale/gpu.sh kernels   the hand-written kernels (configs/scale.py `pallas`)
 #       and the attention kernel (`attn_kernel`) beside XLA's layers for the 135M, 8B and Gemma 3
 #       1B shapes, the 8B default and two layouts at batch 1, 8 and 32, then the kernels' tile
@@ -136,6 +137,20 @@ if [ "${1:-presets}" = bars ]; then
   # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
   XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
   step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
+  # The hand-written products with more, narrower programs (`Tiles.columns`): whether a
+  # product kernel is short of programs (72 for the 135M down product in float32, 36 in
+  # bfloat16), in both dtypes.
+  for dt in float32 bfloat16; do
+    left=$((520 - SECONDS))
+    echo "== pallas-columns-$dt (t=${SECONDS}s)" >>"$LOG"
+    if [ "$left" -ge 40 ] && [ -z "${LIST:-}" ]; then
+      timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --dtype "$dt" \
+          --settings default,columns=4,columns=2,columns=1 --out "$W/pallas-columns-$dt" \
+          --budget_s "$((left - 25))" >>"$LOG" 2>&1
+      echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+      tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
+    fi
+  done
 elif [ "${1:-presets}" = kernels ]; then
   # The hand-written kernels (`pallas`) and the attention kernel (`attn_kernel`) beside XLA's
   # layers, batch 1 unless named: measured 2026-11-30 (results.md, "the bars").

@@ -51,13 +51,22 @@ class Tiles:
   rows: rows (tokens) a program takes at once.
   split: cache slots an attention program reads at most: a longer cache is split over
     programs (flash decoding), combined by the o-product kernel (or by XLA, `attention`).
-  num_warps, num_stages: Triton's, per kernel."""
+  num_warps, num_stages: Triton's, per kernel.
+  columns: the fewest output columns a product's program owns; 0: one 32-byte memory sector of
+    each weight row (8 float32 or 16 bfloat16 columns). Fewer (a power of two) gives a narrow
+    product more programs, each reading part of a sector of every row."""
   tile: int = 8192
   programs: int = 256
   rows: int = 16
   split: int = 256
   num_warps: int = 4
   num_stages: int = 2
+  columns: int = 0
+
+  def __post_init__(self):
+    if self.columns < 0 or self.columns & (self.columns - 1):
+      raise ValueError(f"Tiles.columns={self.columns}: Triton's blocks are powers of two; "
+                       "use 0 (one 32-byte sector), 1, 2, 4, 8, ...")
 
 
 # The tiles every call uses (read when a program is traced).

@@ -75,14 +75,20 @@ def unsupported(cfg) -> str | None:
   return None
 
 
-def _column_block(n: int, programs: int, itemsize: int) -> int:
-  """Output columns a program owns: the widest of 64, 32, 16, 8 that still gives `programs`
-  programs, else the narrowest whose weight-row segments fill a 32-byte memory sector."""
-  narrowest = max(8, 32 // itemsize)
-  for block in (64, 32, 16):
-    if block > narrowest and n % block == 0 and n // block >= programs:
+def _column_block(n: int, tiles, itemsize: int) -> int:
+  """Output columns a program owns: the widest power of two up to 64 that still gives
+  `tiles.programs` programs, else the narrowest (`_narrowest`)."""
+  narrowest = _narrowest(tiles, itemsize)
+  for block in (64, 32, 16, 8, 4, 2):
+    if block > narrowest and n % block == 0 and n // block >= tiles.programs:
       return block
   return narrowest
+
+
+def _narrowest(tiles, itemsize: int) -> int:
+  """The fewest columns a program owns: `tiles.columns`, or those whose segments of a weight row
+  fill a 32-byte memory sector."""
+  return tiles.columns or max(8, 32 // itemsize)
 
 
 def _rms(sumsq, width: int, eps: float):
@@ -408,8 +414,8 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
   stream_shape = jax.ShapeDtypeStruct((n_rows, d), dtype)
   h2 = head_dim // 2
   # Each half's columns a program owns: split until there are tiles.programs programs, down to
-  # 32-byte segments of each weight row (one memory sector).
-  bh, narrowest = h2, max(8, 32 // dtype.itemsize)
+  # `_narrowest` columns (by default a 32-byte segment of each weight row: one memory sector).
+  bh, narrowest = h2, _narrowest(tiles, dtype.itemsize)
   while not cfg.qk_norm and bh > narrowest and h2 % (bh // 2) == 0 \
       and (n + 2 * k_heads) * (h2 // bh) < tiles.programs:
     bh //= 2
@@ -437,7 +443,7 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 name="attention")
 
   def product(width, n_out):
-    bn = _column_block(n_out, tiles.programs, dtype.itemsize)
+    bn = _column_block(n_out, tiles, dtype.itemsize)
     bk = divisor_block(width, tiles.tile // (br * bn))
     return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
                                   dtype=dtype, residual=not post),
@@ -445,14 +451,14 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                 out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product")
 
   down_product = product(d_ff, d)
-  o_bn = _column_block(d, tiles.programs, dtype.itemsize)
+  o_bn = _column_block(d, tiles, dtype.itemsize)
   o_product = call(
       functools.partial(_attention_out_kernel, n_rows=n_rows, br=br, bn=o_bn, head_dim=head_dim,
                         bk=divisor_block(head_dim, tiles.tile // (br * o_bn)), dtype=dtype,
                         residual=not post),
       grid=(pl.cdiv(d, o_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d), dtype),
       name="attention_out")
-  mlp_bn = _column_block(d_ff, tiles.programs, dtype.itemsize)
+  mlp_bn = _column_block(d_ff, tiles, dtype.itemsize)
   mlp_in = call(
       functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=post,
                         bk=divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn),
