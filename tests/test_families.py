@@ -79,10 +79,13 @@ def _hf_logits(model, ids):
     return model(torch.tensor(ids)).logits.numpy()
 
 
-def _logits(cfg, params, ids):
+def _logits(cfg, params, ids, cached=False):
+  """Logits of one forward over ids; cached: as a decoding call, writing an empty cache (its
+  norms' row scaling deferred past the products, `layers.RMSNorm`)."""
   ids = jnp.asarray(ids)
+  cache = layers.init_cache(cfg, ids.shape[0], ids.shape[1]) if cached else None
   return np.asarray(jax.jit(llama.make_apply(cfg))(
-      params, ids, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))[0])
+      params, ids, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape), cache)[0])
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -102,6 +105,8 @@ def test_import_matches_transformers(imported):
   assert isinstance(cfg, gemma.GemmaConfig) == case.startswith("gemma")
   ids = np.random.default_rng(0).integers(0, VOCAB, (2, PROMPT_LEN + NEW))
   np.testing.assert_allclose(_logits(cfg, params, ids), _hf_logits(model, ids), atol=2e-5)
+  np.testing.assert_allclose(_logits(cfg, params, ids, cached=True), _hf_logits(model, ids),
+                             atol=2e-5)
   # Greedy with the cache (windows cut in after 4-5 tokens): transformers' generate, EOS off.
   prompts = ids[:, :PROMPT_LEN]
   model.generation_config.eos_token_id = None

@@ -80,11 +80,13 @@ class Block(nn.Module):
     steer = steer or {}
     norm = lambda name: L.RMSNorm(cfg.norm_eps, cfg.param_dtype, 1.0, name=name)  # noqa: E731
     residual_in = x
-    h, new_kv = L.Attention(cfg, name="attn")(norm("attn_norm")(x), layer_cache, positions,
-                                              mask_old, mask_new, freq, window, key_pos)
+    # Decoding calls (a cache) defer the pre-norms' row scaling past the products (`L.RMSNorm`).
+    decoding = layer_cache is not None
+    h, new_kv = L.Attention(cfg, name="attn")(
+        L.pre_norm(norm("attn_norm"), x, decoding and not cfg.qkv_bias), layer_cache, positions,
+        mask_old, mask_new, freq, window, key_pos)
     x = x + norm("post_attn_norm")(h)
-    h = norm("mlp_norm")(x)
-    gate, up = L.gate_up(cfg, h)
+    gate, up = L.gate_up(cfg, L.pre_norm(norm("mlp_norm"), x, decoding))
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
     h = L.dense(cfg, cfg.d_model, "down")(jax.nn.gelu(gate, approximate=True) * up)

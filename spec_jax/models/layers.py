@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from typing import NamedTuple
 
@@ -165,20 +166,58 @@ class RMSNorm(nn.Module):
   offset: float = 0.0
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, deferred: bool = False):
+    """The normed rows in x's dtype; deferred: (x · gain in x's dtype, 1/rms(x) f32[..., 1]),
+    for a product without bias that follows: product(x · gain) · (1/rms) is the product of the
+    normed rows, with the row scaling applied to the product's output where its consumer reads
+    it (`Scaled`) instead of in a pass of its own over x. On a GPU that is one kernel a norm
+    fewer: the gain rides in the same pass as the sum of squares (experiments/scale/results.md,
+    "the norms' row scale")."""
     init = nn.initializers.zeros if self.offset else nn.initializers.ones
     scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     gain = scale.astype(jnp.float32)
     if self.offset:
       gain = gain + self.offset
-    return (y * gain).astype(x.dtype)
+    if deferred:
+      return Scaled((x32 * gain).astype(x.dtype), inv)
+    return (x32 * inv * gain).astype(x.dtype)
+
+
+class Scaled(NamedTuple):
+  """Rows whose RMSNorm scaling is deferred past the product that reads them (`RMSNorm`):
+  x[..., D] (x · gain) and inv f32[..., 1]."""
+  x: jax.Array
+  inv: jax.Array
+
+
+def pre_norm(norm: "RMSNorm", x: jax.Array, deferred: bool):
+  """A block's norm before its products: `Scaled` rows when `deferred` (the blocks defer it in
+  decoding calls, where a step's kernels count; training keeps the normed rows and their
+  rounding), else the normed rows."""
+  return norm(x, deferred=True) if deferred else norm(x)
 
 
 def dense(cfg, features, name, use_bias=False):
   return nn.DenseGeneral(features, use_bias=use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                          kernel_init=nn.initializers.normal(0.02), name=name)
+
+
+def scaled_product(cfg, features, name, x, use_bias=False):
+  """dense(features)(x) of normed rows x (an array) or of `Scaled` rows: then the product of
+  x · gain times 1/rms per row, in float32, rounded to cfg.dtype (in bfloat16 a rounding more
+  than the normed rows' product: the product's own output. Asking the product for float32
+  output instead makes XLA's GPU compiler convert the bfloat16 weights to float32 every call).
+  A bias, which the row scaling must not touch, is refused: `pre_norm` keeps such products on
+  normed rows."""
+  if not isinstance(x, Scaled):
+    return dense(cfg, features, name, use_bias)(x)
+  if use_bias:
+    raise ValueError(f"{name}: a product with a bias needs normed rows, not Scaled ones.")
+  y = dense(cfg, features, name)(x.x).astype(jnp.float32)
+  inv = x.inv.reshape(x.inv.shape + (1,) * (y.ndim - x.inv.ndim))
+  return (y * inv).astype(cfg.dtype)
 
 
 def softcap(x: jax.Array, cap: float) -> jax.Array:
@@ -213,24 +252,28 @@ class Attention(nn.Module):
     positions (int32[B,S]) for the window term."""
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
-    x = constrain(x, "stream")
+    # x: normed rows [B,T,D], or `Scaled` ones whose row scaling lands on q/k/v (`RMSNorm`).
+    if isinstance(x, Scaled):
+      x = Scaled(constrain(x.x, "stream"), x.inv)
+      b, t = x.x.shape[:2]
+    else:
+      x = constrain(x, "stream")
+      b, t = x.shape[:2]
+    product = functools.partial(scaled_product, cfg, use_bias=cfg.qkv_bias)
     if cfg.fused:  # one product: "qkv" [D, N+2K, H]
-      qkv = dense(cfg, (cfg.n_heads + 2 * k_heads, cfg.head_dim), "qkv", cfg.qkv_bias)(x)
+      qkv = product((cfg.n_heads + 2 * k_heads, cfg.head_dim), "qkv", x)
       q, k, v = jnp.split(constrain(qkv, "heads_rows"), [cfg.n_heads, cfg.n_heads + k_heads],
                           axis=-2)
     else:
-      q = constrain(dense(cfg, (cfg.n_heads, cfg.head_dim), "q", cfg.qkv_bias)(x),  # [B,T,N,H]
-                    "heads_rows")
-      k = constrain(dense(cfg, (k_heads, cfg.head_dim), "k", cfg.qkv_bias)(x),      # [B,T,K,H]
-                    "heads_rows")
-      v = constrain(dense(cfg, (k_heads, cfg.head_dim), "v", cfg.qkv_bias)(x), "heads_rows")
+      q = constrain(product((cfg.n_heads, cfg.head_dim), "q", x), "heads_rows")  # [B,T,N,H]
+      k = constrain(product((k_heads, cfg.head_dim), "k", x), "heads_rows")      # [B,T,K,H]
+      v = constrain(product((k_heads, cfg.head_dim), "v", x), "heads_rows")
     if cfg.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
       q = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="q_norm")(q)
       k = RMSNorm(cfg.norm_eps, cfg.param_dtype, cfg.norm_offset, name="k_norm")(k)
     q = constrain(rope(q, positions, freq), "heads")
     k = constrain(rope(k, positions, freq).astype(cfg.dtype), "heads")
     v = constrain(v.astype(cfg.dtype), "heads")
-    b, t = x.shape[:2]
     o_product = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
                                 param_dtype=cfg.param_dtype,
                                 kernel_init=nn.initializers.normal(0.02), name="o")
@@ -261,15 +304,15 @@ class Attention(nn.Module):
     return constrain(o_product(out), "stream"), (k, v)
 
 
-def gate_up(cfg, h: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """The gated MLP's two input products (gate[B,T,F], up[B,T,F]): params "gate" and "up", or
-  with `cfg.fused` one product "gate_up" [D, 2, F]."""
-  h = constrain(h, "stream")
+def gate_up(cfg, h) -> tuple[jax.Array, jax.Array]:
+  """The gated MLP's two input products (gate[B,T,F], up[B,T,F]) of normed rows h[B,T,D] or
+  `Scaled` ones: params "gate" and "up", or with `cfg.fused` one product "gate_up" [D, 2, F]."""
+  h = Scaled(constrain(h.x, "stream"), h.inv) if isinstance(h, Scaled) else constrain(h, "stream")
   if cfg.fused:
-    both = constrain(dense(cfg, (2, cfg.d_ff), "gate_up")(h), "hidden_pair")
+    both = constrain(scaled_product(cfg, (2, cfg.d_ff), "gate_up", h), "hidden_pair")
     return both[..., 0, :], both[..., 1, :]
-  return (constrain(dense(cfg, cfg.d_ff, "gate")(h), "hidden"),
-          constrain(dense(cfg, cfg.d_ff, "up")(h), "hidden"))
+  return (constrain(scaled_product(cfg, cfg.d_ff, "gate", h), "hidden"),
+          constrain(scaled_product(cfg, cfg.d_ff, "up", h), "hidden"))
 
 
 # Fused params and the unfused ones each joins, in order: "qkv" concatenates along the heads axis

@@ -246,12 +246,14 @@ class Block(nn.Module):
     cfg = self.cfg
     steer = steer or {}
     residual_in = x
+    # Decoding calls (a cache) defer the norms' row scaling past the products (`L.RMSNorm`).
+    decoding = layer_cache is not None
+    norm = lambda name: L.RMSNorm(cfg.norm_eps, cfg.param_dtype, name=name)  # noqa: E731
     h, new_kv = L.Attention(cfg, name="attn")(
-        L.RMSNorm(cfg.norm_eps, cfg.param_dtype, name="attn_norm")(x), layer_cache, positions,
+        L.pre_norm(norm("attn_norm"), x, decoding and not cfg.qkv_bias), layer_cache, positions,
         mask_old, mask_new, freq, window, key_pos)
     x = x + h
-    h = L.RMSNorm(cfg.norm_eps, cfg.param_dtype, name="mlp_norm")(x)
-    gate, up = L.gate_up(cfg, h)
+    gate, up = L.gate_up(cfg, L.pre_norm(norm("mlp_norm"), x, decoding))
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
     x = L.constrain(x + L.dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up), "stream")
