@@ -37,6 +37,32 @@ def test_incremental_decode_matches_full_forward(overrides):
   np.testing.assert_allclose(jnp.concatenate(chunks, 1), full, atol=2e-5)
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_small_cache_products_equal_the_library_products(t, monkeypatch, fresh_programs):
+  """A call over a small cache attends to it on a GPU with broadcast products reduced in place
+  (`layers.SMALL_CACHE_BYTES`, here made a CPU's choice too), elsewhere with einsum's matrix
+  products: the same logits and new K/V, and each program really takes its path."""
+  cfg, params = testing.tiny_model(seed=5)
+  rng = np.random.default_rng(5)
+  cache = llama.init_cache(cfg, 2, 16)
+  cache = layers.KVCache(k=jnp.asarray(rng.normal(size=cache.k.shape), jnp.float32),
+                         v=jnp.asarray(rng.normal(size=cache.v.shape), jnp.float32), pos=None)
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32)
+  pos = jnp.broadcast_to(10 + jnp.arange(t), (2, t))
+  mask = jnp.broadcast_to(jnp.arange(16)[None, None] < 10 + jnp.arange(t)[None, :, None] + 1,
+                          (2, t, 16))
+  outs, programs = [], []
+  for platforms in (("cpu",), ()):  # reduced in place on this CPU, then matrix products
+    monkeypatch.setattr(layers, "SMALL_CACHE_PLATFORMS", platforms)
+    jax.clear_caches()  # the forward's trace is reused across programs of the same shapes
+    apply = jax.jit(llama.make_apply(cfg))
+    programs.append(apply.lower(params, tokens, pos, cache, mask).as_text())
+    outs.append(apply(params, tokens, pos, cache, mask))
+  assert programs[0].count("dot_general") < programs[1].count("dot_general")
+  np.testing.assert_allclose(outs[0][0], outs[1][0], atol=2e-5)
+  np.testing.assert_allclose(outs[0][2].k, outs[1][2].k, atol=1e-6)
+
+
 def test_stale_slots_are_masked_and_overwritten():
   """Rejected drafts leave K/V behind; the causal mask hides them until they are overwritten."""
   cfg, params = testing.tiny_model(seed=3)

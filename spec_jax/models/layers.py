@@ -236,6 +236,47 @@ def window_terms(window, positions, key_pos):
   return old, new
 
 
+# On a GPU (SMALL_CACHE_PLATFORMS), a call of at most SMALL_CALL_TOKENS tokens a row whose
+# layer cache holds at most SMALL_CACHE_BYTES attends to it with broadcast products reduced in
+# place instead of library matrix products: XLA fuses them with the softmax, RoPE and the new
+# tokens' part, 15.6 → 10.6 kernels a layer of the 8B shape (experiments/scale/results.md,
+# "Small caches"). Each query head of a kv head re-reads the cache, which stays in the GPU's L2
+# at this size; beyond it the library products read it once. XLA:CPU runs these products
+# 1.1-1.7× slower than its matrix products, so CPU programs keep those (`lax.platform_dependent`
+# picks by the platform a program is lowered for).
+SMALL_CALL_TOKENS = 8
+SMALL_CACHE_BYTES = 4 << 20
+SMALL_CACHE_PLATFORMS = ("cuda", "rocm")
+
+
+def _by_platform(small: bool, reduced, library, *args):
+  """library(*args), or on SMALL_CACHE_PLATFORMS reduced(*args) when `small`."""
+  if not small:
+    return library(*args)
+  return jax.lax.platform_dependent(*args, default=library,
+                                    **{p: reduced for p in SMALL_CACHE_PLATFORMS})
+
+
+def _cache_logits(q, cache_k, small: bool):
+  """q[B,T,K,G,H] · cache_k[B,S,K,H] → f32[B,K,G,T,S]."""
+  def reduced(q, cache_k):
+    q = jnp.transpose(q.astype(jnp.float32), (0, 2, 3, 1, 4))[:, :, :, :, None, :]  # BKGT1H
+    k = jnp.transpose(cache_k.astype(jnp.float32), (0, 2, 1, 3))[:, :, None, None]  # BK11SH
+    return jnp.sum(q * k, axis=-1)
+  return _by_platform(small, reduced, functools.partial(
+      jnp.einsum, "BTKGH,BSKH->BKGTS", preferred_element_type=jnp.float32), q, cache_k)
+
+
+def _cache_values(weights, cache_v, small: bool):
+  """weights[B,K,G,T,S] · cache_v[B,S,K,H] → [B,T,K,G,H] in weights' dtype."""
+  def reduced(weights, cache_v):
+    v = jnp.transpose(cache_v.astype(jnp.float32), (0, 2, 1, 3))[:, :, None, None]  # BK11SH
+    out = jnp.sum(weights.astype(jnp.float32)[..., None] * v, axis=-2)              # BKGTH
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(weights.dtype)
+  return _by_platform(small, reduced, functools.partial(jnp.einsum, "BKGTS,BSKH->BTKGH"),
+                      weights, cache_v)
+
+
 class Attention(nn.Module):
   cfg: object
 
@@ -293,13 +334,15 @@ class Attention(nn.Module):
     logits = jnp.where(mask_new[:, None, None], softcap(logits, cfg.attn_softcap), neg)
     if layer_cache is not None:
       cache_k, cache_v = layer_cache
-      old = jnp.einsum("BTKGH,BSKH->BKGTS", q, cache_k, preferred_element_type=jnp.float32)
+      small = t <= SMALL_CALL_TOKENS and cache_k.size * cache_k.dtype.itemsize \
+          <= SMALL_CACHE_BYTES
+      old = _cache_logits(q, cache_k, small)
       old = jnp.where(mask_old[:, None, None], softcap(old, cfg.attn_softcap), neg)
       logits = jnp.concatenate([old, logits], axis=-1)
     weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("BKGTJ,BJKH->BTKGH", weights[..., -t:], v)
     if layer_cache is not None:
-      out = out + jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., :-t], cache_v)
+      out = out + _cache_values(weights[..., :-t], cache_v, small)
     out = constrain(out.reshape(b, t, cfg.n_heads, cfg.head_dim), "heads_rows")
     return constrain(o_product(out), "stream"), (k, v)
 
