@@ -170,9 +170,9 @@ class RMSNorm(nn.Module):
     """The normed rows in x's dtype; deferred: (x · gain in x's dtype, 1/rms(x) f32[..., 1]),
     for a product without bias that follows: product(x · gain) · (1/rms) is the product of the
     normed rows, with the row scaling applied to the product's output where its consumer reads
-    it (`Scaled`) instead of in a pass of its own over x. On a GPU that is one kernel a norm
-    fewer: the gain rides in the same pass as the sum of squares (experiments/scale/results.md,
-    "the norms' row scale")."""
+    it (`Scaled`) instead of in a pass of its own over x. On a GPU, in bfloat16, that is one
+    kernel a norm fewer: the gain rides in the same pass as the sum of squares
+    (experiments/scale/results.md, "The norms' row scale")."""
     init = nn.initializers.zeros if self.offset else nn.initializers.ones
     scale = self.param("scale", init, (x.shape[-1],), self.param_dtype)
     x32 = x.astype(jnp.float32)
@@ -202,6 +202,13 @@ def pre_norm(norm: "RMSNorm", x: jax.Array, deferred: bool):
 def dense(cfg, features, name, use_bias=False):
   return nn.DenseGeneral(features, use_bias=use_bias, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                          kernel_init=nn.initializers.normal(0.02), name=name)
+
+
+def _stream_rows(x):
+  """Rows [B,T,D] (or `Scaled` ones) laid out as the residual stream."""
+  if isinstance(x, Scaled):
+    return Scaled(constrain(x.x, "stream"), x.inv)
+  return constrain(x, "stream")
 
 
 def scaled_product(cfg, features, name, x, use_bias=False):
@@ -294,12 +301,8 @@ class Attention(nn.Module):
     cfg = self.cfg
     k_heads, g = cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads
     # x: normed rows [B,T,D], or `Scaled` ones whose row scaling lands on q/k/v (`RMSNorm`).
-    if isinstance(x, Scaled):
-      x = Scaled(constrain(x.x, "stream"), x.inv)
-      b, t = x.x.shape[:2]
-    else:
-      x = constrain(x, "stream")
-      b, t = x.shape[:2]
+    x = _stream_rows(x)
+    b, t = (x.x if isinstance(x, Scaled) else x).shape[:2]
     product = functools.partial(scaled_product, cfg, use_bias=cfg.qkv_bias)
     if cfg.fused:  # one product: "qkv" [D, N+2K, H]
       qkv = product((cfg.n_heads + 2 * k_heads, cfg.head_dim), "qkv", x)
@@ -350,7 +353,7 @@ class Attention(nn.Module):
 def gate_up(cfg, h) -> tuple[jax.Array, jax.Array]:
   """The gated MLP's two input products (gate[B,T,F], up[B,T,F]) of normed rows h[B,T,D] or
   `Scaled` ones: params "gate" and "up", or with `cfg.fused` one product "gate_up" [D, 2, F]."""
-  h = Scaled(constrain(h.x, "stream"), h.inv) if isinstance(h, Scaled) else constrain(h, "stream")
+  h = _stream_rows(h)
   if cfg.fused:
     both = constrain(scaled_product(cfg, (2, cfg.d_ff), "gate_up", h), "hidden_pair")
     return both[..., 0, :], both[..., 1, :]
