@@ -11,6 +11,7 @@
 #       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
 #       default) and on XLA's Triton fusions, beside the fused step; the 8B step fused and
 #       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it,
+#       either side of the small-cache attention's limit (`layers.SMALL_CACHE_BYTES`),
 #       then the hand-written kernels with narrower column blocks (`Tiles.columns`) in float32
 #       and bfloat16 (experiments/scale/gpu_bars2/<run>/);
 #   bash experiments/scale/gpu.sh kernels   the hand-written kernels (configs/scale.py `pallas`)
@@ -140,6 +141,12 @@ if [ "${1:-presets}" = bars ]; then
   # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
   XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
   step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
+  # Either side of layers.SMALL_CACHE_BYTES (4 MiB of K a layer: 2,048 slots at 8B): attention
+  # over the cache reduced in place, then as matrix products, 3% more slots.
+  step llama3.1-8b-fused-unrolled-s2048 $B1,preset=llama3.1-8b,fused,unrolled \
+      --config.benchmark.prompt_tokens=1984
+  step llama3.1-8b-fused-unrolled-s2112 $B1,preset=llama3.1-8b,fused,unrolled \
+      --config.benchmark.prompt_tokens=2048
   # The hand-written products with more, narrower programs (`Tiles.columns`): whether a
   # product kernel is short of programs (72 for the 135M down product in float32, 36 in
   # bfloat16), in both dtypes.
