@@ -190,10 +190,21 @@ def test_every_step_of_the_gpu_sweep_passes_its_checks(tmp_path, monkeypatch, mo
     overrides = [o.replace("/tmp/vocab49152.json", str(vocab)) for o in overrides]
     cli.check_override_keys(["launch.py", f"--config={root}/configs/scale.py:{args}", *overrides])
     config = scale_config.get_config(args)
-    config = testing.with_overrides(config, dict(
-        o[len("--config."):].split("=", 1) for o in overrides))
+    config = testing.with_overrides(config, {
+        key: _typed(config, key, text)
+        for key, text in (o[len("--config."):].split("=", 1) for o in overrides)})
     with pytest.raises(ChecksPassed):
       testing.dispatch(config, str(tmp_path / name))
+
+
+def _typed(config, key: str, text: str):
+  """An override's text as the field's type, as launch.py's flags parse it (ints, floats,
+  strings; the sweep sets no other kind)."""
+  node = config
+  for name in key.split("."):
+    node = node[name]
+  return type(node)(text) if isinstance(node, (int, float)) and not isinstance(node, bool) \
+      else text
 
 
 def _word_level(size: int) -> str:
