@@ -170,11 +170,12 @@ def test_narrow_column_blocks_equal_xla_layers(monkeypatch):
   overrides, b, t, tree = CASES["odd-widths-qk-norm-bias"]
   cfg, params = _model(**overrides)
   kernels = dataclasses.replace(cfg, pallas=True)
+  tokens, positions, mask, slots = _call(b, t, tree)
   cache = L.init_cache(cfg, b, S)
 
   def program():
-    return str(jax.jit(decoder.make_apply(kernels)).trace(params, *_call(b, t, tree)[:2], cache,
-                                                          *_call(b, t, tree)[2:]).jaxpr)
+    return str(jax.jit(decoder.make_apply(kernels)).trace(params, tokens, positions, cache, mask,
+                                                          slots).jaxpr)
 
   assert "grid=(6, 1)" in program()  # the down product: 48 columns, 8 a program
   monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(columns=2))
