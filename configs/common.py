@@ -73,7 +73,9 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
     ':vocab=N' keeps an output layer over the N most frequent tokens of the training data
     (train_lm and distill build it; the trained checkpoint then carries it); ':fused=1' (q/k/v
     and gate/up as one weight product each) and ':unrolled=1' (layers written out with
-    per-layer weights) are layouts of the same model, for speed work; ':fused=1:pallas=1' runs
+    per-layer weights) are layouts of the same model, for speed work; ':decode_unrolled=1'
+    writes out the layer scan of the calls with a cache over the same stacked weights;
+    ':fused=1:pallas=1' runs
     the decoding calls' layers as hand-written GPU kernels (spec_jax/models/pallas_layers.py),
     ':attn_kernel=1' only their attention, in XLA's layers.
   checkpoint: '' (random init), 'smollm2' or 'gemma3-270m' (the packaged GGUFs), a .gguf path, an

@@ -19,7 +19,10 @@ Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,co
 Layouts of the same model (rows carry them): `fused`, q/k/v and gate/up as one weight product
 each (`model.size=<preset>:fused=1`, two products per layer fewer); `unrolled`, the layers
 written out with per-layer weights instead of a scan over stacked ones (`:unrolled=1`); e.g.
-configs/scale.py:gpu,fused,unrolled; `pallas`, the decoding calls' layers as five hand-written
+configs/scale.py:gpu,fused,unrolled; `decode_unrolled`, the prefill and decoding calls' layer scan
+written out over the same stacked weights (`:decode_unrolled=1`: the unrolled layout's kernels
+without its params, counted for an H200 in experiments/scale/kernels.json; on 2 CPU cores it is
+slower); `pallas`, the decoding calls' layers as five hand-written
 GPU kernels each (`:fused=1:pallas=1`, spec_jax/models/pallas_layers.py; ~6 kernels a layer
 against XLA's ~19-26), e.g. configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh
 bars runs it beside the XLA layers); `attn_kernel`, XLA's layers with each decoding call's
@@ -52,7 +55,8 @@ SUITE_TAU = ((4, 2.33),)
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, cost=False, gpu=False, preset="llama3.2-1b",
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
-                          fused=False, unrolled=False, pallas=False, attn_kernel=False)
+                          fused=False, unrolled=False, decode_unrolled=False, pallas=False,
+                          attn_kernel=False)
   dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
   args.batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
   args.tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
@@ -64,7 +68,9 @@ def get_config(arg=None):
   config.mesh = common.mesh(data=1)
   size = (("test-tiny" if args.smoke else args.preset)
           + (":fused=1" if args.fused or args.pallas else "")
-          + (":unrolled=1" if args.unrolled else "") + (":pallas=1" if args.pallas else "")
+          + (":unrolled=1" if args.unrolled else "")
+          + (":decode_unrolled=1" if args.decode_unrolled else "")
+          + (":pallas=1" if args.pallas else "")
           + (":attn_kernel=1" if args.attn_kernel else ""))
   if args.cost:
     config.verifier = common.model(size=size, dtype=dtype)

@@ -60,7 +60,9 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   training programs pass their data's counts; elsewhere it is an error); `fused=1` computes
   q/k/v and gate/up as one weight product each (`LlamaConfig.fused`; loaded weights converted by
   `layers.fuse_params`); `unrolled=1` writes the layers out, each with its own params
-  (`LlamaConfig.unrolled`, `layers.unstack_layers`); `pallas=1` (with fused=1) computes the
+  (`LlamaConfig.unrolled`, `layers.unstack_layers`); `decode_unrolled=1` writes out the layer
+  scan of the calls with a cache over the same stacked params (`LlamaConfig.decode_unrolled`;
+  a no-op on the unrolled layout); `pallas=1` (with fused=1) computes the
   decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same params),
   `attn_kernel=1` their attention alone (`LlamaConfig.attn_kernel`).
 
@@ -107,6 +109,8 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   if size.unrolled and not cfg.unrolled:
     cfg = dataclasses.replace(cfg, unrolled=True)
     params = None if params is None else layers.unstack_layers(params, cfg.n_layers)
+  if size.decode_unrolled and not cfg.decode_unrolled and not cfg.unrolled:
+    cfg = dataclasses.replace(cfg, decode_unrolled=True)
   if size.pallas and not cfg.pallas:
     cfg = dataclasses.replace(cfg, pallas=True)
   if size.attn_kernel and not cfg.attn_kernel:

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from spec_jax import testing
-from spec_jax.models import draft_init, layers, llama
+from configs import common
+from spec_jax import loading, testing
+from spec_jax.data.tokenizer import ByteTokenizer
+from spec_jax.models import draft_init, gemma, layers, llama
 
 
 def _full(cfg, params, tokens):
@@ -129,6 +131,48 @@ def test_variants_and_param_count():
   with pytest.raises(ValueError, match="multiple of n_kv_heads"):
     llama.model_config("test-tiny", n_kv_heads=3)
 
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma"])
+def test_decode_unrolled_is_the_scanned_model_without_a_layer_loop(family):
+  """`decode_unrolled` writes out the layer scan of the calls with a cache over the same stacked
+  params: the same logits and cache (prefill, then a 3-token decoding call) as the scan, no
+  `while` in the cached calls' program, and training's uncached call keeps the loop. Unequal
+  head counts, random biases and (Gemma) per-layer windows and RoPE make a wrong layer index
+  show; a flag that is ignored keeps the loop."""
+  if family == "llama":
+    cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1, n_layers=3)
+  else:
+    # Gemma 3 of test-tiny's shape: q/k norm, sliding-window layers (3 tokens, their own RoPE
+    # base) around a global one.
+    cfg = gemma.GemmaConfig(vocab_size=257, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
+                            head_dim=8, d_ff=64, rope_theta=10_000.0, rope_local_theta=1_000.0,
+                            query_pre_attn_scalar=16.0, qk_norm=True, layer_windows=(3, 0, 3))
+    params = testing.perturbed(llama.init_params(cfg, jax.random.key(1)), 0.05)
+  new_cfg = dataclasses.replace(cfg, decode_unrolled=True)
+  tokens = jax.random.randint(jax.random.key(2), (2, 9), 0, cfg.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+  outs, whiles = [], []
+  for c in (cfg, new_cfg):
+    apply = jax.jit(llama.make_apply(c))
+    cache = llama.init_cache(c, 2, 16)
+    first, _, cache = apply(params, tokens[:, :6], pos[:, :6], cache)
+    step, _, cache = apply(params, tokens[:, 6:], pos[:, 6:], cache)
+    outs.append((first, step, cache.k, cache.v))
+    whiles.append([apply.lower(params, tokens[:, 6:], pos[:, 6:], cache).as_text().count(
+                       "stablehlo.while"),
+                   apply.lower(params, tokens, pos).as_text().count("stablehlo.while")])
+  for a, b in zip(*outs):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+  assert whiles[0][0] >= 1 and whiles[1][0] == 0  # cached call: the scan is gone
+  assert whiles[1][1] == whiles[0][1] >= 1  # training's call keeps it
+  assert draft_init.parse_size("test-tiny:fused=1:decode_unrolled=1").decode_unrolled == 1
+  for bad in ("test-tiny:decode_unrolled=2", "test-tiny:unrolled=1:decode_unrolled=1"):
+    with pytest.raises(ValueError, match="model.size.*decode_unrolled=1"):
+      draft_init.parse_size(bad)
+  loaded, _ = loading.resolve_model(common.model(size="test-tiny:decode_unrolled=1"),
+                                    ByteTokenizer(), field="model.checkpoint")
+  assert loaded.decode_unrolled and not loaded.unrolled
 
 
 def _layout(cfg, params, layout):

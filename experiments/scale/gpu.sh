@@ -11,6 +11,7 @@
 #       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
 #       default) and on XLA's Triton fusions, beside the fused step; the 8B step fused and
 #       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it,
+#       with its scan written out over the stacked weights (`decode_unrolled`, 8B and 135M),
 #       either side of the small-cache attention's limit (`layers.SMALL_CACHE_BYTES`),
 #       then the hand-written kernels with narrower column blocks (`Tiles.columns`) in float32
 #       and bfloat16 (experiments/scale/gpu_bars2/<run>/);
@@ -138,6 +139,13 @@ if [ "${1:-presets}" = bars ]; then
   # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
   step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
   step llama3.1-8b $B1,preset=llama3.1-8b
+  # The candidate GPU default: the scan written out over the stacked weights (`decode_unrolled`,
+  # no change of params or checkpoints): the unrolled layout's 340 kernels in one CUDA graph,
+  # each weight product reading its layer's slice in place (kernels.json), fused and as loaded.
+  step llama3.1-8b-fused-decode-unrolled $B1,preset=llama3.1-8b,fused,decode_unrolled
+  step llama3.1-8b-decode-unrolled $B1,preset=llama3.1-8b,decode_unrolled
+  step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
   # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
   XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
   step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled

@@ -203,6 +203,7 @@ def _model_config(size: str, dtype: str, vocab_size: int):
   cfg = families.model_config(spec.variant, vocab_size=vocab_size, dtype=dtype,
                               param_dtype=dtype)
   return dataclasses.replace(cfg, fused=bool(spec.fused), unrolled=bool(spec.unrolled),
+                             decode_unrolled=bool(spec.decode_unrolled),
                              pallas=bool(spec.pallas), attn_kernel=bool(spec.attn_kernel))
 
 

@@ -91,10 +91,12 @@ class Decoder(nn.Module):
       x, ((new_k, new_v), residuals) = _unrolled(
           cfg, x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)
     else:
+      # `decode_unrolled`: the calls with a cache as straight-line code over the stacked params.
+      unroll = cfg.n_layers if cache is not None and getattr(cfg, "decode_unrolled", False) else 1
       layers = nn.scan(cfg.block(), variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=(cache_axis, nn.broadcast, nn.broadcast, nn.broadcast, 0, 0,
                                 0, nn.broadcast),
-                       length=cfg.n_layers)
+                       length=cfg.n_layers, unroll=unroll)
       # steer: per-layer deltas with a leading L axis, scanned with the layers' params.
       x, ((new_k, new_v), residuals) = layers(cfg, name="layers")(
           x, layer_caches, positions, mask_old, mask_new, steer, freqs, windows, key_pos)

@@ -41,8 +41,8 @@ import numpy as np
 
 from spec_jax.models import decoder, llama
 
-OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled", "pallas",
-           "attn_kernel")
+OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled",
+           "decode_unrolled", "pallas", "attn_kernel")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -58,6 +58,7 @@ class Size:
   feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
   unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
+  decode_unrolled: int | None = None  # 1: cached calls unroll the scan (`LlamaConfig.decode_unrolled`)
   pallas: int | None = None  # 1: decoding layers as hand-written GPU kernels (`LlamaConfig.pallas`)
   attn_kernel: int | None = None  # 1: decoding attention as one kernel (`LlamaConfig.attn_kernel`)
 
@@ -72,7 +73,8 @@ def _ints(value: str) -> tuple[int, ...]:
 
 def parse_size(size: str, field: str = "model.size") -> Size:
   """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
-  [:fused=1][:unrolled=1][:pallas=1 | :attn_kernel=1]` → Size; ValueError naming `field`."""
+  [:fused=1][:unrolled=1 | :decode_unrolled=1][:pallas=1 | :attn_kernel=1]` → Size; ValueError
+  naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
   for option in options:
@@ -81,7 +83,7 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "fused=1, unrolled=1, pallas=1, attn_kernel=1, e.g. "
+                       "fused=1, unrolled=1, decode_unrolled=1, pallas=1, attn_kernel=1, e.g. "
                        "'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
@@ -106,6 +108,10 @@ def parse_size(size: str, field: str = "model.size") -> Size:
   if out.unrolled not in (None, 0, 1):
     raise ValueError(f"{field}={size!r}: unrolled=1 writes the layers out with their own "
                      "params, unrolled=0 (the default) scans them.")
+  if out.decode_unrolled not in (None, 0, 1) or (out.decode_unrolled and out.unrolled):
+    raise ValueError(f"{field}={size!r}: decode_unrolled=1 writes out the decoding calls' layer "
+                     "scan over the stacked params; unrolled=1 already has no scan: keep one "
+                     "of them (decode_unrolled=0 is the default).")
   if out.pallas not in (None, 0, 1) or (out.pallas and (not out.fused or out.unrolled)):
     raise ValueError(f"{field}={size!r}: pallas=1 runs the decoding calls' layers as "
                      "hand-written GPU kernels over the fused, scanned layout: write "

@@ -45,6 +45,13 @@ class LlamaConfig:
   unrolled: the layers as straight-line code, each with its own params ("layers_<i>") instead
     of a scan over params stacked under "layers": the same model, no layer loop and no slicing
     of stacked weights (`model.size=...:unrolled=1`; `layers.unstack_layers` converts).
+  decode_unrolled: the calls with a cache (prefill and decoding) run the layer scan written out
+    (`nn.scan(unroll=n_layers)`) over the same stacked params: straight-line code as
+    `unrolled` gives, with no change of params, checkpoints or training (which keeps the
+    loop) (`model.size=...:decode_unrolled=1`). On a GPU each weight product reads its layer's
+    slice in place (XLA's dynamic-slice fusion), and the step's kernels are those of the
+    unrolled layout (experiments/scale/results.md, "Straight-line decoding over stacked
+    weights"); on XLA:CPU the slices are copied and it is slower.
   pallas: the decoding calls' layers (a cache, at most `pallas_attention.MAX_TOKENS` tokens a row,
     no steering) as five hand-written GPU kernels each (`pallas_layers.py`; Llama and Gemma
     families) instead of XLA's fusions: the same model and params; needs the fused, scanned
@@ -83,6 +90,7 @@ class LlamaConfig:
   feature_layers: tuple[int, ...] = ()
   fused: bool = False
   unrolled: bool = False
+  decode_unrolled: bool = False
   pallas: bool = False
   attn_kernel: bool = False
   family: str = "llama"
