@@ -21,8 +21,8 @@ each (`model.size=<preset>:fused=1`, two products per layer fewer); `unrolled`, 
 written out with per-layer weights instead of a scan over stacked ones (`:unrolled=1`); e.g.
 configs/scale.py:gpu,fused,unrolled; `decode_unrolled`, the prefill and decoding calls' layer scan
 written out over the same stacked weights (`:decode_unrolled=1`: the unrolled layout's kernels
-without its params, counted for an H200 in experiments/scale/kernels.json; on 2 CPU cores it is
-slower); `pallas`, the decoding calls' layers as five hand-written
+without its params, counted for an H200 in experiments/scale/kernels.json; on 2 CPU cores it
+keeps the scanned step's time); `pallas`, the decoding calls' layers as five hand-written
 GPU kernels each (`:fused=1:pallas=1`, spec_jax/models/pallas_layers.py; ~6 kernels a layer
 against XLA's ~19-26), e.g. configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh
 bars runs it beside the XLA layers); `attn_kernel`, XLA's layers with each decoding call's

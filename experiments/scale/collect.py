@@ -33,7 +33,8 @@ REFERENCE_GB_S = {"NVIDIA H200": 4300.0, "NVIDIA H100 80GB HBM3": 3000.0}
 KEEP = ("preset", "model", "device", "device_kind", "dtype", "batch_size", "new_tokens",
         "ms_per_step", "ms_per_decode_step", "ms_per_token", "tokens_per_s",
         "roofline_ms_per_step", "vs_roofline", "decode_vs_roofline", "memory_bandwidth_gb_s",
-        "throughput_vs_first_batch_size", "loop", "fused", "unrolled", "xla_flags")
+        "throughput_vs_first_batch_size", "loop", "fused", "unrolled", "decode_unrolled",
+        "xla_flags")
 
 
 def rows():

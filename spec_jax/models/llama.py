@@ -51,7 +51,7 @@ class LlamaConfig:
     loop) (`model.size=...:decode_unrolled=1`). On a GPU each weight product reads its layer's
     slice in place (XLA's dynamic-slice fusion), and the step's kernels are those of the
     unrolled layout (experiments/scale/results.md, "Straight-line decoding over stacked
-    weights"); on XLA:CPU the slices are copied and it is slower.
+    weights"); XLA:CPU does not, and there it keeps the scanned step's time.
   pallas: the decoding calls' layers (a cache, at most `pallas_attention.MAX_TOKENS` tokens a row,
     no steering) as five hand-written GPU kernels each (`pallas_layers.py`; Llama and Gemma
     families) instead of XLA's fusions: the same model and params; needs the fused, scanned
