@@ -7,12 +7,13 @@
 #       8B, the headline steps with Triton's GEMM fusions (the earlier default), then the other
 #       presets (experiments/scale/gpu_cublas/<run>/);
 #   bash experiments/scale/gpu.sh bars      the issue's GPU bars, each beside its baseline in the
-#       same run: the 135M shape's float32 step fused with the attention kernel (its fastest,
+#       same run: first the 8B step fused and written out at batch 1, 8 and 32, the default
+#       beside it, the scan written out over the stacked weights (`decode_unrolled`: fused, as
+#       loaded, and without cuBLAS autotuning for its compile time), under Triton and a repeat;
+#       then the 135M shape's float32 step fused with the attention kernel (its fastest,
 #       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
-#       default) and on XLA's Triton fusions, beside the fused step; the 8B step fused and
-#       written out at batch 1, 8 and 32, under Triton at batch 1, and the default beside it,
-#       with its scan written out over the stacked weights (`decode_unrolled`, 8B and 135M),
-#       either side of the small-cache attention's limit (`layers.SMALL_CACHE_BYTES`),
+#       default) and on XLA's Triton fusions, beside the fused step, and in bfloat16; the 8B
+#       step either side of the small-cache attention's limit (`layers.SMALL_CACHE_BYTES`);
 #       then the hand-written kernels with narrower column blocks (`Tiles.columns`) in float32
 #       and bfloat16 (experiments/scale/gpu_bars2/<run>/);
 #   bash experiments/scale/gpu.sh kernels   the hand-written kernels (configs/scale.py `pallas`)
@@ -95,6 +96,8 @@ SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
 # The launcher puts every weight product on cuBLAS (cli.XLA_DEFAULTS); this turns Triton's GEMM
 # fusions back on, the XLA default before (the 8B batch-1 step: 11.7 ms with them, 5.7 without).
 TRITON="--xla_gpu_enable_triton_gemm=true"
+# Library calls with cuBLAS's default algorithm, not autotuned ones (compile time).
+NOTUNE="--xla_gpu_autotune_level=0"
 # Command buffers (CUDA graphs) for the loop body's kernels, the while loop included.
 CMDBUF="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 dump() {  # dump NAME: $OUT/NAME.tar.gz, the optimized HLO of the step just run (at most 16 MiB)
@@ -113,11 +116,27 @@ SMOL_P=(--config.model.size=smollm2-135m:fused=1:pallas=1)
 SMOL_A=(--config.model.size=smollm2-135m:fused=1:attn_kernel=1)
 if [ "${1:-presets}" = bars ]; then
   # The bars' best layouts of 2026-11-30 (results.md, "the bars") again, each beside what it
-  # replaces in the same run, and the one lead left for the 135M step: its weight products on
+  # replaces in the same run, the 8B bar (the nearest) first; and the one lead left for the
+  # 135M step: its weight products on
   # cuBLAS (the launcher's default) against XLA's Triton fusions (its 1.22 ms fused step of
   # 2026-11-28 ran under them; 1.70 ms on cuBLAS). Rows in gpu_bars2/ (gpu_bars/ holds the
   # kernels mode's, 2026-11-30).
   W=experiments/scale/gpu_bars2
+  # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
+  step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
+  step llama3.1-8b $B1,preset=llama3.1-8b
+  # The candidate GPU default: the scan written out over the stacked weights (`decode_unrolled`,
+  # no change of params or checkpoints): the unrolled layout's 340 kernels in one CUDA graph,
+  # each weight product reading its layer's slice in place (kernels.json), fused and as loaded.
+  step llama3.1-8b-fused-decode-unrolled $B1,preset=llama3.1-8b,fused,decode_unrolled
+  step llama3.1-8b-decode-unrolled $B1,preset=llama3.1-8b,decode_unrolled
+  # Its compile (~11 s a program written out on the GPU host, 1.8 s scanned) without cuBLAS's
+  # algorithm autotuning (half the deviceless compile's time): compile_s and the step beside it.
+  XLA_FLAGS="$NOTUNE" step llama3.1-8b-fused-decode-unrolled-notune \
+      $B1,preset=llama3.1-8b,fused,decode_unrolled
+  # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
+  XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
+  step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
   step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" "${SMOL_A[@]}"
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-attn-triton $B1,dtype=float32 "${SMOL[@]}" \
       "${SMOL_A[@]}"
@@ -130,25 +149,14 @@ if [ "${1:-presets}" = bars ]; then
       --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   step smollm2-135m-f32-fused-unrolled $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1:unrolled=1
+  step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-unrolled-attn-triton $B1,dtype=float32 \
       "${SMOL[@]}" --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   # In bfloat16 the attention kernel slowed the 8B step and the hand-written layers the 135M
   # step: the 135M shape in bfloat16, fused, with and without it, tells dtype from shape.
   step smollm2-135m-fused-attn $B1 "${SMOL[@]}" "${SMOL_A[@]}"
   step smollm2-135m-fused $B1 "${SMOL[@]}" "${SMOL_F[@]}"
-  # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
-  step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
-  step llama3.1-8b $B1,preset=llama3.1-8b
-  # The candidate GPU default: the scan written out over the stacked weights (`decode_unrolled`,
-  # no change of params or checkpoints): the unrolled layout's 340 kernels in one CUDA graph,
-  # each weight product reading its layer's slice in place (kernels.json), fused and as loaded.
-  step llama3.1-8b-fused-decode-unrolled $B1,preset=llama3.1-8b,fused,decode_unrolled
-  step llama3.1-8b-decode-unrolled $B1,preset=llama3.1-8b,decode_unrolled
-  step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
-  # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
-  XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
-  step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
   # Either side of layers.SMALL_CACHE_BYTES (4 MiB of K a layer: 2,048 slots at 8B): attention
   # over the cache reduced in place, then as matrix products, 3% more slots.
   step llama3.1-8b-fused-unrolled-s2048 $B1,preset=llama3.1-8b,fused,unrolled \
