@@ -58,7 +58,7 @@ class Size:
   feature_layers: tuple[int, ...] = ()  # a multi-layer one's verifier depths; (): final residual
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
   unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
-  decode_unrolled: int | None = None  # 1: cached calls unroll the scan (`LlamaConfig.decode_unrolled`)
+  decode_unrolled: int | None = None  # 1: cached calls, scan written out (`decode_unrolled`)
   pallas: int | None = None  # 1: decoding layers as hand-written GPU kernels (`LlamaConfig.pallas`)
   attn_kernel: int | None = None  # 1: decoding attention as one kernel (`LlamaConfig.attn_kernel`)
 
