@@ -75,7 +75,7 @@ def model(size: str = "drafter-s", checkpoint: str = "", dtype: str = "float32")
     and gate/up as one weight product each) and ':unrolled=1' (layers written out with
     per-layer weights) are layouts of the same model, for speed work; ':decode_unrolled=1'
     writes out the layer scan of the calls with a cache over the same stacked weights;
-    ':fused=1:pallas=1' runs
+    ':out_major=1' stores the o and down weights output axis first; ':fused=1:pallas=1' runs
     the decoding calls' layers as hand-written GPU kernels (spec_jax/models/pallas_layers.py),
     ':attn_kernel=1' only their attention, in XLA's layers.
   checkpoint: '' (random init), 'smollm2' or 'gemma3-270m' (the packaged GGUFs), a .gguf path, an

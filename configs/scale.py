@@ -22,12 +22,15 @@ written out with per-layer weights instead of a scan over stacked ones (`:unroll
 configs/scale.py:gpu,fused,unrolled; `decode_unrolled`, the prefill and decoding calls' layer scan
 written out over the same stacked weights (`:decode_unrolled=1`: the unrolled layout's kernels
 without its params, counted for an H200 in experiments/scale/kernels.json; on 2 CPU cores it
-keeps the scanned step's time); `pallas`, the decoding calls' layers as five hand-written
-GPU kernels each (`:fused=1:pallas=1`, spec_jax/models/pallas_layers.py; ~6 kernels a layer
-against XLA's ~19-26), e.g. configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh
-bars runs it beside the XLA layers); `attn_kernel`, XLA's layers with each decoding call's
-attention as one hand-written kernel (`:attn_kernel=1`, 4-5 kernels a layer fewer; the weight
-products stay on cuBLAS), e.g. configs/scale.py:gpu,preset=llama3.1-8b,fused,unrolled,attn_kernel.
+keeps the scanned step's time); `out_major`, each block's o and down weights stored output axis
+first (`:out_major=1`: on a GPU XLA reduces a small model's float32 products itself, and two of
+the 135M layer's four become one kernel each; slower on 2 CPU cores); `pallas`, the decoding
+calls' layers as five hand-written GPU kernels each (`:fused=1:pallas=1`,
+spec_jax/models/pallas_layers.py; ~6 kernels a layer against XLA's ~19-26), e.g.
+configs/scale.py:gpu,pallas,batch_sizes=1 (experiments/scale/gpu.sh bars runs it beside the XLA
+layers); `attn_kernel`, XLA's layers with each decoding call's attention as one hand-written
+kernel (`:attn_kernel=1`, 4-5 kernels a layer fewer; the weight products stay on cuBLAS), e.g.
+configs/scale.py:gpu,preset=llama3.1-8b,fused,unrolled,attn_kernel.
 
 Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype, batch_size,
 ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
@@ -55,8 +58,8 @@ SUITE_TAU = ((4, 2.33),)
 def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, cost=False, gpu=False, preset="llama3.2-1b",
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
-                          fused=False, unrolled=False, decode_unrolled=False, pallas=False,
-                          attn_kernel=False)
+                          fused=False, unrolled=False, decode_unrolled=False, out_major=False,
+                          pallas=False, attn_kernel=False)
   dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
   args.batch_sizes = args.batch_sizes or ("1+8+32" if args.gpu else "1")
   args.tokens = args.tokens or ("1+2+3+4+5+6+8+12+16+24+32+48+64" if args.gpu
@@ -70,6 +73,7 @@ def get_config(arg=None):
           + (":fused=1" if args.fused or args.pallas else "")
           + (":unrolled=1" if args.unrolled else "")
           + (":decode_unrolled=1" if args.decode_unrolled else "")
+          + (":out_major=1" if args.out_major else "")
           + (":pallas=1" if args.pallas else "")
           + (":attn_kernel=1" if args.attn_kernel else ""))
   if args.cost:

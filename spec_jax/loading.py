@@ -62,8 +62,10 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
   `layers.fuse_params`); `unrolled=1` writes the layers out, each with its own params
   (`LlamaConfig.unrolled`, `layers.unstack_layers`); `decode_unrolled=1` writes out the layer
   scan of the calls with a cache over the same stacked params (`LlamaConfig.decode_unrolled`;
-  a no-op on the unrolled layout); `pallas=1` (with fused=1) computes the
-  decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same params),
+  a no-op on the unrolled layout); `out_major=1` stores each block's o and down weights output
+  axis first (`LlamaConfig.out_major`, `layers.out_major_params`); `pallas=1` (with fused=1)
+  computes the decoding calls' layers with hand-written GPU kernels (`LlamaConfig.pallas`; same
+  params),
   `attn_kernel=1` their attention alone (`LlamaConfig.attn_kernel`).
 
   checkpoint '' → `model_cfg.size` with the tokenizer's vocabulary, no params;
@@ -111,6 +113,9 @@ def resolve_model(model_cfg, tokenizer, *, field: str = "model.checkpoint", toke
     params = None if params is None else layers.unstack_layers(params, cfg.n_layers)
   if size.decode_unrolled and not cfg.decode_unrolled and not cfg.unrolled:
     cfg = dataclasses.replace(cfg, decode_unrolled=True)
+  if size.out_major and not cfg.out_major:
+    cfg = dataclasses.replace(cfg, out_major=True)
+    params = None if params is None else layers.out_major_params(params)
   if size.pallas and not cfg.pallas:
     cfg = dataclasses.replace(cfg, pallas=True)
   if size.attn_kernel and not cfg.attn_kernel:

@@ -302,7 +302,9 @@ def check_kernels_on_mesh(mesh: Mesh, models: dict[str, Any]) -> None:
   `LlamaConfig.attn_kernel`) decodes on one device: a Pallas kernel has no partitioning rule,
   so on a mesh XLA would gather its sharded weights or cache to every device on every call;
   nor a fused q/k/v weight (`LlamaConfig.fused`) on a mesh with a tensor axis, whose heads split
-  out of line with their query groups."""
+  out of line with their query groups; nor output-major o and down weights
+  (`LlamaConfig.out_major`) on a mesh with model-parallel axes, whose placement
+  (`DECODE_ROLES`) reads their axes in the usual order."""
   if mesh.size == 1:
     return
   for name, cfg in models.items():
@@ -313,6 +315,14 @@ def check_kernels_on_mesh(mesh: Mesh, models: dict[str, Any]) -> None:
           "groups (one device holds query heads, another the keys), so every layer would "
           "reshuffle them between devices. Fix: drop :fused=1 from the size on a tensor-parallel "
           "mesh, or --config.mesh.tensor=1.")
+    model_parallel = mesh.shape["fsdp"] * mesh.shape["tensor"]
+    if getattr(cfg, "out_major", False) and model_parallel > 1:
+      raise ValueError(
+          f"The {name}'s o and down weights are stored output axis first (model.size "
+          f"...:out_major=1), a layout for weights held whole on each device, but the decoding "
+          f"mesh splits weights over fsdp × tensor = {model_parallel} devices by the usual "
+          "layout's axes. Fix: drop :out_major=1 from the size, or --config.mesh.fsdp=1 "
+          "--config.mesh.tensor=1.")
     for option, what in (("pallas", "its layers"), ("attn_kernel", "its attention")):
       if getattr(cfg, option, False):
         raise ValueError(

@@ -121,15 +121,18 @@ def test_import_matches_transformers(imported):
 
 def test_fused_and_unrolled_layouts_match_transformers(imported):
   """Each family's imported weights in the fused layout (`LlamaConfig.fused`), the unrolled one
-  (`unrolled`: per-layer params, per-layer windows and RoPE) and both give transformers'
-  logits, and export to the same tensors as the scanned, unfused layout."""
+  (`unrolled`: per-layer params, per-layer windows and RoPE), both, and the out-major one
+  (`out_major`: o and down stored output axis first) give transformers' logits, and export to
+  the same tensors as the scanned, unfused layout."""
   case, model, cfg, params, _ = imported
   ids = np.random.default_rng(2).integers(0, VOCAB, (2, PROMPT_LEN))
   want = hf_export.params_to_hf(cfg, params)
-  for fused, unrolled in ((True, False), (False, True), (True, True)):
-    new_cfg = dataclasses.replace(cfg, fused=fused, unrolled=unrolled)
+  for fused, unrolled, out_major in ((True, False, False), (False, True, False),
+                                     (True, True, False), (False, False, True)):
+    new_cfg = dataclasses.replace(cfg, fused=fused, unrolled=unrolled, out_major=out_major)
     new = layers.fuse_params(params) if fused else params
     new = layers.unstack_layers(new, cfg.n_layers) if unrolled else new
+    new = layers.out_major_params(new) if out_major else new
     np.testing.assert_allclose(_logits(new_cfg, new, ids), _hf_logits(model, ids), atol=2e-5)
     got = hf_export.params_to_hf(new_cfg, new)
     assert sorted(got) == sorted(want)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import common
-from spec_jax import loading, testing
+from spec_jax import loading, parallel, testing
 from spec_jax.data.tokenizer import ByteTokenizer
 from spec_jax.models import draft_init, gemma, layers, llama
 
@@ -181,16 +181,20 @@ def _layout(cfg, params, layout):
   if "unrolled" in layout:
     cfg = dataclasses.replace(cfg, unrolled=True)
     params = layers.unstack_layers(params, cfg.n_layers)
+  if "out_major" in layout:
+    cfg, params = dataclasses.replace(cfg, out_major=True), layers.out_major_params(params)
   return cfg, params
 
 
-@pytest.mark.parametrize("layout", ["fused", "unrolled", "fused+unrolled"])
+@pytest.mark.parametrize("layout", ["fused", "unrolled", "fused+unrolled",
+                                    "fused+unrolled+out_major"])
 def test_fused_and_unrolled_layouts_are_the_same_model(layout):
-  """`fused` (q/k/v and gate/up as one product each) and `unrolled` (layers written out, each
-  with its own params) compute the same model from the same weights: logits, hidden residuals
-  and SD² steering deltas, through the cache too; the conversions are inverses and give what
-  such a model initialises. Unequal head counts (4 query heads, 1 key/value head), random
-  biases and per-layer deltas make a wrong split order or layer index show."""
+  """`fused` (q/k/v and gate/up as one product each), `unrolled` (layers written out, each
+  with its own params) and `out_major` (o and down weights stored output axis first) compute
+  the same model from the same weights: logits, hidden residuals and SD² steering deltas,
+  through the cache too; the conversions are inverses and give what such a model initialises.
+  Unequal head counts (4 query heads, 1 key/value head), random biases and per-layer deltas
+  make a wrong split order, layer index or axis order show."""
   cfg, params = testing.tiny_model(seed=1, qkv_bias=True, n_kv_heads=1, n_layers=3)
   params = jax.tree_util.tree_map_with_path(
       lambda p, x: x + jax.random.normal(jax.random.key(len(jax.tree_util.keystr(p))), x.shape)
@@ -205,7 +209,13 @@ def test_fused_and_unrolled_layouts_are_the_same_model(layout):
   if "unrolled" in layout:
     assert "layers" not in new and sorted(k for k in new if k.startswith("layers_")) == [
         "layers_0", "layers_1", "layers_2"]
+  if "out_major" in layout:
+    block = new["layers_1"] if "unrolled" in layout else new["layers"]
+    assert block["attn"]["o"]["kernel"].shape == (cfg.d_model, cfg.n_heads, cfg.head_dim)
+    assert block["down"]["kernel"].shape == (cfg.d_model, cfg.d_ff)
   back = new
+  if "out_major" in layout:
+    back = layers.out_minor_params(back)
   if "unrolled" in layout:
     back = layers.stack_layers(back, cfg.n_layers)
   if "fused" in layout:
@@ -231,7 +241,30 @@ def test_fused_and_unrolled_layouts_are_the_same_model(layout):
   np.testing.assert_allclose(step2, step, atol=1e-5)
   for layer in hidden:
     np.testing.assert_allclose(hidden2[layer], hidden[layer], atol=1e-5)
-  for option in ("fused", "unrolled"):
+  for option in ("fused", "unrolled", "out_major"):
     assert getattr(draft_init.parse_size(f"test-tiny:{option}=1"), option) == 1
     with pytest.raises(ValueError, match=f"model.size.*{option}=1"):
       draft_init.parse_size(f"test-tiny:{option}=2")
+
+
+def test_out_major_weights_are_the_transposed_ones_and_stay_on_one_device():
+  """An out-major model (`LlamaConfig.out_major`) draws the transpose of the usual layout's
+  weights from the same key (a random model is the same model in either layout), loading sets
+  it, and a decoding mesh that splits weights refuses it in one line, while one that splits
+  only the batch takes it."""
+  cfg = llama.model_config("test-tiny", n_layers=2)
+  major = dataclasses.replace(cfg, out_major=True)
+  drawn = llama.init_params(major, jax.random.key(4))
+  want = layers.out_major_params(llama.init_params(cfg, jax.random.key(4)))
+  assert jax.tree.structure(drawn) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+  assert drawn["layers"]["attn"]["o"]["kernel"].shape == (2, 32, 4, 8)
+  loaded, _ = loading.resolve_model(common.model(size="test-tiny:out_major=1"),
+                                    ByteTokenizer(), field="model.checkpoint")
+  assert loaded.out_major and not loaded.fused
+  with pytest.raises(ValueError, match=r"out_major=1.*fsdp × tensor = 2.*drop :out_major=1"):
+    parallel.check_kernels_on_mesh(parallel.make_mesh({"data": 1, "fsdp": 2, "tensor": 1}),
+                                   {"model": major})
+  parallel.check_kernels_on_mesh(parallel.make_mesh({"data": 2, "fsdp": 1, "tensor": 1}),
+                                 {"model": major})

@@ -307,8 +307,12 @@ def test_bad_input_names_the_field():
     draft_init.parse_size("smollm2-135m:pallas=1")
   with pytest.raises(ValueError, match="model.size.*without unrolled"):
     draft_init.parse_size("smollm2-135m:fused=1:unrolled=1:pallas=1")
+  with pytest.raises(ValueError, match="model.size.*without unrolled=1 or out_major=1"):
+    draft_init.parse_size("smollm2-135m:fused=1:out_major=1:pallas=1")
   with pytest.raises(ValueError, match="pallas=1.*unfused layout"):
     llama.model_config("test-tiny", pallas=True)
+  with pytest.raises(ValueError, match="pallas=1.*out-major layout.*drop :out_major=1"):
+    llama.model_config("test-tiny", fused=True, out_major=True, pallas=True)
   assert families.model_config("gemma3-270m", fused=True, pallas=True).pallas
   assert draft_init.parse_size("smollm2-135m:fused=1:pallas=1").pallas == 1
 

@@ -34,7 +34,7 @@ KEEP = ("preset", "model", "device", "device_kind", "dtype", "batch_size", "new_
         "ms_per_step", "ms_per_decode_step", "ms_per_token", "tokens_per_s",
         "roofline_ms_per_step", "vs_roofline", "decode_vs_roofline", "memory_bandwidth_gb_s",
         "throughput_vs_first_batch_size", "loop", "fused", "unrolled", "decode_unrolled",
-        "xla_flags")
+        "out_major", "xla_flags")
 
 
 def rows():

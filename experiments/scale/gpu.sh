@@ -151,6 +151,11 @@ if [ "${1:-presets}" = bars ]; then
       --config.model.size=smollm2-135m:fused=1:unrolled=1
   step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
+  # o and down stored output axis first (`out_major`): each product one reduction where XLA
+  # wrote the elementwise product out and reduced it again, 320 kernels against 350 and
+  # ~290 MB a step less traffic (kernels.json; results.md, "Output-major weights").
+  step smollm2-135m-f32-fused-decode-unrolled-out-major $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1:out_major=1
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-unrolled-attn-triton $B1,dtype=float32 \
       "${SMOL[@]}" --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   # In bfloat16 the attention kernel slowed the 8B step and the hand-written layers the 135M

@@ -204,7 +204,8 @@ def _model_config(size: str, dtype: str, vocab_size: int):
                               param_dtype=dtype)
   return dataclasses.replace(cfg, fused=bool(spec.fused), unrolled=bool(spec.unrolled),
                              decode_unrolled=bool(spec.decode_unrolled),
-                             pallas=bool(spec.pallas), attn_kernel=bool(spec.attn_kernel))
+                             out_major=bool(spec.out_major), pallas=bool(spec.pallas),
+                             attn_kernel=bool(spec.attn_kernel))
 
 
 def decode_hlo(size: str, dtype: str, target: str, *, batch_size: int = 1,

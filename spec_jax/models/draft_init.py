@@ -42,7 +42,7 @@ import numpy as np
 from spec_jax.models import decoder, llama
 
 OPTIONS = ("layers", "first", "every", "vocab", "features", "fused", "unrolled",
-           "decode_unrolled", "pallas", "attn_kernel")
+           "decode_unrolled", "out_major", "pallas", "attn_kernel")
 FINAL = -1  # the hidden-layer key of the final pre-norm residual (models/decoder.py)
 
 
@@ -59,6 +59,7 @@ class Size:
   fused: int | None = None  # 1: q/k/v and gate/up as one product each (`LlamaConfig.fused`)
   unrolled: int | None = None  # 1: layers unrolled, per-layer params (`LlamaConfig.unrolled`)
   decode_unrolled: int | None = None  # 1: cached calls, scan written out (`decode_unrolled`)
+  out_major: int | None = None  # 1: "o" and "down" weights stored [out, in] (`out_major`)
   pallas: int | None = None  # 1: decoding layers as hand-written GPU kernels (`LlamaConfig.pallas`)
   attn_kernel: int | None = None  # 1: decoding attention as one kernel (`LlamaConfig.attn_kernel`)
 
@@ -73,7 +74,8 @@ def _ints(value: str) -> tuple[int, ...]:
 
 def parse_size(size: str, field: str = "model.size") -> Size:
   """`variant[:layers=i,j,..][:first=k][:every=m][:vocab=N][:features=1 | :features=a+b+c]
-  [:fused=1][:unrolled=1 | :decode_unrolled=1][:pallas=1 | :attn_kernel=1]` → Size; ValueError
+  [:fused=1][:unrolled=1 | :decode_unrolled=1][:out_major=1][:pallas=1 | :attn_kernel=1]` →
+  Size; ValueError
   naming `field`."""
   variant, *options = str(size).split(":")
   kwargs = {}
@@ -83,7 +85,8 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     if key not in OPTIONS or not eq:
       raise ValueError(f"{field}={size!r}: unknown option {option!r}. Options: layers=0,1,2 (or "
                        "0+1+2), first=K, every=M, vocab=N, features=1 (or features=2+15+27), "
-                       "fused=1, unrolled=1, decode_unrolled=1, pallas=1, attn_kernel=1, e.g. "
+                       "fused=1, unrolled=1, decode_unrolled=1, out_major=1, pallas=1, "
+                       "attn_kernel=1, e.g. "
                        "'smollm2-135m:layers=0,14,29'.")
     try:
       if key == "layers":
@@ -112,10 +115,15 @@ def parse_size(size: str, field: str = "model.size") -> Size:
     raise ValueError(f"{field}={size!r}: decode_unrolled=1 writes out the decoding calls' layer "
                      "scan over the stacked params; unrolled=1 already has no scan: keep one "
                      "of them (decode_unrolled=0 is the default).")
-  if out.pallas not in (None, 0, 1) or (out.pallas and (not out.fused or out.unrolled)):
+  if out.out_major not in (None, 0, 1):
+    raise ValueError(f"{field}={size!r}: out_major=1 stores the o and down weights output axis "
+                     "first, out_major=0 (the default) input axes first.")
+  if out.pallas not in (None, 0, 1) or (out.pallas and (not out.fused or out.unrolled
+                                                         or out.out_major)):
     raise ValueError(f"{field}={size!r}: pallas=1 runs the decoding calls' layers as "
                      "hand-written GPU kernels over the fused, scanned layout: write "
-                     "':fused=1:pallas=1' (without unrolled=1); pallas=0 is the default.")
+                     "':fused=1:pallas=1' (without unrolled=1 or out_major=1); pallas=0 is the "
+                     "default.")
   if out.attn_kernel not in (None, 0, 1) or (out.attn_kernel and out.pallas):
     raise ValueError(f"{field}={size!r}: attn_kernel=1 runs the decoding calls' attention as "
                      "one hand-written GPU kernel in XLA's layers; pallas=1 already runs the "

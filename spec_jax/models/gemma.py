@@ -89,7 +89,7 @@ class Block(nn.Module):
     gate, up = L.gate_up(cfg, L.pre_norm(norm("mlp_norm"), x, decoding))
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
-    h = L.dense(cfg, cfg.d_model, "down")(jax.nn.gelu(gate, approximate=True) * up)
+    h = L.out_product(cfg, 1, "down")(jax.nn.gelu(gate, approximate=True) * up)
     x = L.constrain(x + norm("post_mlp_norm")(L.constrain(h, "stream")), "stream")
     if "residual" in steer:
       x = x + L.per_token(steer["residual"]).astype(x.dtype)

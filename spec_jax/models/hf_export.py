@@ -68,6 +68,8 @@ def params_to_hf(cfg: llama.LlamaConfig, params, dtype: str | None = None) -> di
         "a language-model drafter instead.")
   if cfg.unrolled:
     params = L.stack_layers(params, cfg.n_layers)
+  if cfg.out_major:
+    params = L.out_minor_params(params)
   host = jax.device_get(L.unfuse_params(params, cfg) if cfg.fused else params)
   cast = (lambda w: np.asarray(w)) if dtype is None else (  # noqa: E731
       lambda w: np.asarray(w).astype(hf_import.np_dtype_of(dtype)))

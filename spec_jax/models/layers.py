@@ -9,7 +9,7 @@ Shape legend (capital-letter einsums; the package legend in `spec_jax/__init__.p
 
 A model config (`llama.LlamaConfig` or a subclass) is passed whole; the attention reads its fields
 n_heads, n_kv_heads, head_dim, qkv_bias, qk_norm, norm_eps, norm_offset, query_scale, attn_softcap,
-fused, dtype and param_dtype.
+fused, out_major, dtype and param_dtype.
 """
 
 from __future__ import annotations
@@ -227,6 +227,41 @@ def scaled_product(cfg, features, name, x, use_bias=False):
   return (y * inv).astype(cfg.dtype)
 
 
+class OutMajorDense(nn.Module):
+  """A product over x's last `n_in` axes whose kernel is stored output axis first,
+  [features, *in]: the weights of `nn.DenseGeneral(features, axis=(-n_in..-1))`, whose kernel
+  is [*in, features], transposed. Initialised to the transpose of what that module draws from
+  the same key, so a random model is the same model in either layout."""
+  features: int
+  n_in: int
+  dtype: str
+  param_dtype: str
+
+  @nn.compact
+  def __call__(self, x):
+    in_shape = x.shape[-self.n_in:]
+
+    def init(key, shape, dtype):
+      del shape
+      drawn = nn.initializers.normal(0.02)(key, (*in_shape, self.features), dtype)
+      return jnp.moveaxis(drawn, -1, 0)
+    kernel = self.param("kernel", init, (self.features, *in_shape), self.param_dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    contract = (tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(1, 1 + self.n_in)))
+    return jax.lax.dot_general(x, kernel, (contract, ((), ())))
+
+
+def out_product(cfg, n_in: int, name: str):
+  """A block's output-side product to the model width over the input's last n_in axes ("o"
+  over [N, H], "down" over [F]): a DenseGeneral kernel [*in, D], or with `cfg.out_major` the
+  same weights stored [D, *in] (`OutMajorDense`)."""
+  if getattr(cfg, "out_major", False):
+    return OutMajorDense(cfg.d_model, n_in, cfg.dtype, cfg.param_dtype, name=name)
+  return nn.DenseGeneral(cfg.d_model, axis=tuple(range(-n_in, 0)), use_bias=False,
+                         dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                         kernel_init=nn.initializers.normal(0.02), name=name)
+
+
 def softcap(x: jax.Array, cap: float) -> jax.Array:
   """cap · tanh(x / cap) (Gemma 2's logit soft-capping); x unchanged when cap is 0."""
   return x if not cap else jnp.tanh(x / cap) * cap
@@ -318,9 +353,7 @@ class Attention(nn.Module):
     q = constrain(rope(q, positions, freq), "heads")
     k = constrain(rope(k, positions, freq).astype(cfg.dtype), "heads")
     v = constrain(v.astype(cfg.dtype), "heads")
-    o_product = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.dtype,
-                                param_dtype=cfg.param_dtype,
-                                kernel_init=nn.initializers.normal(0.02), name="o")
+    o_product = out_product(cfg, 2, "o")
     if isinstance(layer_cache, KernelCache):  # one kernel, windows included
       out = pallas_attention.attention(cfg, q, k, v, layer_cache.k, layer_cache.v,
                                        layer_cache.layer, mask_old, mask_new, positions,
@@ -403,6 +436,37 @@ def unfuse_params(params, cfg):
       out.setdefault("gate", {})[leaf] = value[..., 0, :]
       out.setdefault("up", {})[leaf] = value[..., 1, :]
   return out
+
+
+# The output-side products and the input axes of each (`cfg.out_major`): "o" [N, H, D] ↔
+# [D, N, H] under an attention's params, "down" [F, D] ↔ [D, F] beside its block's gate/up.
+OUT_MAJOR = {"o": 2, "down": 1}
+
+
+def _out_major_tree(params, to_major: bool):
+  if not isinstance(params, dict):
+    return params
+  out = {key: _out_major_tree(value, to_major) for key, value in params.items()}
+  owners = {"o": "q" in out or "qkv" in out, "down": "up" in out or "gate_up" in out}
+  for name, n_in in OUT_MAJOR.items():
+    if owners[name] and name in out:
+      kernel = out[name]["kernel"]  # [(L,) *in, D] or [(L,) D, *in]
+      moved = (jnp.moveaxis(kernel, -1, -1 - n_in) if to_major
+               else jnp.moveaxis(kernel, -1 - n_in, -1))
+      out[name] = {**out[name], "kernel": moved}
+  return out
+
+
+def out_major_params(params):
+  """The same model's params in the out-major layout (`cfg.out_major`): each block's "o" and
+  "down" kernels stored output axis first, wherever the blocks sit (scanned or per-layer
+  params, a drafter's blocks)."""
+  return _out_major_tree(params, True)
+
+
+def out_minor_params(params):
+  """`out_major_params` undone (for export and for code that reads the usual layout)."""
+  return _out_major_tree(params, False)
 
 
 def unstack_layers(params, n_layers: int):

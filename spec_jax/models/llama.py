@@ -52,6 +52,14 @@ class LlamaConfig:
     slice in place (XLA's dynamic-slice fusion), and the step's kernels are those of the
     unrolled layout (experiments/scale/results.md, "Straight-line decoding over stacked
     weights"); XLA:CPU does not, and there it keeps the scanned step's time.
+  out_major: each block's output-side products store their weights output axis first: "o"
+    [D, N, H], "down" [D, F] (`layers.out_product`; `layers.out_major_params` converts):
+    the same model, with the contraction along the weight rows' minor axis. On a GPU, XLA
+    reduces the float32 products of small models itself (no cuBLAS call), and some weights
+    stored [in, out] ([F, D] and [N, H, D] at the SmolLM2-135M shape) become two kernels there,
+    the whole elementwise product written to memory and reduced again; stored [out, in] each is
+    one (experiments/scale/results.md, "Output-major weights"). XLA:CPU runs it slower
+    (`model.size=...:out_major=1`; a GPU option).
   pallas: the decoding calls' layers (a cache, at most `pallas_attention.MAX_TOKENS` tokens a row,
     no steering) as five hand-written GPU kernels each (`pallas_layers.py`; Llama and Gemma
     families) instead of XLA's fusions: the same model and params; needs the fused, scanned
@@ -91,6 +99,7 @@ class LlamaConfig:
   fused: bool = False
   unrolled: bool = False
   decode_unrolled: bool = False
+  out_major: bool = False
   pallas: bool = False
   attn_kernel: bool = False
   family: str = "llama"
@@ -264,7 +273,7 @@ class Block(nn.Module):
     gate, up = L.gate_up(cfg, L.pre_norm(norm("mlp_norm"), x, decoding))
     if "up" in steer:
       up = up + L.per_token(steer["up"]).astype(up.dtype)
-    x = L.constrain(x + L.dense(cfg, cfg.d_model, "down")(nn.silu(gate) * up), "stream")
+    x = L.constrain(x + L.out_product(cfg, 1, "down")(nn.silu(gate) * up), "stream")
     if "residual" in steer:
       x = x + L.per_token(steer["residual"]).astype(x.dtype)
     return x, (new_kv, residual_in)

@@ -72,6 +72,8 @@ def unsupported(cfg) -> str | None:
     return "the unfused layout (the kernels read 'qkv' and 'gate_up': add :fused=1)"
   if cfg.unrolled:
     return "the unrolled layout (the kernels index the stacked layers: drop :unrolled=1)"
+  if getattr(cfg, "out_major", False):
+    return "the out-major layout (the kernels read o and down as [in, out]: drop :out_major=1)"
   return None
 
 

@@ -112,7 +112,8 @@ def run(config, workdir: str) -> list[dict]:
         decode_vs_roofline=None if decode_ms is None else round(decode_ms / roofline_step_ms, 3),
         mesh=None if mesh is None else dict(mesh.shape),
         loop=b.get("loop", "fixed"), fused=cfg.fused, unrolled=cfg.unrolled,
-        decode_unrolled=cfg.decode_unrolled, pallas=cfg.pallas, attn_kernel=cfg.attn_kernel,
+        decode_unrolled=cfg.decode_unrolled, out_major=cfg.out_major, pallas=cfg.pallas,
+        attn_kernel=cfg.attn_kernel,
         model=config.model.checkpoint or config.model.size, preset=preset, dtype=cfg.dtype,
         device_kind=jax.devices()[0].device_kind, xla_flags=os.environ.get("XLA_FLAGS", "")))
   base = rows[0]["tokens_per_s"]

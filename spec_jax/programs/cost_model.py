@@ -70,7 +70,7 @@ def run(config, workdir: str) -> list[dict]:
   variant = draft_init.parse_size(config.verifier.size).variant
   labels = dict(device_kind=jax.devices()[0].device_kind, dtype=v_cfg.dtype, fused=v_cfg.fused,
                 unrolled=v_cfg.unrolled, decode_unrolled=v_cfg.decode_unrolled,
-                pallas=v_cfg.pallas, attn_kernel=v_cfg.attn_kernel,
+                out_major=v_cfg.out_major, pallas=v_cfg.pallas, attn_kernel=v_cfg.attn_kernel,
                 xla_flags=os.environ.get("XLA_FLAGS", ""), preset=(
       variant if variant in presets.PRESETS and not config.verifier.checkpoint else None))
   size = c.position + max(c.tokens) + 1
@@ -193,7 +193,8 @@ def _drafter(config, tokenizer):
   cfg = presets.block_drafter(base, draft_init.layer_subset(size, base.n_layers, "drafter.size"))
   cfg = dataclasses.replace(cfg, fused=bool(size.fused), unrolled=bool(size.unrolled),
                             decode_unrolled=bool(size.decode_unrolled),
-                            pallas=bool(size.pallas), attn_kernel=bool(size.attn_kernel))
+                            out_major=bool(size.out_major), pallas=bool(size.pallas),
+                            attn_kernel=bool(size.attn_kernel))
   return cfg, llama.init_params(cfg, jax.random.key(config.seed + 1))
 
 

@@ -159,7 +159,8 @@ def _windows(config, spec: distill_data.Spec, tokenizer, split: str, **kwargs):
 # Verifier config fields added after pools were first cached: left out of a pool's key at
 # these values, so the caches written before them still serve.
 _KEY_DEFAULTS = {"feature_layers": (), "fused": False, "unrolled": False,
-                 "decode_unrolled": False, "pallas": False, "attn_kernel": False}
+                 "decode_unrolled": False, "out_major": False, "pallas": False,
+                 "attn_kernel": False}
 
 
 def _pool(config, spec: distill_data.Spec) -> tuple[int, int]:
