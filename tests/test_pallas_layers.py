@@ -186,6 +186,27 @@ def test_narrow_column_blocks_equal_xla_layers(monkeypatch):
     pallas_attention.Tiles(columns=3)
 
 
+@pytest.mark.parametrize("case", ["odd-widths-qk-norm-bias", "gemma3-tree"])
+def test_a_contraction_shared_by_programs_equals_xla_layers(case, monkeypatch):
+  """`Tiles.depth`: the o and down products' contraction shared by five programs (uneven runs
+  of 1-wide blocks: 72 and 48 of them at the odd widths), each writing a float32 partial sum
+  that the kernel reading the stream next adds up with the residual (Gemma: before its norm),
+  and XLA after the last layer: still XLA's layers (runs that leave blocks out, or a partial
+  sum left out of the total: `test_planted_bugs_fail_the_comparison`)."""
+  overrides, b, t, tree = CASES[case]
+  cfg, params = _model(**overrides)
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, depth=5))
+  kernels = dataclasses.replace(cfg, pallas=True)
+  tokens, positions, mask, slots = _call(b, t, tree)
+  program = str(jax.jit(decoder.make_apply(kernels)).trace(
+      params, tokens, positions, L.init_cache(cfg, b, S), mask, slots).jaxpr)
+  if case.startswith("odd"):
+    # o and down (48 columns, 8 a program), in the GPU's branch and the interpreter's.
+    assert program.count("grid=(6, 1, 5)") == 4
+  diffs = _max_differences(cfg, params, b, t, tree)
+  assert max(diffs.values()) < 2e-5, diffs
+
+
 def test_a_tile_setting_set_between_programs_is_traced_anew(monkeypatch):
   """A sweep sets `pallas_attention.TILES` between programs (experiments/scale/pallas_tiles.py):
   a program traced after the change cuts its kernels the new way, though the model's forward of
@@ -239,13 +260,34 @@ def _plant_gain_offset(monkeypatch):
   monkeypatch.setattr(pallas_layers, "_gain", lambda gain, cfg: gain.astype(jnp.float32))
 
 
+def _shared_contractions(monkeypatch):
+  monkeypatch.setattr(pallas_attention, "TILES", pallas_attention.Tiles(tile=64, depth=5))
+
+
+def _plant_blocks_left_out(monkeypatch):
+  _shared_contractions(monkeypatch)
+  real = pallas_layers._depth  # noqa: SLF001
+  monkeypatch.setattr(pallas_layers, "_depth", lambda blocks, tiles: (
+      lambda depth, per: (depth, per - 1))(*real(blocks, tiles)))
+
+
+def _plant_partial_sum_left_out(monkeypatch):
+  _shared_contractions(monkeypatch)
+  real = pallas_layers._sum_partials  # noqa: SLF001
+  monkeypatch.setattr(pallas_layers, "_sum_partials",
+                      lambda h_ref, *args: real(h_ref.at[1:], *args))
+
+
 @pytest.mark.parametrize("plant, family", [
     (_plant_rope_sign, "llama"), (_plant_all_new_visible, "llama"), (_plant_norm_width, "llama"),
+    (_plant_blocks_left_out, "llama"), (_plant_partial_sum_left_out, "llama"),
     (_plant_no_window, "gemma"), (_plant_gain_offset, "gemma")])
 def test_planted_bugs_fail_the_comparison(plant, family, monkeypatch, fresh_programs):
   """A sign flipped in RoPE, every cache slot and new token visible, RMSNorm over one element
-  too few; in Gemma, the sliding window ignored, the norms' gain without its stored offset:
-  each moves the kernels' output far past the tolerance above."""
+  too few; with the o and down contractions shared by programs (`Tiles.depth`), a run of
+  blocks no program takes, a partial sum left out of the total; in Gemma, the sliding window
+  ignored, the norms' gain without its stored offset: each moves the kernels' output far past
+  the tolerance above."""
   plant(monkeypatch)
   cfg, params = _model(family=family)
   diffs = _max_differences(cfg, params, 2, 5, True)

@@ -168,15 +168,18 @@ if [ "${1:-presets}" = bars ]; then
       --config.benchmark.prompt_tokens=1984
   step llama3.1-8b-fused-unrolled-s2112 $B1,preset=llama3.1-8b,fused,unrolled \
       --config.benchmark.prompt_tokens=2048
-  # The hand-written products with more, narrower programs (`Tiles.columns`): whether a
-  # product kernel is short of programs (72 for the 135M down product in float32, 36 in
-  # bfloat16), in both dtypes.
+  # The hand-written products with more programs, in both dtypes: narrower column blocks
+  # (`Tiles.columns`: whether a product kernel is short of programs, 72 for the 135M down
+  # product in float32, 36 in bfloat16), or the o and down contractions shared by programs
+  # (`Tiles.depth`: ~160-220 programs with column blocks of 8, 32 or 64 float32 columns, whole
+  # 32-256-byte segments of each weight row).
   for dt in float32 bfloat16; do
     left=$((520 - SECONDS))
     echo "== pallas-columns-$dt (t=${SECONDS}s)" >>"$LOG"
     if [ "$left" -ge 40 ] && [ -z "${LIST:-}" ]; then
       timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --dtype "$dt" \
-          --settings default,columns=4,columns=2,columns=1 --out "$W/pallas-columns-$dt" \
+          --settings default,depth=4,depth=32,columns=4,columns=1,depth=16,columns=2 \
+          --out "$W/pallas-columns-$dt" \
           --budget_s "$((left - 25))" >>"$LOG" 2>&1
       echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
       tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"

@@ -18,8 +18,8 @@ A program that fails to compile gets a row with its error instead of ending the 
   python experiments/scale/pallas_tiles.py --size smollm2-135m --dtype bfloat16 --batch 8 ...
   python experiments/scale/pallas_tiles.py --budget_s 150   # the settings compiled by then
 
-`bash experiments/scale/gpu.sh kernels` runs it after its steps, and `bars` the column
-settings. 1-2 s of compiling a setting on an H200 (135M shape). On CPU the kernels run in Pallas's interpreter: the numbers
+`bash experiments/scale/gpu.sh kernels` runs it after its steps, and `bars` the column and
+depth settings. 1-2 s of compiling a setting on an H200 (135M shape). On CPU the kernels run in Pallas's interpreter: the numbers
 mean nothing there (tests/test_pallas_layers.py runs it so, on test-tiny, to keep it working).
 """
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 # One field of Tiles() changed per setting: what a GPU run should tell apart first.
 SETTINGS = ("default", "columns=4", "columns=2", "programs=64", "programs=128", "programs=512",
             "tile=4096", "tile=16384", "num_warps=2", "num_warps=8", "num_stages=1",
-            "num_stages=3")
+            "num_stages=3", "depth=4", "depth=16", "depth=32")
 CONTEXT = 64
 
 

@@ -54,7 +54,13 @@ class Tiles:
   num_warps, num_stages: Triton's, per kernel.
   columns: the fewest output columns a product's program owns; 0: one 32-byte memory sector of
     each weight row (8 float32 or 16 bfloat16 columns). Fewer (a power of two) gives a narrow
-    product more programs, each reading part of a sector of every row."""
+    product more programs, each reading part of a sector of every row.
+  depth: programs that share the contracting axis of each of a layer's output-side products
+    (o, down), each summing a run of its blocks; 1: one program takes a column block's whole
+    contraction. Above 1 a product writes float32 partial sums and the kernel that reads the
+    stream next (which reads whole rows anyway) adds them up with the residual, so the column
+    blocks can stay wide (whole 128-256-byte segments of each weight row) while `programs`
+    programs stream the weights."""
   tile: int = 8192
   programs: int = 256
   rows: int = 16
@@ -62,11 +68,15 @@ class Tiles:
   num_warps: int = 4
   num_stages: int = 2
   columns: int = 0
+  depth: int = 1
 
   def __post_init__(self):
     if self.columns < 0 or self.columns & (self.columns - 1):
       raise ValueError(f"Tiles.columns={self.columns}: Triton's blocks are powers of two; "
                        "use 0 (one 32-byte sector), 1, 2, 4, 8, ...")
+    if self.depth < 1:
+      raise ValueError(f"Tiles.depth={self.depth}: programs sharing a contraction; use 1 "
+                       "(one program a column block) or more.")
 
 
 # The tiles every call uses (read when a program is traced).

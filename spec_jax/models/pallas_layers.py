@@ -33,7 +33,11 @@ levers"). The new K/V of all layers are written to the cache after the last laye
 
 Products at these shapes are matrix-vector products: each program owns a block of output
 columns and a block of rows and accumulates broadcast products over blocks of the contracting
-axis in float32 (no tensor cores; exact float32 arithmetic). Triton needs power-of-two tiles: every
+axis in float32 (no tensor cores; exact float32 arithmetic). With `Tiles.depth` > 1 the o and
+down products share their contraction between programs: each writes a float32 partial sum
+over its run of blocks ([depth, R, D]), and the kernel that reads the stream next adds them up
+with the residual where it reads the row (a pending output, as Gemma's post-sublayer norms
+are); the same five kernels a layer, more programs each. Triton needs power-of-two tiles: every
 tile is one, and loads and stores past an axis's end are masked. On CPU the same kernels run in
 Pallas's interpreter (tests); TPU has no Triton.
 
@@ -77,14 +81,22 @@ def unsupported(cfg) -> str | None:
   return None
 
 
-def _column_block(n: int, tiles, itemsize: int) -> int:
+def _column_block(n: int, tiles, itemsize: int, depth: int = 1) -> int:
   """Output columns a program owns: the widest power of two up to 64 that still gives
-  `tiles.programs` programs, else the narrowest (`_narrowest`)."""
+  `tiles.programs` programs with `depth` programs to a column block, else the narrowest
+  (`_narrowest`)."""
   narrowest = _narrowest(tiles, itemsize)
   for block in (64, 32, 16, 8, 4, 2):
-    if block > narrowest and n % block == 0 and n // block >= tiles.programs:
+    if block > narrowest and n % block == 0 and n // block * depth >= tiles.programs:
       return block
   return narrowest
+
+
+def _depth(blocks: int, tiles) -> tuple[int, int]:
+  """(programs sharing a contraction of `blocks` blocks, blocks each takes): `tiles.depth` at
+  most, every program with at least one block."""
+  per = pl.cdiv(blocks, min(tiles.depth, blocks))
+  return pl.cdiv(blocks, per), per
 
 
 def _narrowest(tiles, itemsize: int) -> int:
@@ -127,16 +139,43 @@ def _sum_squares(chunk, width, bk, rmask):
   return jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros(rmask.shape, jnp.float32))
 
 
+def _sum_partials(h_ref, rows, rmask, cmask, cols):
+  """Σ_s h_ref[s, rows, cols] in float32: the partial sums of the programs that shared a
+  product's contraction (`Tiles.depth`)."""
+  def add(s, acc):
+    return acc + plgpu.load(h_ref.at[s, rows, cols], mask=rmask[:, None] & cmask[None, :],
+                            other=0)
+  zeros = jnp.zeros((rmask.shape[0], cmask.shape[0]), jnp.float32)
+  return jax.lax.fori_loop(0, h_ref.shape[0], add, zeros)
+
+
+def _output_chunks(h_ref, rows, rmask, width, bk, dtype):
+  """chunk(c) → block c of a sublayer's output h waiting in h_ref (float32 holding values of
+  the model's dtype): [R, width] as its product stored it, or [S, R, width] float32 partial
+  sums (`Tiles.depth`), added up and rounded as the product's output is."""
+  if h_ref.ndim == 2:
+    return _row_chunks(h_ref, rows, rmask, width, bk)
+
+  def chunk(c):
+    cmask = c * bk + jnp.arange(bk) < width
+    total = _sum_partials(h_ref, rows, rmask, cmask, pl.ds(c * bk, bk))
+    return total.astype(dtype).astype(jnp.float32)
+  return chunk
+
+
 def _stream(x_ref, pending, rows, rmask, width, bk, cfg):
   """chunk(c) → block c of the residual stream for a block of rows (float32 holding values of
-  the model's dtype): x, or, where the previous sublayer's output still waits for its norm
-  (Gemma's post-attention and post-MLP norms; pending = (h_ref, gain_ref, gain layer)),
-  x + RMSNorm(h), rounded as the XLA block rounds it."""
+  the model's dtype): x, or, where the previous sublayer's output h still waits (pending =
+  (h_ref, gain_ref, gain layer)), x + RMSNorm(h) (Gemma's post-attention and post-MLP norms)
+  or, without a gain, x + h (a product's partial sums, `Tiles.depth`), rounded as the XLA
+  block rounds it."""
   load_x = _row_chunks(x_ref, rows, rmask, width, bk)
   if pending is None:
     return load_x
   h_ref, gain_ref, gain_layer = pending
-  load_h = _row_chunks(h_ref, rows, rmask, width, bk)
+  load_h = _output_chunks(h_ref, rows, rmask, width, bk, jnp.dtype(cfg.dtype))
+  if gain_ref is None:
+    return lambda c: (load_x(c) + load_h(c)).astype(cfg.dtype).astype(jnp.float32)
   inv = _rms(_sum_squares(load_h, width, bk, rmask), width, cfg.norm_eps)
 
   def chunk(c):
@@ -158,6 +197,16 @@ def _store_stream(chunk, out_ref, rows, rmask, width, bk, when):
     jax.lax.fori_loop(0, pl.cdiv(width, bk), body, 0)
 
 
+def _pending(refs: list, kind, gain_layer):
+  """A kernel's pending operands, popped off the front of refs: (h_ref, gain_ref, gain_layer)
+  for kind "norm" (the previous sublayer's output and its norm's scale: Gemma), (h_ref, None,
+  gain_layer) for "add" (its partial sums alone: `Tiles.depth`), None for None."""
+  if kind is None:
+    return None
+  h_ref = refs.pop(0)
+  return h_ref, (refs.pop(0) if kind == "norm" else None), gain_layer
+
+
 def _rope_pair(lo, hi, cos, sin):
   """RoPE in the rotate-half layout on a head's halves: (lo·cos − hi·sin, hi·cos + lo·sin)."""
   return lo * cos - hi * sin, hi * cos + lo * sin
@@ -168,13 +217,14 @@ def _qkv_kernel(*refs, n_rows, br, bk, bh, cfg, pending):
   RMSNorm(x) @ qkv for a block of rows (RoPE pairs column j with j + H/2, so a program holds
   whole pairs; bh = H/2 under q/k norm, which needs the whole head), then the head's bias,
   q/k norm and RoPE; q heads to q_ref [R, N, H], k/v heads to kv_ref [R, 2K, H].
-  refs: layer, x, [the previous layer's MLP output and post-MLP norm scale when `pending`],
-  positions, attn_norm, qkv kernel, [qkv bias], [q_norm, k_norm], freqs; the outputs q
-  [R, N, H], kv [R, 2K, H] and, when `pending`, the stream x + RMSNorm(h) [R, D]."""
+  refs: layer, x, [the previous layer's MLP output, and its post-MLP norm scale, when
+  `pending` (`_pending`)], positions, attn_norm, qkv kernel, [qkv bias], [q_norm, k_norm],
+  freqs; the outputs q [R, N, H], kv [R, 2K, H] and, when `pending`, the stream resolved
+  [R, D]."""
   refs = list(refs)
   layer_ref, x_ref = refs.pop(0), refs.pop(0)
   layer = layer_ref[()]
-  pend = (refs.pop(0), refs.pop(0), layer - 1) if pending else None
+  pend = _pending(refs, pending, layer - 1)
   pos_ref, norm_ref, w_ref = refs.pop(0), refs.pop(0), refs.pop(0)
   bias_ref = refs.pop(0) if cfg.qkv_bias else None
   qn_ref, kn_ref = (refs.pop(0), refs.pop(0)) if cfg.qk_norm else (None, None)
@@ -243,11 +293,31 @@ def _store_product(acc, res_ref, out_ref, rows, cols, mask, dtype):
   plgpu.store(out_ref.at[rows, cols], out.astype(out_ref.dtype), mask=mask)
 
 
-def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual):
+def _blocks(total: int, per: int):
+  """The contraction blocks [first, end) of this program: all `total`, or with `per` (a
+  product's contraction shared by programs, `Tiles.depth`) its run of per blocks, the
+  program's index along the grid's third axis."""
+  if not per:
+    return 0, total
+  first = pl.program_id(2) * per
+  return first, jnp.minimum(first + per, total)
+
+
+def _finish_product(acc, res_ref, out_ref, rows, cols, mask, dtype, per):
+  """A product kernel's end: its share of the contraction as a float32 partial sum where the
+  contraction is shared (`_blocks`), else the product (`_store_product`)."""
+  if per:
+    plgpu.store(out_ref.at[pl.program_id(2), rows, cols], acc, mask=mask)
+  else:
+    _store_product(acc, res_ref, out_ref, rows, cols, mask, dtype)
+
+
+def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual, per=0):
   """`_product_kernel` for the o product, reading its input from the attention's splits:
   block c of row r is head n's Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s (M = max_s m_s), the
   softmax over every split at once, rounded to `dtype` as XLA's attention output is.
-  refs: layer, acc [splits, R, N, H], m, l [splits, R, N], o [L, N·H, D], [res [R, D]], out."""
+  refs: layer, acc [splits, R, N, H], m, l [splits, R, N], o [L, N·H, D], [res [R, D]], out
+  ([R, D], or [depth, R, D] float32 partial sums with `per`: `_blocks`)."""
   layer_ref, acc_ref, m_ref, l_ref, w_ref = refs[:5]
   res_ref, out_ref = refs[5:] if residual else (None, refs[5])
   cb, rb = pl.program_id(0), pl.program_id(1)
@@ -285,14 +355,18 @@ def _attention_out_kernel(*refs, n_rows, br, bk, bn, head_dim, dtype, residual):
     w = plgpu.load(w_ref.at[layer, pl.ds(c * bk, bk), cols], mask=cmask[None], other=0)
     return acc + jnp.sum(heads(c)[:, :, None] * w.astype(jnp.float32)[None], axis=1)
 
-  acc = jax.lax.fori_loop(0, width // bk, body, jnp.zeros((br, bn), jnp.float32))
-  _store_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype)
+  first, end = _blocks(width // bk, per)
+  acc = jax.lax.fori_loop(first, end, body, jnp.zeros((br, bn), jnp.float32))
+  _finish_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype,
+                  per)
 
 
-def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
-  """Program (column block, row block): x @ w[layer] for a block of rows and columns, rounded to
-  `dtype`, plus res where `residual` (refs: layer, x [R, I], w [L, I, O], [res [R, O]], out
-  [R, O]). Without: the sublayer's output, whose norm the next kernel applies (Gemma)."""
+def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual, per=0):
+  """Program (column block, row block[, contraction share]): x @ w[layer] for a block of rows
+  and columns, rounded to `dtype`, plus res where `residual` (refs: layer, x [R, I], w
+  [L, I, O], [res [R, O]], out [R, O]). Without: the sublayer's output, which the next kernel
+  resolves (Gemma's norm). With `per`: a float32 partial sum over this program's blocks to out
+  [depth, R, O] (`_blocks`)."""
   layer_ref, x_ref, w_ref = refs[:3]
   res_ref, out_ref = refs[3:] if residual else (None, refs[3])
   cb, rb = pl.program_id(0), pl.program_id(1)
@@ -310,19 +384,22 @@ def _product_kernel(*refs, n_rows, br, bk, bn, dtype, residual):
                    other=0).astype(jnp.float32)
     return acc + jnp.sum(x[:, :, None] * w[None], axis=1)
 
-  acc = jax.lax.fori_loop(0, pl.cdiv(width, bk), body, jnp.zeros((br, bn), jnp.float32))
-  _store_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype)
+  first, end = _blocks(pl.cdiv(width, bk), per)
+  acc = jax.lax.fori_loop(first, end, body, jnp.zeros((br, bn), jnp.float32))
+  _finish_product(acc, res_ref, out_ref, rows, cols, rmask[:, None] & cmask[None, :], dtype,
+                  per)
 
 
 def _mlp_in_kernel(*refs, n_rows, br, bk, bn, cfg, pending):
   """Program (column block, row block): act(gate) · up of RMSNorm(x), gate/up = the columns of
   gate_up [L, D, 2, F], act = SiLU (Llama) or tanh-approximated GELU (Gemma).
-  refs: layer, x, [the attention's output h and the post-attention norm scale when
-  `pending`], mlp_norm, gate_up; out [R, F] and, when `pending`, the stream x + RMSNorm(h)."""
+  refs: layer, x, [the attention's output h, and its post-attention norm scale, when
+  `pending` (`_pending`)], mlp_norm, gate_up; out [R, F] and, when `pending`, the stream
+  resolved."""
   refs = list(refs)
   layer_ref, x_ref = refs.pop(0), refs.pop(0)
   layer = layer_ref[()]
-  pend = (refs.pop(0), refs.pop(0), layer) if pending else None
+  pend = _pending(refs, pending, layer)
   norm_ref, w_ref, out_ref = refs[:3]
   cb, rb = pl.program_id(0), pl.program_id(1)
   width, n_out, dtype = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
@@ -444,65 +521,87 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                            jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32)),
                 name="attention")
 
-  def product(width, n_out):
-    bn = _column_block(n_out, tiles, dtype.itemsize)
-    bk = divisor_block(width, tiles.tile // (br * bn))
-    return call(functools.partial(_product_kernel, n_rows=n_rows, br=br, bk=bk, bn=bn,
-                                  dtype=dtype, residual=not post),
-                grid=(pl.cdiv(n_out, bn), n_rb),
-                out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name="product")
+  def shared(depth, per, n_out, kernel, **kw):
+    """A product's kernel: its whole contraction a program (the output, plus the residual
+    unless a norm waits for it), or shared by `depth` programs (float32 partial sums)."""
+    if depth == 1:
+      return call(functools.partial(kernel, residual=not post, **kw),
+                  grid=(pl.cdiv(n_out, kw["bn"]), n_rb),
+                  out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name=kernel_names[kernel])
+    return call(functools.partial(kernel, residual=False, per=per, **kw),
+                grid=(pl.cdiv(n_out, kw["bn"]), n_rb, depth),
+                out_shape=jax.ShapeDtypeStruct((depth, n_rows, n_out), jnp.float32),
+                name=kernel_names[kernel])
 
-  down_product = product(d_ff, d)
-  o_bn = _column_block(d, tiles, dtype.itemsize)
-  o_product = call(
-      functools.partial(_attention_out_kernel, n_rows=n_rows, br=br, bn=o_bn, head_dim=head_dim,
-                        bk=divisor_block(head_dim, tiles.tile // (br * o_bn)), dtype=dtype,
-                        residual=not post),
-      grid=(pl.cdiv(d, o_bn), n_rb), out_shape=jax.ShapeDtypeStruct((n_rows, d), dtype),
-      name="attention_out")
+  kernel_names = {_product_kernel: "product", _attention_out_kernel: "attention_out"}
+  down_bn = _column_block(d, tiles, dtype.itemsize, tiles.depth)
+  # Blocks of the contraction no longer than a share of it, so that depth programs get some.
+  down_bk = divisor_block(d_ff, min(tiles.tile // (br * down_bn), max(d_ff // tiles.depth, 1)))
+  down_depth, down_per = _depth(pl.cdiv(d_ff, down_bk), tiles)
+  down_product = shared(down_depth, down_per, d, _product_kernel, n_rows=n_rows, br=br,
+                        bk=down_bk, bn=down_bn, dtype=dtype)
+  o_bn = _column_block(d, tiles, dtype.itemsize, tiles.depth)
+  o_bk = divisor_block(head_dim, min(tiles.tile // (br * o_bn),
+                                     max(n * head_dim // tiles.depth, 1)))
+  o_depth, o_per = _depth(n * head_dim // o_bk, tiles)
+  o_product = shared(o_depth, o_per, d, _attention_out_kernel, n_rows=n_rows, br=br, bn=o_bn,
+                     head_dim=head_dim, bk=o_bk, dtype=dtype)
+  # What waits for the kernel after each product: its output and norm (Gemma's norms after
+  # each sublayer: "norm"), its partial sums ("add"), or nothing (the residual added in it).
+  o_waits = "norm" if post else ("add" if o_depth > 1 else None)
+  down_waits = "norm" if post else ("add" if down_depth > 1 else None)
   mlp_bn = _column_block(d_ff, tiles, dtype.itemsize)
-  mlp_in = call(
-      functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=post,
-                        bk=divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn),
-      grid=(pl.cdiv(d_ff, mlp_bn), n_rb),
-      out_shape=(jax.ShapeDtypeStruct((n_rows, d_ff), dtype),) + ((stream_shape,) if post else ()),
-      name="norm_gate_up")
+
+  def mlp_in(pending):
+    return call(
+        functools.partial(_mlp_in_kernel, n_rows=n_rows, br=br, cfg=cfg, pending=pending,
+                          bk=divisor_block(d, tiles.tile // (2 * br * mlp_bn)), bn=mlp_bn),
+        grid=(pl.cdiv(d_ff, mlp_bn), n_rb),
+        out_shape=(jax.ShapeDtypeStruct((n_rows, d_ff), dtype),)
+        + ((stream_shape,) if pending else ()), name="norm_gate_up")
 
   # The layers written out: a layer is five kernels and no loop bookkeeping (a loop's counter
-  # would be a sixth); the layer index is a constant operand, the weights stay stacked. With
-  # post-sublayer norms (Gemma) a product's output h waits for its norm and residual add in the
-  # next kernel, which needs the whole row anyway: x + RMSNorm(h) is resolved there, written
-  # out by one program, and after the last layer here.
+  # would be a sixth); the layer index is a constant operand, the weights stay stacked. A
+  # product's output that waits (a norm after the sublayer in Gemma, partial sums to add up)
+  # is resolved with the residual by the next kernel, which needs the whole row anyway,
+  # written out by one program, and after the last layer here.
   optional = ([qkv_b] if cfg.qkv_bias else []) + ([q_norm, k_norm] if cfg.qk_norm else [])
   windows = cfg.windows()
   window_args = (pos, key_pos.astype(jnp.int32)) if cfg.has_windows else ()
-  kernels = {"qkv": qkv(False), "qkv_pending": qkv(True) if post else None}
+  qkv_first, qkv_next = qkv(None), (qkv(down_waits) if down_waits else None)
+  mlp_in_kernel = mlp_in(o_waits)
   attentions = {w: attention(w) for w in sorted(set(windows))}
   x = x.reshape(n_rows, d)
-  pending = None  # the previous layer's MLP output, before its norm (Gemma)
+  pending = None  # the previous layer's MLP output, waiting (`down_waits`)
   new_kv, residuals = [], []
   for i in range(n_layers):
     idx = jnp.int32(i)
     if pending is None:
-      q, kv = kernels["qkv"](idx, x, pos, attn_norm, qkv_w, *optional, freqs)
+      q, kv = qkv_first(idx, x, pos, attn_norm, qkv_w, *optional, freqs)
     else:
-      q, kv, x = kernels["qkv_pending"](idx, x, pending, post_mlp, pos, attn_norm, qkv_w,
-                                        *optional, freqs)
+      gain = (post_mlp,) if down_waits == "norm" else ()
+      q, kv, x = qkv_next(idx, x, pending, *gain, pos, attn_norm, qkv_w, *optional, freqs)
     residuals.append(x)
     heads = attentions[windows[i]](idx, q, cache_k, cache_v, kv, old, new, *window_args)
-    if post:
+    if o_waits:
       h = o_product(idx, *heads, o_w)
-      act, x = mlp_in(idx, x, h, post_attn, mlp_norm, gate_up)
-      pending = down_product(idx, act, down)
+      gain = (post_attn,) if o_waits == "norm" else ()
+      act, x = mlp_in_kernel(idx, x, h, *gain, mlp_norm, gate_up)
     else:
       x = o_product(idx, *heads, o_w, x)
-      (act,) = mlp_in(idx, x, mlp_norm, gate_up)
+      (act,) = mlp_in_kernel(idx, x, mlp_norm, gate_up)
+    if down_waits:
+      pending = down_product(idx, act, down)
+    else:
       x = down_product(idx, act, down, x)
     new_kv.append(kv)
-  if pending is not None:  # the last layer's post-MLP norm and residual add (as `gemma.Block`)
-    h = pending.astype(jnp.float32)
-    normed = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + cfg.norm_eps)
-    x = x + (normed * _gain(post_mlp[n_layers - 1], cfg)).astype(dtype)
+  if pending is not None:  # the last layer's MLP output (as `gemma.Block` / `llama.Block`)
+    h = (pending.sum(0) if pending.ndim == 3 else pending).astype(dtype).astype(jnp.float32)
+    if down_waits == "norm":
+      normed = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + cfg.norm_eps)
+      x = x + (normed * _gain(post_mlp[n_layers - 1], cfg)).astype(dtype)
+    else:
+      x = (x.astype(jnp.float32) + h).astype(dtype)
   kv = jnp.stack(new_kv).reshape(n_layers, b, t, 2 * k_heads, head_dim)
   residuals = jnp.stack(residuals).reshape(n_layers, b, t, d) if hidden else None
   return x.reshape(b, t, d), (kv[..., :k_heads, :], kv[..., k_heads:, :]), residuals
