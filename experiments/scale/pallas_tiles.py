@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 # One field of Tiles() changed per setting: what a GPU run should tell apart first.
 SETTINGS = ("default", "columns=4", "columns=2", "programs=64", "programs=128", "programs=512",
             "tile=4096", "tile=16384", "num_warps=2", "num_warps=8", "num_stages=1",
-            "num_stages=3", "depth=4", "depth=16", "depth=32")
+            "num_stages=3", "depth=4", "depth=16", "depth=32", "split=32")
 CONTEXT = 64
 
 
