@@ -7,15 +7,16 @@
 #       8B, the headline steps with Triton's GEMM fusions (the earlier default), then the other
 #       presets (experiments/scale/gpu_cublas/<run>/);
 #   bash experiments/scale/gpu.sh bars      the issue's GPU bars, each beside its baseline in the
-#       same run: first the 8B step fused and written out at batch 1, 8 and 32, the default
-#       beside it, the scan written out over the stacked weights (`decode_unrolled`: fused, as
-#       loaded, and without cuBLAS autotuning for its compile time), under Triton and a repeat;
-#       then the 135M shape's float32 step fused with the attention kernel (its fastest,
-#       2026-11-30), scanned and written out, each with its weight products on cuBLAS (the
-#       default) and on XLA's Triton fusions, beside the fused step, and in bfloat16; the 8B
-#       step either side of the small-cache attention's limit (`layers.SMALL_CACHE_BYTES`);
-#       then the hand-written kernels with narrower column blocks (`Tiles.columns`) in float32
-#       and bfloat16 (experiments/scale/gpu_bars2/<run>/);
+#       same run, most important first: the 8B step fused and written out at batch 1, 8 and 32,
+#       the default beside it, the scan written out over the stacked weights (`decode_unrolled`:
+#       fused, as loaded, and without cuBLAS autotuning for its compile time) and a repeat; the
+#       135M shape's float32 step written out over its stacked weights with and without o and
+#       down stored output-major (`out_major`), beside its fastest timed layout (fused with the
+#       attention kernel) and the fused step; the hand-written kernels' float32 sweep of their
+#       programs (`Tiles.depth`, `split`, `columns`; at most 100 s); then Triton's GEMM fusions,
+#       the 135M layouts with per-layer weights and in bfloat16, the 8B step either side of the
+#       small-cache attention's limit (`layers.SMALL_CACHE_BYTES`) and the bfloat16 sweep, as
+#       time allows (experiments/scale/gpu_bars2/<run>/);
 #   bash experiments/scale/gpu.sh kernels   the hand-written kernels (configs/scale.py `pallas`)
 #       and the attention kernel (`attn_kernel`) beside XLA's layers for the 135M, 8B and Gemma 3
 #       1B shapes, the 8B default and two layouts at batch 1, 8 and 32, then the kernels' tile
@@ -88,8 +89,20 @@ step() {  # step NAME CONFIG_ARGS [--config.x=y ...]: one launch.py run, bounded
   rm -f "$OUT/$name.out"
   tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 }
+sweep() {  # sweep NAME SECONDS [pallas_tiles.py args]: the tile sweep for at most SECONDS
+  local name=$1 most=$2; shift 2
+  local left=$((520 - SECONDS))
+  [ "$left" -gt "$most" ] && left=$most
+  if [ "$left" -lt 40 ]; then echo "== $name: skipped (deadline)" >>"$LOG"; return; fi
+  echo "== $name (t=${SECONDS}s)" >>"$LOG"
+  timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py "$@" --out "$W/$name" \
+      --budget_s "$((left - 25))" >>"$LOG" 2>&1
+  echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
+}
 if [ -n "${LIST:-}" ]; then
   step() { printf '%s' "$1"; shift; printf '\t%s' "$@"; printf '\n'; }
+  sweep() { :; }
   dump() { :; }
 fi
 SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
@@ -116,11 +129,11 @@ SMOL_P=(--config.model.size=smollm2-135m:fused=1:pallas=1)
 SMOL_A=(--config.model.size=smollm2-135m:fused=1:attn_kernel=1)
 if [ "${1:-presets}" = bars ]; then
   # The bars' best layouts of 2026-11-30 (results.md, "the bars") again, each beside what it
-  # replaces in the same run, the 8B bar (the nearest) first; and the one lead left for the
-  # 135M step: its weight products on
-  # cuBLAS (the launcher's default) against XLA's Triton fusions (its 1.22 ms fused step of
-  # 2026-11-28 ran under them; 1.70 ms on cuBLAS). Rows in gpu_bars2/ (gpu_bars/ holds the
-  # kernels mode's, 2026-11-30).
+  # replaces in the same run, most important first (no step starts after 8 minutes): the 8B
+  # bar (the nearest), then the 135M step's leads (the scan written out, o and down stored
+  # output-major, beside the fastest timed layout), the hand-written kernels' sweep in float32
+  # (their programs: `Tiles.depth`, `split`, `columns`), then the rest. Rows in gpu_bars2/
+  # (gpu_bars/ holds the kernels mode's, 2026-11-30).
   W=experiments/scale/gpu_bars2
   # The 8B shape fused and written out at batch 1, 8 and 32 (both bars), beside the default.
   step llama3.1-8b-fused-unrolled-batches gpu,preset=llama3.1-8b,fused,unrolled
@@ -134,28 +147,39 @@ if [ "${1:-presets}" = bars ]; then
   # algorithm autotuning (half the deviceless compile's time): compile_s and the step beside it.
   XLA_FLAGS="$NOTUNE" step llama3.1-8b-fused-decode-unrolled-notune \
       $B1,preset=llama3.1-8b,fused,decode_unrolled
+  step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
+  # The 135M shape in float32 written out over its stacked weights, with o and down stored
+  # output-major (`out_major`: each one reduction kernel where XLA wrote the elementwise
+  # product out and reduced it again: 320 kernels against 350, ~290 MB a step less traffic;
+  # results.md, "Output-major weights"), and without; beside the fastest timed layout (fused
+  # with the attention kernel, scanned) and the fused step.
+  step smollm2-135m-f32-fused-decode-unrolled-out-major $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1:out_major=1
+  step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
+      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
+  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" "${SMOL_A[@]}"
+  step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
+  # The hand-written products with more programs (at most 100 s of the call): the o and down
+  # contractions shared by programs (`Tiles.depth`: ~160-220 programs with column blocks of 8,
+  # 32 or 64 float32 columns, whole 32-256-byte segments of each weight row); the attention
+  # over the 128-slot cache in four splits a kv head (`split=32`: 12 programs, not 3); narrower
+  # column blocks (`Tiles.columns`: whether a product kernel is short of programs, 72 for the
+  # 135M down product).
+  sweep pallas-float32 100 --dtype float32 \
+      --settings default,depth=4,depth=32,split=32,columns=4,columns=1,depth=16,columns=2
   # Unrolled, no weight is sliced out of a stack, so Triton's GEMMs copy nothing out first.
   XLA_FLAGS="$TRITON" step llama3.1-8b-fused-unrolled-triton $B1,preset=llama3.1-8b,fused,unrolled
-  step llama3.1-8b-fused-unrolled-r2 $B1,preset=llama3.1-8b,fused,unrolled
-  step smollm2-135m-f32-fused-attn $B1,dtype=float32 "${SMOL[@]}" "${SMOL_A[@]}"
+  # The 135M step's products on XLA's Triton fusions (its 1.22 ms fused step of 2026-11-28 ran
+  # under them; 1.70 ms on cuBLAS), and the written-out layout with per-layer weights: one CUDA
+  # graph a step, 413 kernels with the attention kernel and 350 without (kernels.json).
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-attn-triton $B1,dtype=float32 "${SMOL[@]}" \
       "${SMOL_A[@]}"
-  step smollm2-135m-f32-fused $B1,dtype=float32 "${SMOL[@]}" "${SMOL_F[@]}"
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-triton $B1,dtype=float32 "${SMOL[@]}" \
       "${SMOL_F[@]}"
-  # Written out: one CUDA graph a step, 413 kernels with the attention kernel and 350 with
-  # XLA's attention over the small cache (kernels.json), against 537 and 566 scanned.
   step smollm2-135m-f32-fused-unrolled-attn $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   step smollm2-135m-f32-fused-unrolled $B1,dtype=float32 "${SMOL[@]}" \
       --config.model.size=smollm2-135m:fused=1:unrolled=1
-  step smollm2-135m-f32-fused-decode-unrolled $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1
-  # o and down stored output axis first (`out_major`): each product one reduction where XLA
-  # wrote the elementwise product out and reduced it again, 320 kernels against 350 and
-  # ~290 MB a step less traffic (kernels.json; results.md, "Output-major weights").
-  step smollm2-135m-f32-fused-decode-unrolled-out-major $B1,dtype=float32 "${SMOL[@]}" \
-      --config.model.size=smollm2-135m:fused=1:decode_unrolled=1:out_major=1
   XLA_FLAGS="$TRITON" step smollm2-135m-f32-fused-unrolled-attn-triton $B1,dtype=float32 \
       "${SMOL[@]}" --config.model.size=smollm2-135m:fused=1:unrolled=1:attn_kernel=1
   # In bfloat16 the attention kernel slowed the 8B step and the hand-written layers the 135M
@@ -168,24 +192,8 @@ if [ "${1:-presets}" = bars ]; then
       --config.benchmark.prompt_tokens=1984
   step llama3.1-8b-fused-unrolled-s2112 $B1,preset=llama3.1-8b,fused,unrolled \
       --config.benchmark.prompt_tokens=2048
-  # The hand-written products with more programs, in both dtypes: narrower column blocks
-  # (`Tiles.columns`: whether a product kernel is short of programs, 72 for the 135M down
-  # product in float32, 36 in bfloat16), or the o and down contractions shared by programs
-  # (`Tiles.depth`: ~160-220 programs with column blocks of 8, 32 or 64 float32 columns, whole
-  # 32-256-byte segments of each weight row); and the attention over the 128-slot cache in
-  # four splits a kv head (`split=32`: 12 programs instead of 3).
-  for dt in float32 bfloat16; do
-    left=$((520 - SECONDS))
-    echo "== pallas-columns-$dt (t=${SECONDS}s)" >>"$LOG"
-    if [ "$left" -ge 40 ] && [ -z "${LIST:-}" ]; then
-      timeout -k 5 "$left" python3 experiments/scale/pallas_tiles.py --dtype "$dt" \
-          --settings default,depth=4,depth=32,split=32,columns=4,columns=1,depth=16,columns=2 \
-          --out "$W/pallas-columns-$dt" \
-          --budget_s "$((left - 25))" >>"$LOG" 2>&1
-      echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
-      tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
-    fi
-  done
+  sweep pallas-bfloat16 100 --dtype bfloat16 \
+      --settings default,depth=4,depth=32,split=32,columns=4,columns=1,depth=16,columns=2
 elif [ "${1:-presets}" = kernels ]; then
   # The hand-written kernels (`pallas`) and the attention kernel (`attn_kernel`) beside XLA's
   # layers, batch 1 unless named: measured 2026-11-30 (results.md, "the bars").
