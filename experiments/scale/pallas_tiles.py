@@ -18,9 +18,9 @@ A program that fails to compile gets a row with its error instead of ending the 
   python experiments/scale/pallas_tiles.py --size smollm2-135m --dtype bfloat16 --batch 8 ...
   python experiments/scale/pallas_tiles.py --budget_s 150   # the settings compiled by then
 
-`bash experiments/scale/gpu.sh kernels` runs it after its steps, and `bars` the column and
-depth settings. 1-2 s of compiling a setting on an H200 (135M shape). On CPU the kernels run in Pallas's interpreter: the numbers
-mean nothing there (tests/test_pallas_layers.py runs it so, on test-tiny, to keep it working).
+`bash experiments/scale/gpu.sh kernels` runs it after its steps, and `bars` the column, depth
+and split settings. 1-2 s of compiling a setting on an H200 (135M shape). On CPU the kernels
+run in Pallas's interpreter: the numbers mean nothing there (tests/test_pallas_layers.py runs it so, on test-tiny, to keep it working).
 """
 
 from __future__ import annotations

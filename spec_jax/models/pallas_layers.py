@@ -527,7 +527,8 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
     if depth == 1:
       return call(functools.partial(kernel, residual=not post, **kw),
                   grid=(pl.cdiv(n_out, kw["bn"]), n_rb),
-                  out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name=kernel_names[kernel])
+                  out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype),
+                  name=kernel_names[kernel])
     return call(functools.partial(kernel, residual=False, per=per, **kw),
                 grid=(pl.cdiv(n_out, kw["bn"]), n_rb, depth),
                 out_shape=jax.ShapeDtypeStruct((depth, n_rows, n_out), jnp.float32),
