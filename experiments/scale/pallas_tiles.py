@@ -20,7 +20,8 @@ A program that fails to compile gets a row with its error instead of ending the 
 
 `bash experiments/scale/gpu.sh kernels` runs it after its steps, and `bars` the column, depth
 and split settings. 1-2 s of compiling a setting on an H200 (135M shape). On CPU the kernels
-run in Pallas's interpreter: the numbers mean nothing there (tests/test_pallas_layers.py runs it so, on test-tiny, to keep it working).
+run in Pallas's interpreter: the numbers mean nothing there (tests/test_pallas_layers.py runs it
+so, on test-tiny, to keep it working).
 """
 
 from __future__ import annotations
