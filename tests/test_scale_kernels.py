@@ -3,7 +3,7 @@ hand-written optimized-HLO module: nested loops count times their trip counts, a
 body (and an async fusion's wrapped computation) counts as the one kernel that runs it, the
 bookkeeping ops and the done-half of an async pair count nothing, the prefill outside the decode
 loop counts nothing. (Compiling for a GPU target needs the CUDA plugin, which CI lacks; the
-counting is what can go wrong quietly.)"""
+counting is what can go wrong quietly.) And collect.py, which gathers a loan's rows."""
 
 import pytest
 
@@ -124,3 +124,27 @@ def test_host_launches_per_decode_step_are_read_from_the_thunk_sequence():
                                      "kDynamicSliceFusion": 30, "kCublasLtMatmul": 1})
   with pytest.raises(RuntimeError, match="no loop"):
     kernels.host_launches(THUNKS.split("003: kWhile")[0], layer_trips=30)
+
+
+def test_collect_keeps_the_speed_rows_and_leaves_the_tile_sweeps_out(tmp_path, monkeypatch):
+  """experiments/scale/collect.py gathers the benchmark rows of every run after a GPU loan; a
+  tile sweep's rows (pallas_tiles.py: several layouts a process, no decode-step split) sit
+  beside them in the same folder and keep their own results.md, so they are left out instead
+  of failing the gathering."""
+  import json  # noqa: PLC0415
+
+  from experiments.scale import collect  # noqa: PLC0415
+  bench = dict(preset=None, model="smollm2-135m", device="H200", device_kind="NVIDIA H200",
+               dtype="float32", batch_size=1, ms_per_step=1.5, ms_per_decode_step=1.4,
+               roofline_ms_per_step=0.134, memory_bandwidth_gb_s=4000.0)
+  sweep = dict(run="pallas default", batch_size=1, ms_per_step=1.9, roofline_ms_per_step=0.134,
+               memory_bandwidth_gb_s=4000.0, device_kind="NVIDIA H200", tiles={"depth": 4})
+  for run, rows in (("smollm2-135m-f32-fused", [bench]), ("pallas-float32", [sweep]),
+                    ("pallas-tiles", [sweep])):
+    (tmp_path / "gpu_bars2" / run).mkdir(parents=True)
+    (tmp_path / "gpu_bars2" / run / "results.json").write_text(json.dumps(rows))
+  monkeypatch.setattr(collect, "HERE", tmp_path)
+  rows = collect.rows()
+  assert [r["run"] for r in rows] == ["gpu_bars2/smollm2-135m-f32-fused"]
+  assert rows[0]["decode_vs_reference_roofline"] == round(1.4 / rows[0][
+      "reference_roofline_ms_per_step"], 2)

@@ -40,8 +40,8 @@ KEEP = ("preset", "model", "device", "device_kind", "dtype", "batch_size", "new_
 def rows():
   out = []
   for path in sorted(HERE.glob("*/*/results.json")):
-    if path.parent.name.startswith("pallas-tiles"):
-      continue  # the tile sweeps: one process timing several layouts, their own results.md
+    if path.parent.name.startswith("pallas-"):
+      continue  # the tile sweeps (pallas_tiles.py): several layouts a process, own results.md
     for row in json.loads(path.read_text()):
       if "ms_per_step" not in row or "batch_size" not in row:
         continue  # cost_model rows: their own results.md
