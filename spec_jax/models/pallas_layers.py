@@ -521,32 +521,29 @@ def _layers(cfg, params, x, positions, cache_k, cache_v, mask_old, mask_new, key
                            jax.ShapeDtypeStruct((splits, n_rows, n), jnp.float32)),
                 name="attention")
 
-  def shared(depth, per, n_out, kernel, **kw):
+  def shared(depth, per, n_out, kernel, name, **kw):
     """A product's kernel: its whole contraction a program (the output, plus the residual
     unless a norm waits for it), or shared by `depth` programs (float32 partial sums)."""
     if depth == 1:
       return call(functools.partial(kernel, residual=not post, **kw),
                   grid=(pl.cdiv(n_out, kw["bn"]), n_rb),
-                  out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype),
-                  name=kernel_names[kernel])
+                  out_shape=jax.ShapeDtypeStruct((n_rows, n_out), dtype), name=name)
     return call(functools.partial(kernel, residual=False, per=per, **kw),
                 grid=(pl.cdiv(n_out, kw["bn"]), n_rb, depth),
-                out_shape=jax.ShapeDtypeStruct((depth, n_rows, n_out), jnp.float32),
-                name=kernel_names[kernel])
+                out_shape=jax.ShapeDtypeStruct((depth, n_rows, n_out), jnp.float32), name=name)
 
-  kernel_names = {_product_kernel: "product", _attention_out_kernel: "attention_out"}
   down_bn = _column_block(d, tiles, dtype.itemsize, tiles.depth)
   # Blocks of the contraction no longer than a share of it, so that depth programs get some.
   down_bk = divisor_block(d_ff, min(tiles.tile // (br * down_bn), max(d_ff // tiles.depth, 1)))
   down_depth, down_per = _depth(pl.cdiv(d_ff, down_bk), tiles)
-  down_product = shared(down_depth, down_per, d, _product_kernel, n_rows=n_rows, br=br,
-                        bk=down_bk, bn=down_bn, dtype=dtype)
+  down_product = shared(down_depth, down_per, d, _product_kernel, "product", n_rows=n_rows,
+                        br=br, bk=down_bk, bn=down_bn, dtype=dtype)
   o_bn = _column_block(d, tiles, dtype.itemsize, tiles.depth)
   o_bk = divisor_block(head_dim, min(tiles.tile // (br * o_bn),
                                      max(n * head_dim // tiles.depth, 1)))
   o_depth, o_per = _depth(n * head_dim // o_bk, tiles)
-  o_product = shared(o_depth, o_per, d, _attention_out_kernel, n_rows=n_rows, br=br, bn=o_bn,
-                     head_dim=head_dim, bk=o_bk, dtype=dtype)
+  o_product = shared(o_depth, o_per, d, _attention_out_kernel, "attention_out", n_rows=n_rows,
+                     br=br, bn=o_bn, head_dim=head_dim, bk=o_bk, dtype=dtype)
   # What waits for the kernel after each product: its output and norm (Gemma's norms after
   # each sublayer: "norm"), its partial sums ("add"), or nothing (the residual added in it).
   o_waits = "norm" if post else ("add" if o_depth > 1 else None)
