@@ -173,13 +173,20 @@ class ChecksPassed(Exception):
 def test_every_step_of_the_gpu_sweep_passes_its_checks(tmp_path, monkeypatch, mode):
   """experiments/scale/gpu.sh runs blind on a lent GPU (minutes, one try): each of its steps'
   configs (configs/scale.py args and overrides, as `LIST=1` prints them) must pass the program's
-  checks here, or a check added since the last loan would refuse it there."""
+  checks here, or a check added since the last loan would refuse it there; so must each tile
+  sweep's flags and settings (a misspelt setting loses the whole sweep there)."""
   root = pathlib.Path(__file__).resolve().parents[1]
   listed = subprocess.run(["bash", "experiments/scale/gpu.sh", mode], cwd=root, check=True,
                           capture_output=True, text=True,
                           env=dict(os.environ, LIST="1", OUT=str(tmp_path / "out"))).stdout
   steps = [line.split("\t") for line in listed.splitlines()]
   assert len(steps) >= 5, listed
+  # The tile sweeps (experiments/scale/pallas_tiles.py): their flags and settings parse.
+  from experiments.scale import pallas_tiles  # noqa: PLC0415
+  for name, *args in [s for s in steps if s[0].startswith("sweep:")]:
+    flags, settings = pallas_tiles.parse_args([*args, "--out", str(tmp_path / name)])
+    assert settings and flags.size, name
+  steps = [s for s in steps if not s[0].startswith("sweep:")]
   vocab = tmp_path / "vocab49152.json"  # the script writes the same stand-in to /tmp
   vocab.write_text(_word_level(49152))
 

@@ -46,8 +46,9 @@
 # table for experiments/scale/results.md (one table per device kind).
 #
 # LIST=1 bash experiments/scale/gpu.sh [MODE] prints each step (name, configs/scale.py args,
-# overrides; tab-separated) and runs nothing: tests/test_presets.py runs every step's checks on
-# the CPU with it, so no config of the sweep is refused on the GPU.
+# overrides; tab-separated) and each `sweep` ("sweep:NAME", pallas_tiles.py's flags) and runs
+# nothing: tests/test_presets.py runs every step's checks and parses every sweep's flags on the
+# CPU with it, so no config of the run is refused on the GPU.
 set -u
 OUT=${OUT:-/tmp/scale_gpu_out}
 mkdir -p "$OUT"
@@ -102,7 +103,7 @@ sweep() {  # sweep NAME SECONDS [pallas_tiles.py args]: the tile sweep for at mo
 }
 if [ -n "${LIST:-}" ]; then
   step() { printf '%s' "$1"; shift; printf '\t%s' "$@"; printf '\n'; }
-  sweep() { :; }
+  sweep() { printf 'sweep:%s' "$1"; shift 2; printf '\t%s' "$@"; printf '\n'; }
   dump() { :; }
 fi
 SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)

@@ -88,7 +88,9 @@ def agreement(tokens, tops, ref_tokens, ref_tops) -> tuple[int, float]:
   return agree, float(diff.max()) if agree else 0.0
 
 
-def main(argv=None) -> list[dict]:
+def parse_args(argv=None):
+  """(flags, {setting text: Tiles}); a flag or a setting this script does not know is refused
+  here, before any work."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--size", default="smollm2-135m", help="a family size or a preset")
   parser.add_argument("--dtype", default="float32")
@@ -103,7 +105,11 @@ def main(argv=None) -> list[dict]:
                            "seconds have passed, and time the ones compiled; 0: no bound")
   parser.add_argument("--out", default=str(HERE / "gpu_bars" / "pallas-tiles"))
   args = parser.parse_args(argv)
-  settings = {text: parse_setting(text) for text in args.settings.split(",")}  # before any work
+  return args, {text: parse_setting(text) for text in args.settings.split(",")}
+
+
+def main(argv=None) -> list[dict]:
+  args, settings = parse_args(argv)  # before any work
   from spec_jax import cli  # noqa: PLC0415
   cli.set_xla_defaults()
   import jax  # noqa: PLC0415
