@@ -11,6 +11,10 @@ CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything
       --workdir experiments/scale/cpu/llama3.2-1b
   python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \
       --workdir experiments/scale/cpu/llama3.2-1b-cost
+Every preset up to llama3.2-3b runs on a 24 GiB machine in float32 (written out, `fused,unrolled`,
+up to qwen3-1.7b: the random initialisation's temporaries need ~2.7× the weights), e.g.
+  python launch.py --config configs/scale.py:preset=qwen3-1.7b,batch_sizes=1+8,fused,unrolled \
+      --workdir experiments/scale/cpu/qwen3-1.7b-fused-unrolled
 GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
 that fit one GPU, most important first, e.g.
   python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \
@@ -35,7 +39,8 @@ configs/scale.py:gpu,preset=llama3.1-8b,fused,unrolled,attn_kernel.
 Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype, batch_size,
 ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
 model "theory" rows). experiments/scale/results.md collects them, one table per device kind.
-Time: 1B on 2 CPU cores, 2–3 min each (estimated; 4.9 GB of float32 weights, ~0.2 s a step);
+Time on 2 CPU cores: 0.6–1.5 min a run at batch 1 for qwen3-0.6b to qwen3-1.7b, 2–5 min at batch
+1 and 8, 3 min for llama3.2-3b at batch 1, 0.6 min for qwen3-0.6b's cost run;
 on one H200, 10–25 s per preset and program (the written-out 8B: ~60 s).
 Reference numbers (experiments/scale/results.md, one H200, weight products on cuBLAS, the
 launcher's GPU default `cli.XLA_DEFAULTS`): Llama 3.1 8B batch 1 decode step 5.65 ms, 1.49× the
@@ -44,7 +49,9 @@ roofline of the run's own read (the weights it reads: all but the gathered input
 batch 32 throughput 26× batch 1 (target ≥ 20×); the 135M-shape float32 step 1.70 ms `fused`
 (13× its roofline), 1.40 ms `fused,attn_kernel` (10×), 1.87 ms `pallas` (target ≤ 3×).
 On 2 CPU cores the 1B decode step takes 285 ms scanned, 127 ms `unrolled` and 96 ms `fused`
-and `unrolled` (the same model; experiments/scale/results.md, "the layouts").
+and `unrolled` (the same model; experiments/scale/results.md, "the layouts"); on another 2-core
+VM, batch 1, scanned / `fused,unrolled`: qwen3-0.6b 175 / 90 ms, gemma3-1b 291 / 135 ms,
+llama3.2-1b 327 / 167 ms, qwen3-1.7b 545 / 233 ms, llama3.2-3b 1108 ms scanned ("every preset").
 """
 
 from configs import common
