@@ -16,9 +16,11 @@ up to qwen3-1.7b: the random initialisation's temporaries need ~2.7× the weight
   python launch.py --config configs/scale.py:preset=qwen3-1.7b,batch_sizes=1+8,fused,unrolled \
       --workdir experiments/scale/cpu/qwen3-1.7b-fused-unrolled
 GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
-that fit one GPU, most important first, e.g.
+that fit one GPU, most important first (`gpu.sh costs`: r(T) and c of each), e.g.
   python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \
       --workdir experiments/scale/gpu/llama3.1-8b
+  python launch.py --config configs/scale.py:gpu,cost,batch_sizes=1,preset=qwen3-0.6b \
+      --workdir experiments/scale/gpu_costs/qwen3-0.6b-cost
 Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,cost.
 Layouts of the same model (rows carry them): `fused`, q/k/v and gate/up as one weight product
 each (`model.size=<preset>:fused=1`, two products per layer fewer); `unrolled`, the layers

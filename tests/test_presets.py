@@ -169,7 +169,7 @@ class ChecksPassed(Exception):
   """Raised where a speed program loads its model: every check before it accepted the config."""
 
 
-@pytest.mark.parametrize("mode", ["presets", "bars", "kernels", "levers"])
+@pytest.mark.parametrize("mode", ["presets", "bars", "kernels", "levers", "costs"])
 def test_every_step_of_the_gpu_sweep_passes_its_checks(tmp_path, monkeypatch, mode):
   """experiments/scale/gpu.sh runs blind on a lent GPU (minutes, one try): each of its steps'
   configs (configs/scale.py args and overrides, as `LIST=1` prints them) must pass the program's

@@ -22,6 +22,10 @@
 #       1B shapes, the 8B default and two layouts at batch 1, 8 and 32, then the kernels' tile
 #       sweeps (experiments/scale/pallas_tiles.py, within the time left)
 #       (experiments/scale/gpu_bars/<run>/);
+#   bash experiments/scale/gpu.sh costs     the per-preset rows not measured on a GPU yet: r(T)
+#       and c for every preset that fits one GPU (the 8B's also written out and fused, its
+#       fastest layout), and the decode steps of qwen3-1.7b and gemma3-27b
+#       (experiments/scale/gpu_costs/<run>/);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
 #       (configs/scale.py `unrolled`, slow to compile: ~1-2 min each), q/k/v and gate/up fused
@@ -238,6 +242,22 @@ elif [ "${1:-presets}" = kernels ]; then
         --budget_s "$((left - 60))" >>"$LOG" 2>&1
     echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
   fi
+elif [ "${1:-presets}" = costs ]; then
+  # The per-preset rows no GPU has measured yet: r(T) for T = 1…64 and the c of each preset's
+  # one-block feature drafter at batch 1 (the 8B's first in the fastest layout, since a ratio is
+  # only as honest as its baseline's layout: results.md, "r(T) and c by layout"), then the decode
+  # steps of the two presets without a row, then r(T) and c of the other presets, smallest first.
+  W=experiments/scale/gpu_costs
+  C1=gpu,cost,batch_sizes=1
+  # (9 lengths: each is a program of ~11 s to compile written out)
+  step llama3.1-8b-cost-fused-unrolled \
+      $C1,preset=llama3.1-8b,fused,unrolled,tokens=1+2+3+4+5+8+16+32+64
+  step qwen3-1.7b gpu,preset=qwen3-1.7b
+  step gemma3-27b gpu,preset=gemma3-27b
+  for preset in qwen3-0.6b llama3.2-1b gemma3-1b qwen3-1.7b llama3.2-3b gemma3-4b qwen3-8b \
+      gemma3-27b; do
+    step "$preset-cost" "$C1,preset=$preset"
+  done
 elif [ "${1:-presets}" = levers ]; then
   # At batch 1 (the bars' batch size; one compiled program per run), most informative first.
   W=experiments/scale/gpu_levers
