@@ -12,7 +12,8 @@ CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything
   python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \
       --workdir experiments/scale/cpu/llama3.2-1b-cost
 Every preset up to llama3.2-3b runs on a 24 GiB machine in float32 (written out, `fused,unrolled`,
-up to qwen3-1.7b: the random initialisation's temporaries need ~2.7× the weights), e.g.
+up to qwen3-1.7b: the random initialisation's temporaries need ~2.7× the weights in XLA:CPU's
+default order, less with XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false), e.g.
   python launch.py --config configs/scale.py:preset=qwen3-1.7b,batch_sizes=1+8,fused,unrolled \
       --workdir experiments/scale/cpu/qwen3-1.7b-fused-unrolled
 GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
