@@ -11,11 +11,13 @@ CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything
       --workdir experiments/scale/cpu/llama3.2-1b
   python launch.py --config configs/scale.py:preset=llama3.2-1b,cost \
       --workdir experiments/scale/cpu/llama3.2-1b-cost
-Every preset up to llama3.2-3b runs on a 24 GiB machine in float32 (written out, `fused,unrolled`,
-up to qwen3-1.7b: the random initialisation's temporaries need ~2.7× the weights in XLA:CPU's
-default order, less with XLA_FLAGS=--xla_cpu_enable_concurrency_optimized_scheduler=false), e.g.
+Every preset up to llama3.2-3b runs on a 24 GiB machine in float32, scanned or written out
+(`fused,unrolled`; the 3B written out peaks at 17.7 GB in the memory-minimising order the
+launcher gives XLA:CPU on one device, ~36 GB in XLA's own), at batch 1, 8 and 32, e.g.
   python launch.py --config configs/scale.py:preset=qwen3-1.7b,batch_sizes=1+8,fused,unrolled \
       --workdir experiments/scale/cpu/qwen3-1.7b-fused-unrolled
+  python launch.py --config configs/scale.py:preset=qwen3-0.6b,batch_sizes=1+32,repeats=3 \
+      --workdir experiments/scale/cpu/qwen3-0.6b-b1-b32
 GPU (`gpu`: bfloat16, batch 1, 8 and 32, T = 1…64): experiments/scale/gpu.sh runs the presets
 that fit one GPU, most important first (`gpu.sh costs`: r(T) and c of each), e.g.
   python launch.py --config configs/scale.py:gpu,preset=llama3.1-8b \
@@ -43,7 +45,8 @@ Rows: the programs' results.json (benchmark: preset, device, device_kind, dtype,
 ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofline_ms, and
 model "theory" rows). experiments/scale/results.md collects them, one table per device kind.
 Time on 2 CPU cores: 0.6–1.5 min a run at batch 1 for qwen3-0.6b to qwen3-1.7b, 2–5 min at batch
-1 and 8, 3 min for llama3.2-3b at batch 1, 0.6 min for qwen3-0.6b's cost run;
+1 and 8, 3–7.5 min at batch 1 and 32 (repeats=3), 3 min for llama3.2-3b at batch 1 and 18 min
+at batch 1, 8 and 32, 0.6–2.2 min a cost run;
 on one H200, 10–25 s per preset and program (the written-out 8B: ~60 s).
 Reference numbers (experiments/scale/results.md, one H200, weight products on cuBLAS, the
 launcher's GPU default `cli.XLA_DEFAULTS`): Llama 3.1 8B batch 1 decode step 5.65 ms, 1.49× the
@@ -54,7 +57,10 @@ batch 32 throughput 26× batch 1 (target ≥ 20×); the 135M-shape float32 step 
 On 2 CPU cores the 1B decode step takes 285 ms scanned, 127 ms `unrolled` and 96 ms `fused`
 and `unrolled` (the same model; experiments/scale/results.md, "the layouts"); on another 2-core
 VM, batch 1, scanned / `fused,unrolled`: qwen3-0.6b 175 / 90 ms, gemma3-1b 291 / 135 ms,
-llama3.2-1b 327 / 167 ms, qwen3-1.7b 545 / 233 ms, llama3.2-3b 1108 ms scanned ("every preset").
+llama3.2-1b 327 / 167 ms, qwen3-1.7b 545 / 233 ms, llama3.2-3b 1108 ms scanned ("every preset",
+in XLA:CPU's own order); in the launcher's one-device memory order, scanned: qwen3-0.6b 109 ms,
+gemma3-1b 206–222 ms, qwen3-1.7b 429–434 ms, llama3.2-1b unchanged; llama3.2-3b written out
+441 ms ("scheduling order").
 """
 
 from configs import common

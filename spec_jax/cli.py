@@ -33,6 +33,15 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
 # flags and ignore them.
 XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
 
+# Added too where the process has one CPU device (no fake devices): XLA:CPU orders each program's
+# operations to hold the least memory instead of running independent ones side by side. On 2
+# cores the scanned decode step of Qwen3 0.6B / 1.7B and Gemma 3 1B runs 1.3-1.7x faster with it
+# (Llama 3.2 1B's and SmolLM2's as fast), and a preset's random initialisation holds far less
+# (Qwen3 0.6B written out: 4.2 -> 1.9 GB of temporaries; experiments/scale/results.md,
+# "scheduling order"). Fake devices keep XLA's order, the one their collectives' thread pool
+# below is sized for.
+CPU_ONE_DEVICE_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
+
 
 # Threads per fake CPU device (`--xla_force_host_platform_device_count`). XLA:CPU runs a program's
 # independent operations concurrently on one shared thread pool, NPROC threads (the machine's
@@ -51,16 +60,17 @@ def fake_cpu_devices(xla_flags: str) -> int:
 
 
 def set_xla_defaults(environ=None) -> str:
-  """Appends each of XLA_DEFAULTS whose flag XLA_FLAGS does not set yet (so a user's own setting
-  wins) and returns the resulting XLA_FLAGS; with fake CPU devices also sizes XLA:CPU's thread
-  pool (NPROC, unless set) so their collectives cannot starve it. Call it before jax starts a
-  backend."""
+  """Appends each of XLA_DEFAULTS (and, without fake CPU devices, CPU_ONE_DEVICE_DEFAULTS) whose
+  flag XLA_FLAGS does not set yet (so a user's own setting wins) and returns the resulting
+  XLA_FLAGS; with fake CPU devices also sizes XLA:CPU's thread pool (NPROC, unless set) so their
+  collectives cannot starve it. Call it before jax starts a backend."""
   environ = os.environ if environ is None else environ
   given = environ.get("XLA_FLAGS", "").split()
   named = {flag.split("=", 1)[0] for flag in given}
-  added = [flag for flag in XLA_DEFAULTS if flag.split("=", 1)[0] not in named]
+  devices = fake_cpu_devices(" ".join(given))
+  defaults = XLA_DEFAULTS + (CPU_ONE_DEVICE_DEFAULTS if devices == 1 else ())
+  added = [flag for flag in defaults if flag.split("=", 1)[0] not in named]
   environ["XLA_FLAGS"] = " ".join(given + added)
-  devices = fake_cpu_devices(environ["XLA_FLAGS"])
   if devices > 1 and "NPROC" not in environ:
     environ["NPROC"] = str(cpu_threads(devices))
   return environ["XLA_FLAGS"]

@@ -236,15 +236,23 @@ def test_quickstart_smoke(tmp_path, capsys):
 
 
 def test_xla_defaults_add_only_flags_the_user_left_unset():
+  triton = "--xla_gpu_enable_triton_gemm=false"
+  order = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
   env = {}
-  assert cli.set_xla_defaults(env) == "--xla_gpu_enable_triton_gemm=false" == env["XLA_FLAGS"]
+  assert cli.set_xla_defaults(env) == f"{triton} {order}" == env["XLA_FLAGS"]
   env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
-  assert cli.set_xla_defaults(env) == "--xla_dump_to=/tmp/x --xla_gpu_enable_triton_gemm=false"
+  assert cli.set_xla_defaults(env) == f"--xla_dump_to=/tmp/x {triton} {order}"
   for own in ("--xla_gpu_enable_triton_gemm=true", "--xla_gpu_enable_triton_gemm"):
     env = {"XLA_FLAGS": f"{own} --xla_dump_to=/tmp/x"}
-    assert cli.set_xla_defaults(env) == f"{own} --xla_dump_to=/tmp/x"
+    assert cli.set_xla_defaults(env) == f"{own} --xla_dump_to=/tmp/x {order}"
   assert cli.set_xla_defaults(env) == env["XLA_FLAGS"]  # idempotent
   assert "NPROC" not in env  # one device: XLA's own thread count
+  own = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+  env = {"XLA_FLAGS": own}
+  assert cli.set_xla_defaults(env) == f"{own} {triton}"
+  # Fake devices keep XLA's own order (their collectives share its thread pool).
+  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  assert cli.set_xla_defaults(env) == f"--xla_force_host_platform_device_count=8 {triton}"
 
 
 def test_fake_cpu_devices_get_threads_for_their_collectives(monkeypatch):
