@@ -310,6 +310,32 @@ def test_round_robin_and_timed_pass_compile_first():
   assert timing.seconds_per_step(steps, 4.0) == 0.5
 
 
+def test_round_robin_shows_progress_between_timed_calls(monkeypatch):
+  log = []
+
+  class Bar:  # records what round_robin asks of tqdm, in order with the calls
+    def __init__(self, total, desc, leave, unit, disable):
+      log.append(("bar", total, desc, disable))
+
+    def update(self, n=1):
+      log.append(("update", n))
+
+    def close(self):
+      log.append(("close",))
+
+  monkeypatch.setattr(timing.tqdm, "tqdm", Bar)
+  fns = {name: (lambda name=name: log.append(name)) for name in ("x", "y")}
+  timing.round_robin(fns, repeats=2, desc="benchmark")
+  updates = [entry[1] for entry in log if entry[0] == "update"]
+  assert log[0] == ("bar", 6, "benchmark", False) and sum(updates) == 6
+  # Compiling calls counted one by one, then whole turns; never inside a timed call's turn.
+  assert [e if isinstance(e, str) else e[0] for e in log if e != ("update", 0)] == [
+      "bar", "x", "update", "y", "update", "x", "y", "update", "x", "y", "update", "close"]
+  log.clear()
+  timing.round_robin(fns, repeats=1)
+  assert log[0] == ("bar", 4, None, True)  # no label: no bar
+
+
 def test_timed_pass_reports_cpu_per_wall_so_a_stalled_pass_shows():
   """cpu_per_wall: the process's CPU seconds per wall second over the timed calls, on fake
   clocks. A pass that computes keeps its cores busy (2 on XLA:CPU's two threads, 1 on one); one

@@ -154,15 +154,25 @@ def paired_passes(a: Callable[[Any, int], Any], b: Callable[[Any, int], Any],
 
 
 def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
-                clock: Clock = time.perf_counter) -> dict[str, dict[str, float]]:
+                clock: Clock = time.perf_counter, desc: str | None = None
+                ) -> dict[str, dict[str, float]]:
   """Time each of `fns` (same inputs, closed over) once to compile, then `repeats` turns in which
   every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s,
-  max_s."""
+  max_s. desc: a progress bar's label (None: no bar), counting the compiling calls one by one
+  and then whole turns, updated between timed calls."""
   if repeats < 1:
     raise ValueError(f"repeats={repeats} must be >= 1.")
   names = list(fns)
-  first = {name: timed(fns[name], clock=clock)[1] for name in names}
-  results = interleave([[fns[name]] * repeats for name in names], warmups=[], clock=clock)
+  bar = tqdm.tqdm(total=len(names) * (1 + repeats), desc=desc, leave=False, unit="call",
+                  disable=_quiet(desc))
+  first = {}
+  for name in names:
+    first[name] = timed(fns[name], clock=clock)[1]
+    bar.update()
+  results = interleave([[fns[name]] * repeats for name in names], warmups=[], clock=clock,
+                       on_turn=lambda turn, turns: bar.update(len(names) if turn else 0))
+  bar.update(len(names))
+  bar.close()
   out = {}
   for name, runs in zip(names, results):
     times = [s for _, s in runs]
@@ -220,8 +230,8 @@ def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
 
 def forward_timings(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                     batch_size: int, tokens: Sequence[int], position: int,
-                    repeats: int = 5, clock: Clock = time.perf_counter
-                    ) -> dict[int, dict[str, float]]:
+                    repeats: int = 5, clock: Clock = time.perf_counter,
+                    desc: str | None = None) -> dict[int, dict[str, float]]:
   """`round_robin`'s seconds (median_s, min_s, max_s, compile_s) of one forward call on T new
   tokens per row, for every T in `tokens`.
 
@@ -230,11 +240,12 @@ def forward_timings(apply_fn: Callable, params: Any, init_cache: Callable[[], An
   B = batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
   The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
   under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
-  the sizes take turns (`round_robin`).
+  the sizes take turns (`round_robin`, whose progress bar desc labels).
   """
   calls = forward_calls(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
                         position=position)
-  times = round_robin({str(t): call for t, call in calls.items()}, repeats, clock=clock)
+  times = round_robin({str(t): call for t, call in calls.items()}, repeats, clock=clock,
+                      desc=desc)
   return {int(t): v for t, v in times.items()}
 
 

@@ -87,7 +87,7 @@ def run(config, workdir: str) -> list[dict]:
 
     calls[batch_size] = call
     calls[batch_size, "prefill"] = functools.partial(call, new_tokens=1)
-  times = timing.round_robin(calls, b.repeats)
+  times = timing.round_robin(calls, b.repeats, desc="benchmark")
   bandwidth = reads.bandwidth(times)
   # Per device: on a mesh each device reads its own shard of the weights from its own memory.
   roofline_step_ms = 1e3 * timing.decode_read_bytes(params, timing.shard_bytes) / bandwidth

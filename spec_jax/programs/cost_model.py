@@ -82,7 +82,8 @@ def run(config, workdir: str) -> list[dict]:
       times = timing.forward_timings(
           features_lib.timing_apply(cfg), params,
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
-          batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats)
+          batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats,
+          desc=f"{name} calls, batch {batch_size}")
       costs[name] = {t: v["median_s"] for t, v in times.items()}
       roofline_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
       for t in tokens:
