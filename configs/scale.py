@@ -13,7 +13,10 @@ CPU (float32, batch 1, T ≤ 16; on an idle machine: time nothing while anything
       --workdir experiments/scale/cpu/llama3.2-1b-cost
 Every preset up to llama3.2-3b runs on a 24 GiB machine in float32, scanned or written out
 (`fused,unrolled`; the 3B written out peaks at 17.7 GB in the memory-minimising order the
-launcher gives XLA:CPU on one device, ~36 GB in XLA's own), at batch 1, 8 and 32, e.g.
+launcher gives XLA:CPU on one device, ~36 GB in XLA's own), at batch 1, 8 and 32; gemma3-4b
+scanned (16.9 GB at batch 1 and 8; written out 23.6 GB, at the edge; its cost run does not
+fit); the 8B presets fit in neither dtype (XLA:CPU keeps float32 copies of bfloat16 weights,
+and bfloat16 steps are slower than float32 ones there), e.g.
   python launch.py --config configs/scale.py:preset=qwen3-1.7b,batch_sizes=1+8,fused,unrolled \
       --workdir experiments/scale/cpu/qwen3-1.7b-fused-unrolled
   python launch.py --config configs/scale.py:preset=qwen3-0.6b,batch_sizes=1+32,repeats=3 \
@@ -46,7 +49,8 @@ ms_per_step, roofline_ms_per_step, vs_roofline, ...; cost_model: T, r, c, roofli
 model "theory" rows). experiments/scale/results.md collects them, one table per device kind.
 Time on 2 CPU cores: 0.6–1.5 min a run at batch 1 for qwen3-0.6b to qwen3-1.7b, 2–5 min at batch
 1 and 8, 3–7.5 min at batch 1 and 32 (repeats=3), 3 min for llama3.2-3b at batch 1 and 18 min
-at batch 1, 8 and 32, 0.6–2.2 min a cost run;
+at batch 1, 8 and 32, 2.5–3 min for gemma3-4b at batch 1 (repeats=3) and 8.5 min at batch 1
+and 8, 0.6–2.2 min a cost run;
 on one H200, 10–25 s per preset and program (the written-out 8B: ~60 s).
 Reference numbers (experiments/scale/results.md, one H200, weight products on cuBLAS, the
 launcher's GPU default `cli.XLA_DEFAULTS`): Llama 3.1 8B batch 1 decode step 5.65 ms, 1.49× the
@@ -60,7 +64,7 @@ VM, batch 1, scanned / `fused,unrolled`: qwen3-0.6b 175 / 90 ms, gemma3-1b 291 /
 llama3.2-1b 327 / 167 ms, qwen3-1.7b 545 / 233 ms, llama3.2-3b 1108 ms scanned ("every preset",
 in XLA:CPU's own order); in the launcher's one-device memory order, scanned: qwen3-0.6b 109 ms,
 gemma3-1b 206–222 ms, qwen3-1.7b 429–434 ms, llama3.2-1b unchanged; llama3.2-3b written out
-441 ms ("scheduling order").
+441 ms ("scheduling order"); gemma3-4b 1370 / 565 ms ("Gemma 3 4B").
 """
 
 from configs import common
