@@ -36,10 +36,12 @@ XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
 # Added too where the process has one CPU device (no fake devices): XLA:CPU orders each program's
 # operations to hold the least memory instead of running independent ones side by side. On 2
 # cores the scanned decode step of Qwen3 0.6B / 1.7B and Gemma 3 1B runs 1.3-1.7x faster with it
-# (Llama 3.2 1B's and SmolLM2's as fast), and a preset's random initialisation holds far less
-# (Qwen3 0.6B written out: 4.2 -> 1.9 GB of temporaries; experiments/scale/results.md,
-# "scheduling order"). Fake devices keep XLA's order, the one their collectives' thread pool
-# below is sized for.
+# (Llama 3.2 1B's and SmolLM2's as fast): each layer's weight slice is copied out of the stacked
+# weights right before its product instead of all seven first, so a slice that fits the cache is
+# read back from it (Llama 3.2 1B's MLP slices, 67 MB, do not). A preset's random initialisation
+# holds far less too (Qwen3 0.6B written out: 4.2 -> 1.9 GB of temporaries;
+# experiments/scale/results.md, "scheduling order"). Fake devices keep XLA's order, the one
+# their collectives' thread pool below is sized for.
 CPU_ONE_DEVICE_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 
 
