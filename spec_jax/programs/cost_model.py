@@ -176,7 +176,7 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
           num_prompts=len(prompts), new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3),
           c=round(c, 4), d=d_calls, ms=round(sd_ms, 2), ar_ms=round(ar_ms, 2),
           speedup=round(ar_ms / sd_ms, 4), theoretical_speedup=round(theory, 4),
-          speedup_vs_theory=round(ar_ms / sd_ms / theory, 3), repeats=k.repeats,
+          speedup_vs_theory=round(ar_ms / sd_ms / theory, 4), repeats=k.repeats,
           device=device, checkpoint=config.drafter.checkpoint))
   return rows
 
