@@ -100,8 +100,9 @@ def get_config(arg=None):
     config.verifier = common.model(size=size, dtype=dtype)
     # The one-block feature drafter of that verifier, random (cost_model: no checkpoint).
     config.drafter = common.model(size=f"{size}:first=1:features=1", dtype=dtype)
+    # passes: forwards a timed call runs in one compiled loop (0: as many as last ~50 ms).
     config.cost = dict(tokens=tokens, batch_sizes=batch_sizes, repeats=args.repeats,
-                       position=128, bandwidth_mb=512, theory=SUITE_TAU, check={})
+                       position=128, bandwidth_mb=512, passes=0, theory=SUITE_TAU, check={})
     if args.smoke:
       config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=1, position=8,
                          bandwidth_mb=16)

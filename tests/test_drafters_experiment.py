@@ -38,6 +38,7 @@ def test_every_drafter_is_built_and_measured(smoke):
   costs = json.load(open(os.path.join(workdir, "runs", "costs.json")))
   for r in rows:
     assert r["cost_ratio_c"] == costs["drafters"][r["drafter"]]["c"] and "cost_ratio_c_run" in r
+    assert costs["drafters"][r["drafter"]]["passes"] >= 1  # forwards a timed call ran
     assert r["theoretical_speedup"] == pytest.approx(r["block_efficiency"] / (
         r["verifier_cost_ratio_r"] + r["gamma"] * r["cost_ratio_c"]), rel=1e-3)
     assert r["params_m"] > 0 and r["build_s"] > 0

@@ -372,16 +372,47 @@ def test_verifier_cost_ratio_runs_the_forward():
   make_cache = lambda: llama.init_cache(cfg, 2, 24)  # noqa: E731
   assert timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2,
                                     m=1, position=10) == 1.0
-  # Calls in order: T = 1 and T = 5 once each (compilation), then 2 turns of both. Medians
-  # 0.125 s and 0.375 s: r(5) = 3, whatever the compile calls took.
+  # Calls in order: T = 1 and T = 5 once each (compilation), then 2 turns of both, one forward a
+  # call. Medians 0.125 s and 0.375 s: r(5) = 3, whatever the compile calls took.
   clock = _stopwatch([1.0, 2.0, 0.125, 0.375, 0.125, 0.375])
   assert timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=5,
-                                    position=10, repeats=2, clock=clock) == 3.0
+                                    position=10, repeats=2, passes=1, clock=clock) == 3.0
   with pytest.raises(StopIteration):  # every one of the 6 timed calls read the clock
     clock(), clock()
   with pytest.raises(ValueError, match="m >= 1"):
     timing.verifier_cost_ratio(llama.make_apply(cfg), params, make_cache, batch_size=2, m=0,
                                position=10)
+
+
+def test_forward_calls_run_their_passes_in_one_program_and_time_one_forward():
+  """A timed forward call runs `passes` forwards inside one compiled loop, each on the cache the
+  one before returned, and round_robin reports one forward's seconds (a call's over its passes),
+  the compile apart. Timed one forward a call, a dispatch and a wait weigh on every forward, which
+  a decoding loop's forwards do not pay."""
+  def apply(params, tokens, positions, cache):  # the cache counts the forwards run on it
+    return tokens * params + positions, None, cache + 1
+
+  def calls(**kw):
+    return timing.forward_calls(apply, jnp.int32(2), lambda: jnp.int32(0), batch_size=2,
+                                tokens=(1, 3), position=5, **kw)
+
+  three = calls(passes=3)
+  logits, cache = three[3]()
+  assert logits.tolist() == [[5, 6, 7]] * 2 and int(cache) == 3
+  assert int(three[3]()[1]) == 6 and int(three[1]()[1]) == 3  # each T its own cache
+  assert three[1].passes == 3
+  # passes None: after compiling, one forward timed sets the count that lasts call_s.
+  quick = calls(call_s=0.0)
+  assert int(quick[1]()[1]) == 3 and quick[1].passes == 1  # compile, time one, then 1
+  slow = calls(call_s=1e3)  # a microseconds forward: the most a call runs
+  assert int(slow[1]()[1]) == 2 + timing.MAX_PASSES and slow[1].passes == timing.MAX_PASSES
+  # Calls in order: T = 1 and 3 once each (compiling), then 2 turns of both, 4 forwards a call.
+  clock = _stopwatch([3.0, 4.0, 0.5, 1.0, 0.75, 1.5])
+  times = timing.round_robin({t: call for t, call in calls(passes=4).items()}, 2, clock=clock)
+  assert times[1] == dict(compile_s=2.375, median_s=0.15625, min_s=0.125, max_s=0.1875, passes=4)
+  assert times[3] == dict(compile_s=2.75, median_s=0.3125, min_s=0.25, max_s=0.375, passes=4)
+  with pytest.raises(ValueError, match="passes=0 must be >= 1"):
+    calls(passes=0)
 
 
 def test_memory_reads_spread_one_wait_over_several_passes():

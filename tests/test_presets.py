@@ -157,7 +157,8 @@ def test_bad_names_and_dtypes_are_one_line_naming_the_field():
       (benchmark, "model", "size", "llama3-8b", r"^Unknown model size 'llama3-8b' \(model.size\)"),
       (benchmark, "model", "dtype", "int8", r"^model.dtype='int8' is not a dtype"),
       (cost_model, "verifier", "size", "qwen3-9b", r"^Unknown model size 'qwen3-9b' \(verifier"),
-      (cost_model, "drafter", "dtype", "float64", r"^drafter.dtype='float64' is not a dtype")):
+      (cost_model, "drafter", "dtype", "float64", r"^drafter.dtype='float64' is not a dtype"),
+      (cost_model, "cost", "passes", -1, r"^cost.passes=-1 must be >= 1 \(forwards")):
     config = scale_config.get_config("smoke,cost" if program is cost_model else "smoke")
     config[section][field] = value
     with pytest.raises(ValueError, match=message) as e:
@@ -193,6 +194,14 @@ def test_every_step_of_the_gpu_sweep_passes_its_checks(tmp_path, monkeypatch, mo
   def refuse_load(*args, **kwargs):
     raise ChecksPassed()
   monkeypatch.setattr(loading, "load_model", refuse_load)
+  # The dispatch comparisons (experiments/scale/forward_dispatch.py): their flags parse and
+  # their configs reach the model's loading.
+  from experiments.scale import forward_dispatch  # noqa: PLC0415
+  for name, *args in [s for s in steps if s[0].startswith("dispatch:")]:
+    with pytest.raises(ChecksPassed):
+      forward_dispatch.main([a.replace("/tmp/vocab49152.json", str(vocab)) for a in args]
+                            + ["--out", str(tmp_path / name)])
+  steps = [s for s in steps if not s[0].startswith("dispatch:")]
   for name, args, *overrides in steps:
     overrides = [o.replace("/tmp/vocab49152.json", str(vocab)) for o in overrides]
     cli.check_override_keys(["launch.py", f"--config={root}/configs/scale.py:{args}", *overrides])

@@ -196,8 +196,9 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   with pytest.raises(ValueError, match="benchmark.loop='until': 'fixed'"):
     benchmark.run(config, str(tmp_path / "bench"))
   config = scale_config.get_config("smoke,cost")
-  config.cost.update(tokens=(1, 5), batch_sizes=(1,))
+  config.cost.update(tokens=(1, 5), batch_sizes=(1,), passes=2)
   rows = cost_model.run(config, str(tmp_path / "cost"))
+  assert {r["passes"] for r in rows if r["model"] in ("verifier", "drafter")} == {2}
   (drafter,) = [r for r in rows if r["model"] == "drafter"]
   (theory,) = [r for r in rows if r["model"] == "theory"]
   r5 = next(r["r"] for r in rows if r["model"] == "verifier" and r["T"] == 5)

@@ -28,7 +28,8 @@ def get_config(arg=None):
   config.drafter = common.model(size="drafter-s", checkpoint=args.drafter)
   config.cost = dict(tokens=(1, 2, 3, 5, 8, 13, 16, 32), batch_sizes=(1, 8), repeats=args.repeats,
                      position=128,     # the T tokens' first position (a mid-generation cache)
-                     bandwidth_mb=512)  # size of the array the bandwidth is measured on
+                     bandwidth_mb=512,  # size of the array the bandwidth is measured on
+                     passes=0)         # forwards per timed call (0: as many as last ~50 ms)
   config.data = common.data()  # the check's prompts: its prompt split
   # The theory checked against measured chain SD at batch 1 (empty to skip).
   config.cost.check = dict(gammas=(2, 4, 6), temperatures=(0.0, 1.0), num_prompts=2,

@@ -24,7 +24,8 @@
 #       (experiments/scale/gpu_bars/<run>/);
 #   bash experiments/scale/gpu.sh costs     the per-preset rows not measured on a GPU yet: r(T)
 #       and c for every preset that fits one GPU (the 8B's also written out and fused, its
-#       fastest layout), and the decode steps of qwen3-1.7b and gemma3-27b
+#       fastest layout), what a dispatch per timed forward added to r and c (`cost.passes=1`
+#       beside the default), and the decode steps of qwen3-1.7b and gemma3-27b
 #       (experiments/scale/gpu_costs/<run>/);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
@@ -105,9 +106,20 @@ sweep() {  # sweep NAME SECONDS [pallas_tiles.py args]: the tile sweep for at mo
   echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
   tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
 }
+dispatch() {  # dispatch NAME [forward_dispatch.py args]: a dispatch against a compiled loop
+  local name=$1; shift
+  local left=$((480 - SECONDS))
+  if [ "$left" -lt 40 ]; then echo "== $name: skipped (deadline)" >>"$LOG"; return; fi
+  echo "== $name (t=${SECONDS}s)" >>"$LOG"
+  timeout -k 5 "$((left < 180 ? left : 180))" python3 experiments/scale/forward_dispatch.py \
+      "$@" --out "$W/$name" >>"$LOG" 2>&1
+  echo "   rc=$? ($((SECONDS))s)" >>"$LOG"
+  tar -czf "$OUT/scale_gpu.tar.gz" "$W" 2>>"$LOG"
+}
 if [ -n "${LIST:-}" ]; then
   step() { printf '%s' "$1"; shift; printf '\t%s' "$@"; printf '\n'; }
   sweep() { printf 'sweep:%s' "$1"; shift 2; printf '\t%s' "$@"; printf '\n'; }
+  dispatch() { printf 'dispatch:%s' "$1"; shift; printf '\t%s' "$@"; printf '\n'; }
   dump() { :; }
 fi
 SMOL=(--config.model.size=smollm2-135m --config.tokenizer=/tmp/vocab49152.json)
@@ -252,6 +264,13 @@ elif [ "${1:-presets}" = costs ]; then
   # (9 lengths: each is a program of ~11 s to compile written out)
   step llama3.1-8b-cost-fused-unrolled \
       $C1,preset=llama3.1-8b,fused,unrolled,tokens=1+2+3+4+5+8+16+32+64
+  # What a dispatch and a wait added to each timed forward, r(5), c and the theory: one forward
+  # a call (as r and c were timed before) against a compiled loop of forwards (cost_model's
+  # timing since), in one process: the 135M shape, whose forwards last about as long as a
+  # dispatch, and the 8B.
+  dispatch smollm2-135m-f32-dispatch --arg gpu,dtype=float32 --size smollm2-135m \
+      --tokenizer /tmp/vocab49152.json
+  dispatch llama3.1-8b-dispatch --arg gpu,preset=llama3.1-8b
   step qwen3-1.7b gpu,preset=qwen3-1.7b
   step gemma3-27b gpu,preset=gemma3-27b
   for preset in qwen3-0.6b llama3.2-1b gemma3-1b qwen3-1.7b llama3.2-3b gemma3-4b qwen3-8b \

@@ -248,8 +248,9 @@ def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
 
 def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload) -> float:
   """c of a feature drafter, which cannot decode alone (it reads the verifier's features): its
-  one-token forward over the verifier's, timed taking turns (median of 5), at the loop's cache
-  size for the widest batch and halfway through the new tokens."""
+  one-token forward over the verifier's, timed taking turns (median of 5, each call a compiled
+  loop of forwards: `timing.ForwardCall`), at the loop's cache size for the widest batch and
+  halfway through the new tokens."""
   b, p = work.batch_size, work.prompt_width
   size = p + work.new_tokens + 1
   calls = {}

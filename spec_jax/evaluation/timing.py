@@ -158,8 +158,9 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
                 ) -> dict[str, dict[str, float]]:
   """Time each of `fns` (same inputs, closed over) once to compile, then `repeats` turns in which
   every fn runs once. Per name: compile_s (first call minus the median), median_s, min_s,
-  max_s. desc: a progress bar's label (None: no bar), counting the compiling calls one by one
-  and then whole turns, updated between timed calls."""
+  max_s; for a fn with a `passes` attribute (`ForwardCall`: passes forwards a call) those three
+  are per pass, and passes is given too. desc: a progress bar's label (None: no bar), counting
+  the compiling calls one by one and then whole turns, updated between timed calls."""
   if repeats < 1:
     raise ValueError(f"repeats={repeats} must be >= 1.")
   names = list(fns)
@@ -177,8 +178,12 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
   for name, runs in zip(names, results):
     times = [s for _, s in runs]
     median = statistics.median(times)
-    out[name] = dict(compile_s=max(first[name] - median, 0.0), median_s=median, min_s=min(times),
-                     max_s=max(times))
+    passes = getattr(fns[name], "passes", None)
+    per = passes or 1
+    out[name] = dict(compile_s=max(first[name] - median, 0.0), median_s=median / per,
+                     min_s=min(times) / per, max_s=max(times) / per)
+    if passes is not None:
+      out[name]["passes"] = passes
   return out
 
 
@@ -188,11 +193,46 @@ def time_call(fn: Callable[[], Any], repeats: int, *,
   return round_robin({"fn": fn}, repeats, clock=clock)["fn"]
 
 
+# The most forwards one timed call runs (`ForwardCall`).
+MAX_PASSES = 64
+
+
+class ForwardCall:
+  """One timed call of `passes` forwards on the same T new tokens per row, inside one compiled
+  loop, each reading the cache the one before wrote (donated: updated in place). A decoding loop
+  runs its forwards inside one program, with no dispatch or wait between them; so does this
+  call, and `round_robin` reports its times per forward. passes None: set at the first call,
+  after compiling, to the forwards that make a call last about `call_s` (1 .. MAX_PASSES), from
+  one forward timed on the wall clock."""
+
+  def __init__(self, program: Callable, params: Any, cache: Any, tokens: jax.Array,
+               positions: jax.Array, passes: int | None, call_s: float):
+    if passes is not None and passes < 1:
+      raise ValueError(f"forward passes={passes} must be >= 1 (or None: as many as last "
+                       f"{call_s} s, at most {MAX_PASSES}).")
+    self.passes = passes
+    self._program, self._params, self._cache = program, params, cache
+    self._tokens, self._positions, self._call_s = tokens, positions, call_s
+
+  def _run(self, n: int):
+    logits, self._cache = self._program(self._params, self._cache, self._tokens, self._positions,
+                                        jnp.int32(n))
+    return logits, self._cache
+
+  def __call__(self):
+    if self.passes is None:
+      jax.block_until_ready(self._run(1))  # compiles
+      _, seconds = timed(lambda: self._run(1))
+      self.passes = int(min(MAX_PASSES, max(1, math.ceil(self._call_s / max(seconds, 1e-9)))))
+    return self._run(self.passes)
+
+
 def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
-                  batch_size: int, tokens: Sequence[int], position: int
-                  ) -> dict[int, Callable[[], Any]]:
-  """T -> a call of one forward on T new tokens per row, for `round_robin` (see
-  `forward_costs` for the arguments). Each call writes its K/V into its own donated cache."""
+                  batch_size: int, tokens: Sequence[int], position: int,
+                  passes: int | None = None, call_s: float = 0.05) -> dict[int, ForwardCall]:
+  """T -> a `ForwardCall` of forwards on T new tokens per row, for `round_robin`, which reports
+  its times per forward (see `forward_timings` for the other arguments). passes: forwards per
+  call, or None: as many as make a call last about call_s seconds."""
   if batch_size < 1 or not tokens or min(tokens) < 1:
     raise ValueError(f"forward_costs needs batch_size >= 1 and token counts >= 1, got "
                      f"batch_size={batch_size}, tokens={tuple(tokens)}.")
@@ -201,49 +241,54 @@ def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
     logits, _, cache = apply_fn(params, tokens, positions, cache)
     return logits, cache
 
-  # Donated: the cache is updated in place, not copied, as in the decoding loop.
-  step = jax.jit(forward, donate_argnums=1)
+  def forwards(params, cache, tokens, positions, n):
+    def more(_, carry):
+      # The tokens pass a barrier with the cache, so XLA cannot hoist their work out of the
+      # loop (a decoding loop's tokens change every step); work on the weights alone it may.
+      tokens_, positions_, cache = jax.lax.optimization_barrier((tokens, positions, carry[1]))
+      return forward(params, cache, tokens_, positions_)
 
-  def make_call(t: int) -> Callable[[], Any]:
+    return jax.lax.fori_loop(1, n, more, forward(params, cache, tokens, positions))
+
+  program = jax.jit(forwards, donate_argnums=1)  # n traced: one program for every count
+
+  def make_call(t: int) -> ForwardCall:
     x = jnp.zeros((batch_size, t), jnp.int32)
     positions = jnp.broadcast_to(position + jnp.arange(t, dtype=jnp.int32), (batch_size, t))
-    state = {"cache": init_cache()}
-
-    def call():
-      logits, state["cache"] = step(params, state["cache"], x, positions)
-      return logits, state["cache"]
-
-    return call
+    return ForwardCall(program, params, init_cache(), x, positions, passes, call_s)
 
   return {int(t): make_call(int(t)) for t in tokens}
 
 
 def forward_costs(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                   batch_size: int, tokens: Sequence[int], position: int,
-                  repeats: int = 5, clock: Clock = time.perf_counter) -> dict[int, float]:
-  """Median seconds of one forward call on T new tokens per row, for every T in `tokens`
+                  repeats: int = 5, passes: int | None = None,
+                  clock: Clock = time.perf_counter) -> dict[int, float]:
+  """Median seconds of one forward on T new tokens per row, for every T in `tokens`
   (`forward_timings` for the spread)."""
   times = forward_timings(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
-                          position=position, repeats=repeats, clock=clock)
+                          position=position, repeats=repeats, passes=passes, clock=clock)
   return {t: v["median_s"] for t, v in times.items()}
 
 
 def forward_timings(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                     batch_size: int, tokens: Sequence[int], position: int,
-                    repeats: int = 5, clock: Clock = time.perf_counter,
+                    repeats: int = 5, passes: int | None = None,
+                    clock: Clock = time.perf_counter,
                     desc: str | None = None) -> dict[int, dict[str, float]]:
-  """`round_robin`'s seconds (median_s, min_s, max_s, compile_s) of one forward call on T new
-  tokens per row, for every T in `tokens`.
+  """`round_robin`'s seconds of one forward on T new tokens per row (median_s, min_s, max_s;
+  compile_s) and the forwards each timed call ran (passes), for every T in `tokens`.
 
   apply_fn is the docs/design.md §2 forward apply(params, tokens[B,T], positions[B,T], cache)
   -> (logits, hidden, cache) (e.g. llama.make_apply(cfg)); init_cache() returns an empty cache for
   B = batch_size rows at the cache size the decoding loop uses, since attention reads every slot.
   The T tokens sit at positions position .. position+T-1 (position + max T must fit the cache)
-  under the causal mask. Each call writes its K/V into a donated cache, as inside the loop, and
-  the sizes take turns (`round_robin`, whose progress bar desc labels).
+  under the causal mask. The forwards of a call run in one compiled loop, each writing its K/V
+  into the cache as inside a decoding loop (`ForwardCall`; passes None: as many as last ~50 ms),
+  and the sizes take turns (`round_robin`, whose progress bar desc labels).
   """
   calls = forward_calls(apply_fn, params, init_cache, batch_size=batch_size, tokens=tokens,
-                        position=position)
+                        position=position, passes=passes)
   times = round_robin({str(t): call for t, call in calls.items()}, repeats, clock=clock,
                       desc=desc)
   return {int(t): v for t, v in times.items()}
@@ -251,7 +296,7 @@ def forward_timings(apply_fn: Callable, params: Any, init_cache: Callable[[], An
 
 def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[], Any], *,
                         batch_size: int, m: int, position: int, repeats: int = 5,
-                        clock: Clock = time.perf_counter) -> float:
+                        passes: int | None = None, clock: Clock = time.perf_counter) -> float:
   """r(M) = median time of a verifier forward over M new tokens / that of 1 token
   (docs/design.md §3), measured by `forward_costs` (same arguments)."""
   if m < 1 or batch_size < 1:
@@ -260,7 +305,7 @@ def verifier_cost_ratio(apply_fn: Callable, params: Any, init_cache: Callable[[]
   if m == 1:
     return 1.0
   costs = forward_costs(apply_fn, params, init_cache, batch_size=batch_size, tokens=(1, m),
-                        position=position, repeats=repeats, clock=clock)
+                        position=position, repeats=repeats, passes=passes, clock=clock)
   return costs[m] / costs[1]
 
 

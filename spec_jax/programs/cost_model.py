@@ -6,10 +6,12 @@ bound accelerator comes close to and a CPU does not. The theory column of every 
 (τ / (r(M) + d·c), docs/design.md §3) uses r(M) measured in the same run; this program measures the
 whole curve once, at each batch size, with the drafter's c and the memory roofline beside it.
 
-Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (median of `repeats`
-calls, the sizes taking turns; a cache of `position` + the largest T + 1 slots, the T tokens
-written from slot `position`: a mid-generation cache),
-ms_min and ms_max (the fastest and slowest of those calls), r
+Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (one forward: the
+median of `repeats` timed calls, the sizes taking turns, each call `passes` forwards inside one
+compiled loop as a decoding loop runs them, with no dispatch or wait between them
+(`timing.ForwardCall`; `cost.passes`, 0: as many as make a call last ~50 ms, at most 64); a
+cache of `position` + the largest T + 1 slots, the T tokens written from slot `position`: a
+mid-generation cache), passes, ms_min and ms_max (the fastest and slowest call, per forward), r
 (verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
 parameter bytes a call reads, `timing.decode_read_bytes`, over the measured memory bandwidth: the
 floor of any call that reads the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
@@ -55,6 +57,10 @@ from spec_jax.models import draft_init, families, llama, presets
 
 def run(config, workdir: str) -> list[dict]:
   c = config.cost
+  if c.get("passes", 0) < 0:
+    raise ValueError(f"cost.passes={c.passes} must be >= 1 (forwards per timed call), or 0 for "
+                     f"as many as last ~50 ms.")
+  passes = c.get("passes") or None
   for section in ("verifier", "drafter"):
     presets.check_dtype(config[section].dtype, f"{section}.dtype")
     if not config[section].checkpoint:
@@ -83,13 +89,14 @@ def run(config, workdir: str) -> list[dict]:
           features_lib.timing_apply(cfg), params,
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
           batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats,
-          desc=f"{name} calls, batch {batch_size}")
+          passes=passes, desc=f"{name} calls, batch {batch_size}")
       costs[name] = {t: v["median_s"] for t, v in times.items()}
       roofline_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
       for t in tokens:
         ms = 1e3 * costs[name][t]
         rows.append(dict(
             model=name, T=t, batch_size=batch_size, ms=round(ms, 3),
+            passes=times[t]["passes"],
             ms_min=round(1e3 * times[t]["min_s"], 3), ms_max=round(1e3 * times[t]["max_s"], 3),
             r=round(costs[name][t] / costs[name][1], 3) if name == "verifier" else None,
             c=(round(costs[name][1] / costs["verifier"][1], 4) if name == "drafter" else None),
@@ -106,15 +113,18 @@ def run(config, workdir: str) -> list[dict]:
                 metrics.theoretical_speedup(tau, r_m=r, c=cost_c, drafter_calls=gamma), 4),
             device=device, **labels))
   if c.get("check"):
-    rows += check_theory(config, tokenizer, (v_cfg, v_params), (d_cfg, d_params), device)
+    rows += check_theory(config, tokenizer, (v_cfg, v_params), (d_cfg, d_params), device,
+                         passes=passes)
   report.write_results(workdir, rows)
   _write_markdown(workdir, rows, report.launch_command(config, workdir), bandwidth, device)
   return rows
 
 
-def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
+def check_theory(config, tokenizer, verifier, drafter, device, *,
+                 passes: int | None) -> list[dict]:
   """Chain SD at batch 1 against τ / (r(γ + 1) + γ·c), everything timed in the same turns (see
-  the module docstring). verifier, drafter: (cfg, params)."""
+  the module docstring). verifier, drafter: (cfg, params); passes: forwards per timed call
+  (None: as many as last ~50 ms)."""
   from spec_jax.data import pipeline  # noqa: PLC0415 (the check alone reads a corpus)
   k = config.cost.check
   (v_cfg, v_params), (d_cfg, d_params) = verifier, drafter
@@ -158,7 +168,8 @@ def check_theory(config, tokenizer, verifier, drafter, device) -> list[dict]:
                                     ("d", d_cfg, d_params, (1,))):
     forward = timing.forward_calls(features_lib.timing_apply(cfg), params,
                                    lambda cfg=cfg: llama.init_cache(cfg, 1, size), batch_size=1,
-                                   tokens=sorted(set(tokens)), position=position)
+                                   tokens=sorted(set(tokens)), position=position,
+                                   passes=passes)
     calls.update({(name, t): call for t, call in forward.items()})
   ms = {key: 1e3 * t["median_s"] for key, t in timing.round_robin(calls, k.repeats).items()}
   c = ms["d", 1] / ms["v", 1]
@@ -214,9 +225,12 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
   lines = ["# Verifier cost ratio r(T) and drafter cost c", "",
            f"`{command}`", "",
            f"Device: {device}; memory bandwidth {bandwidth / 1e9:.1f} GB/s (the faster of a "
-           "jitted sum and a GEMV over a large float32 array). r(T) = ms of a call on T tokens "
-           "/ ms of a call on 1 token; roofline = the parameter bytes a call reads (an untied "
-           "input embedding's gathered rows aside) / bandwidth. "
+           "jitted sum and a GEMV over a large float32 array). ms: one forward, a timed call's "
+           "time over the forwards it runs in one compiled loop (passes: "
+           f"{_passes(rows, 'verifier')} for the verifier, {_passes(rows, 'drafter')} for the "
+           "drafter). r(T) = ms of a forward on T tokens / ms of a forward on 1 token; roofline "
+           "= the parameter bytes a forward reads (an untied input embedding's gathered rows "
+           "aside) / bandwidth. "
            "Plot: [r_of_t.png](r_of_t.png).", "",
            "| T | " + " | ".join(f"B={b} ms | B={b} r" for b in batches) + " |",
            "|---:|" + "---:|---:|" * len(batches)]
@@ -253,3 +267,9 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
               f"{r['theoretical_speedup']:.3f} | {r['speedup_vs_theory']:.3f} |" for r in checks]
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
+
+
+def _passes(rows: list[dict], model: str) -> str:
+  """The forwards per timed call of `model`'s rows: one count, or their range."""
+  counts = sorted({r["passes"] for r in rows if r["model"] == model})
+  return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"

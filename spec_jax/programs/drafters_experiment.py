@@ -190,17 +190,21 @@ def build_inputs(config, name: str, built: dict) -> dict:
 
 
 def measure_costs(config, workdir: str, names: dict) -> dict:
-  """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}, "build"}}}: every built
-  drafter's one-token forward against the verifier's 1- and (γ + 1)-token forwards, batch 1,
-  the calls taking turns (`timing.round_robin`, median of `cost_repeats`), each drafter in its
-  own round with the verifier beside it. The evaluate runs' in-run c and r come from a handful
-  of calls and scatter by ±40% here; this is the c and r the frontier uses. Cached in
-  runs/costs.json with the identity of the build it timed ("build"; names: {name: that
+  """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}, "passes",
+  "verifier_passes", "build"}}}: every built drafter's one-token forward against the verifier's
+  1- and (γ + 1)-token forwards, batch 1, the calls taking turns (`timing.round_robin`, median
+  of `cost_repeats`; each call a compiled loop of `passes` forwards, `timing.ForwardCall`), each
+  drafter in its own round with the verifier beside it. The evaluate runs' in-run c and r come
+  from a handful of calls and scatter by ±40% here; this is the c and r the frontier uses.
+  Cached in runs/costs.json with the identity of the build it timed ("build"; names: {name: that
   identity}), so a rebuilt drafter is timed again."""
   path = os.path.join(workdir, "runs", "costs.json")
   costs = _read_costs(workdir)
-  # names: {name: its build's identity}; a drafter rebuilt since it was timed is timed again.
-  todo = [n for n, ident in names.items() if costs["drafters"].get(n, {}).get("build") != ident]
+  # names: {name: its build's identity}; a drafter rebuilt since it was timed is timed again, and
+  # so is one timed one forward a call (no "passes": a dispatch and a wait in every forward).
+  todo = [n for n, ident in names.items()
+          if costs["drafters"].get(n, {}).get("build") != ident
+          or "passes" not in costs["drafters"][n]]
   if not todo:
     return costs
   ec = config.eval
@@ -228,6 +232,7 @@ def measure_costs(config, workdir: str, names: dict) -> dict:
         "ms": round(1e3 * times["d"]["median_s"], 3), "verifier_ms": round(1e3 * v1, 3),
         "c": round(times["d"]["median_s"] / v1, 4),
         "r": {str(g): round(times[f"v{g + 1}"]["median_s"] / v1, 3) for g in gammas},
+        "passes": times["d"]["passes"], "verifier_passes": times["v1"]["passes"],
         "build": names[name]}
     report.write_json(path, costs)
   return costs
