@@ -28,6 +28,17 @@ that fit one GPU, most important first (`gpu.sh costs`: r(T) and c of each), e.g
   python launch.py --config configs/scale.py:gpu,cost,batch_sizes=1,preset=qwen3-0.6b \
       --workdir experiments/scale/gpu_costs/qwen3-0.6b-cost
 Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,cost.
+A cost run's timed forward is one call of a compiled loop of forwards, as many as last ~50 ms
+(`cost.passes`; rows carry `passes`), as a decoding loop runs them; one forward a call would add
+a dispatch and a wait to each. experiments/scale/forward_dispatch.py times both in one process,
+with r, c and the theory from each (2 CPU cores: seconds), e.g.
+  python experiments/scale/forward_dispatch.py --arg preset=smollm2-135m --tokenizer smollm2 \
+      --out experiments/scale/cpu/smollm2-135m-dispatch
+With `check`, a cost run also decodes chain SD (γ = 2 and 4, greedy) in turns with AR on two
+random 64-token prompts: random weights give τ = 1, so its speedup checks the theory's cost of
+a round, r(γ + 1) + γ·c, alone (2 CPU cores: 2 min), e.g.
+  python launch.py --config configs/scale.py:preset=smollm2-135m,cost,check,tokens=1+3+5 \
+      --config.tokenizer=smollm2 --workdir experiments/scale/cpu/smollm2-135m-check
 Layouts of the same model (rows carry them): `fused`, q/k/v and gate/up as one weight product
 each (`model.size=<preset>:fused=1`, two products per layer fewer); `unrolled`, the layers
 written out with per-layer weights instead of a scan over stacked ones (`:unrolled=1`); e.g.
@@ -76,7 +87,8 @@ SUITE_TAU = ((4, 2.33),)
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, cost=False, gpu=False, preset="llama3.2-1b",
+  args = common.parse_arg(arg, smoke=False, cost=False, check=False, gpu=False,
+                          preset="llama3.2-1b",
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
                           fused=False, unrolled=False, decode_unrolled=False, out_major=False,
                           pallas=False, attn_kernel=False)
@@ -103,9 +115,15 @@ def get_config(arg=None):
     # passes: forwards a timed call runs in one compiled loop (0: as many as last ~50 ms).
     config.cost = dict(tokens=tokens, batch_sizes=batch_sizes, repeats=args.repeats,
                        position=128, bandwidth_mb=512, passes=0, theory=SUITE_TAU, check={})
+    if args.check:  # the theory against chain SD decoded in turns with AR, random prompts
+      config.cost.check = dict(gammas=(2, 4), temperatures=(0.0,), num_prompts=2,
+                               prompt_tokens=64, new_tokens=64, repeats=args.repeats,
+                               prompts="random")
     if args.smoke:
       config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=1, position=8,
                          bandwidth_mb=16)
+      if args.check:
+        config.cost.check.update(gammas=(2,), prompt_tokens=8, new_tokens=8, repeats=1)
     return config
   config.model = common.model(size=size, dtype=dtype)
   config.data = common.data()  # unused: random prompts

@@ -205,6 +205,16 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   assert (theory["gamma"], theory["tau"], theory["r"], theory["c"]) == (4, 2.33, r5, drafter["c"])
   assert theory["theoretical_speedup"] == pytest.approx(2.33 / (r5 + 4 * drafter["c"]), rel=2e-3)
   assert "at a τ measured elsewhere" in (tmp_path / "cost" / "results.md").read_text()
+  # `check`: the theory against chain SD on random prompts (the config has no data section).
+  config = scale_config.get_config("smoke,cost,check")
+  config.cost.update(tokens=(1, 3), batch_sizes=(1,))
+  (check,) = [r for r in cost_model.run(config, str(tmp_path / "check"))
+              if r["model"] == "speculative"]
+  assert (check["gamma"], check["temperature"], check["num_prompts"]) == (2, 0.0, 2)
+  assert 1.0 <= check["tau"] <= 3.0 and check["theoretical_speedup"] > 0
+  config.cost.check.prompts = "corpus"
+  with pytest.raises(ValueError, match=r"^cost.check.prompts='corpus' must be 'data'"):
+    cost_model.run(config, "/nonexistent/never-written")
 
 
 def test_quickstart_smoke(tmp_path, capsys):

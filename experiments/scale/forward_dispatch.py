@@ -8,17 +8,20 @@ A decoding loop runs its forwards inside one compiled program; a call of one for
 the host's dispatch and the wait for the result. Random weights (seeds 0 and 1), the models of
 `configs/scale.py:<--arg>,cost`, a mid-generation cache (`cost.position`).
 
-  python experiments/scale/forward_dispatch.py --arg preset=smollm2-135m --out DIR
+  python experiments/scale/forward_dispatch.py --arg preset=smollm2-135m --tokenizer smollm2 \
+      --out DIR                                                           (2 CPU cores: ~10 s)
   python experiments/scale/forward_dispatch.py --arg gpu,dtype=float32 \
       --size smollm2-135m --tokenizer /tmp/vocab49152.json --out DIR      (gpu.sh costs)
 
 Rows (DIR/results.json): model, T, timing ("one forward a call" / "compiled loop"), passes,
-ms (per forward), ms_min, ms_max, device; then one row per timing with r, c and theory.
+ms (per forward), ms_min, ms_max, memory_bandwidth_gb_s (`timing.MemoryReads` in the same
+turns), device; then one row per timing with r, c and theory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import sys
 
@@ -69,14 +72,18 @@ def main(argv=None) -> list[dict]:
                                   lambda cfg=cfg: llama.init_cache(cfg, 1, position + gamma + 2),
                                   batch_size=1, tokens=tokens, position=position, passes=passes)
       calls.update({(name, t, label): call for t, call in made.items()})
-  times = timing.round_robin(calls, args.repeats, desc="forward calls")
+  # The read bandwidth in the same turns: a slow spell of a shared machine shows in it.
+  reads = timing.MemoryReads(config.cost.bandwidth_mb * 2**20)
+  times = timing.round_robin({**calls, **reads.calls}, args.repeats, desc="forward calls")
+  bandwidth_gb_s = round(reads.bandwidth(times) / 1e9, 2)
   device = timing.device_description()
-  rows = [dict(model=name, T=t, timing=label, passes=v["passes"],
-               ms=round(1e3 * v["median_s"], 4), ms_min=round(1e3 * v["min_s"], 4),
-               ms_max=round(1e3 * v["max_s"], 4), device=device,
-               device_kind=jax.devices()[0].device_kind, size=config.verifier.size,
-               dtype=config.verifier.dtype)
-          for (name, t, label), v in times.items()]
+  rows = [dict(model=name, T=t, timing=label, passes=times[key]["passes"],
+               ms=round(1e3 * times[key]["median_s"], 4),
+               ms_min=round(1e3 * times[key]["min_s"], 4),
+               ms_max=round(1e3 * times[key]["max_s"], 4), memory_bandwidth_gb_s=bandwidth_gb_s,
+               device=device, device_kind=jax.devices()[0].device_kind,
+               size=config.verifier.size, dtype=config.verifier.dtype)
+          for key in calls for name, t, label in [key]]
   for label in TIMINGS:
     ms = {(r["model"], r["T"]): r["ms"] for r in rows if r["timing"] == label}
     r_m, c = ms["verifier", gamma + 1] / ms["verifier", 1], ms["drafter", 1] / ms["verifier", 1]
@@ -87,7 +94,8 @@ def main(argv=None) -> list[dict]:
   out.mkdir(parents=True, exist_ok=True)
   report.write_results(str(out), rows, echo=False)
   lines = [f"{config.verifier.size} and its one-block feature drafter, {config.verifier.dtype}, "
-           f"batch 1, {device}, medians of {args.repeats} (ms a forward)", "",
+           f"batch 1, {device}, medians of {args.repeats} (ms a forward); read bandwidth in "
+           f"the same turns {bandwidth_gb_s} GB/s", "",
            "| timing | verifier T=1 | verifier T=" f"{gamma + 1} | drafter | passes (v / d) | "
            f"r({gamma + 1}) | c | theory at τ = {tau} |", "|---|---:|---:|---:|---|---:|---:|---:|"]
   for label in TIMINGS:
@@ -99,6 +107,7 @@ def main(argv=None) -> list[dict]:
                  f"{th['r']:.3f} | {th['c']:.4f} | {th['theoretical_speedup']:.3f} |")
   text = "\n".join(lines) + "\n"
   (out / "results.md").write_text(text)
+  (out / "command.json").write_text(json.dumps(sys.argv) + "\n")
   print(text, flush=True)
   return rows
 

@@ -24,8 +24,9 @@
 #       (experiments/scale/gpu_bars/<run>/);
 #   bash experiments/scale/gpu.sh costs     the per-preset rows not measured on a GPU yet: r(T)
 #       and c for every preset that fits one GPU (the 8B's also written out and fused, its
-#       fastest layout), what a dispatch per timed forward added to r and c (`cost.passes=1`
-#       beside the default), and the decode steps of qwen3-1.7b and gemma3-27b
+#       fastest layout), what a dispatch per timed forward added to r and c
+#       (experiments/scale/forward_dispatch.py), the theory's round cost against chain SD
+#       decoded in turns (`check`), and the decode steps of qwen3-1.7b and gemma3-27b
 #       (experiments/scale/gpu_costs/<run>/);
 #   bash experiments/scale/gpu.sh levers    the layouts and XLA options at batch 1, each beside
 #       the default in the same run: the layers written out with per-layer weights
@@ -271,6 +272,12 @@ elif [ "${1:-presets}" = costs ]; then
   dispatch smollm2-135m-f32-dispatch --arg gpu,dtype=float32 --size smollm2-135m \
       --tokenizer /tmp/vocab49152.json
   dispatch llama3.1-8b-dispatch --arg gpu,preset=llama3.1-8b
+  # The theory's cost of a round, r(γ + 1) + γ·c, against chain SD decoded in turns with AR
+  # (random weights and prompts: τ ≈ 1 at T = 0; γ = 2 and 4).
+  step smollm2-135m-f32-check $C1,dtype=float32,check,tokens=1+3+5 \
+      --config.verifier.size=smollm2-135m --config.drafter.size=smollm2-135m:first=1:features=1 \
+      --config.tokenizer=/tmp/vocab49152.json
+  step llama3.1-8b-check $C1,preset=llama3.1-8b,check,tokens=1+3+5
   step qwen3-1.7b gpu,preset=qwen3-1.7b
   step gemma3-27b gpu,preset=gemma3-27b
   for preset in qwen3-0.6b llama3.2-1b gemma3-1b qwen3-1.7b llama3.2-3b gemma3-4b qwen3-8b \

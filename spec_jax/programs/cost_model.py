@@ -27,7 +27,9 @@ drafter drafts γ calls per round), for verifiers whose weights cannot give τ h
 
 Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
 γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
-split (`prompt_tokens` tokens, `new_tokens` new ones, stop tokens off), timed in turns with
+split, or with `prompts="random"` of random token ids (seed `seed`; no corpus: random weights
+give τ ≈ 1 at T = 0, which checks the theory's cost of a round, r(γ + 1) + γ·c, alone)
+(`prompt_tokens` tokens, `new_tokens` new ones, stop tokens off), timed in turns with
 autoregressive decoding of the same prompts at the same temperature and with the forward calls r
 and c come from
 (`timing.round_robin`, medians of `repeats`). Rows with model "speculative": gamma,
@@ -43,6 +45,7 @@ import dataclasses
 import os
 
 import jax
+import numpy as np
 
 from spec_jax import loading
 from spec_jax.data import tokenizer as tokenizer_lib
@@ -60,6 +63,9 @@ def run(config, workdir: str) -> list[dict]:
   if c.get("passes", 0) < 0:
     raise ValueError(f"cost.passes={c.passes} must be >= 1 (forwards per timed call), or 0 for "
                      f"as many as last ~50 ms.")
+  if c.get("check") and c.check.get("prompts", "data") not in ("data", "random"):
+    raise ValueError(f"cost.check.prompts={c.check.prompts!r} must be 'data' (the data's prompt "
+                     f"split) or 'random' (random token ids, no corpus).")
   passes = c.get("passes") or None
   for section in ("verifier", "drafter"):
     presets.check_dtype(config[section].dtype, f"{section}.dtype")
@@ -125,15 +131,21 @@ def check_theory(config, tokenizer, verifier, drafter, device, *,
   """Chain SD at batch 1 against τ / (r(γ + 1) + γ·c), everything timed in the same turns (see
   the module docstring). verifier, drafter: (cfg, params); passes: forwards per timed call
   (None: as many as last ~50 ms)."""
-  from spec_jax.data import pipeline  # noqa: PLC0415 (the check alone reads a corpus)
   k = config.cost.check
   (v_cfg, v_params), (d_cfg, d_params) = verifier, drafter
-  d = config.data
-  texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=k.num_prompts,
-                                prompt_tokens=k.prompt_tokens, seed=config.seed,
-                                data_dir=d.data_dir or None, text_key=d.text_key)
-  prompts = [generate_lib.encode_prompts(tokenizer, [t], k.prompt_tokens,
-                                         field="cost.check.prompt_tokens") for t in texts]
+  if k.get("prompts", "data") == "random":
+    ids = np.random.default_rng(config.seed).integers(
+        0, min(v_cfg.vocab_size, tokenizer.vocab_size), (k.num_prompts, k.prompt_tokens))
+    prompts = [generate_lib.pad_prompts([row], k.prompt_tokens, 0, "cost.check.prompt_tokens")
+               for row in ids.tolist()]
+  else:
+    from spec_jax.data import pipeline  # noqa: PLC0415 (the check alone reads a corpus)
+    d = config.data
+    texts = pipeline.load_prompts(d.name, d.prompt_split, tokenizer, num=k.num_prompts,
+                                  prompt_tokens=k.prompt_tokens, seed=config.seed,
+                                  data_dir=d.data_dir or None, text_key=d.text_key)
+    prompts = [generate_lib.encode_prompts(tokenizer, [t], k.prompt_tokens,
+                                           field="cost.check.prompt_tokens") for t in texts]
   rng = jax.random.key(config.seed)
   size = k.prompt_tokens + k.new_tokens + max(k.gammas) + 1
   position = k.prompt_tokens + k.new_tokens // 2
