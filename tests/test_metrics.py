@@ -401,6 +401,7 @@ def test_forward_calls_run_their_passes_in_one_program_and_time_one_forward():
   assert logits.tolist() == [[5, 6, 7]] * 2 and int(cache) == 3
   assert int(three[3]()[1]) == 6 and int(three[1]()[1]) == 3  # each T its own cache
   assert three[1].passes == 3
+  assert int(calls(passes=1)[1]()[1]) == 1  # the forward alone
   # passes None: after compiling, one forward timed sets the count that lasts call_s.
   quick = calls(call_s=0.0)
   assert int(quick[1]()[1]) == 3 and quick[1].passes == 1  # compile, time one, then 1

@@ -232,7 +232,8 @@ def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
                   passes: int | None = None, call_s: float = 0.05) -> dict[int, ForwardCall]:
   """T -> a `ForwardCall` of forwards on T new tokens per row, for `round_robin`, which reports
   its times per forward (see `forward_timings` for the other arguments). passes: forwards per
-  call, or None: as many as make a call last about call_s seconds."""
+  call (1: the forward alone, no loop around it), or None: as many as make a call last about
+  call_s seconds."""
   if batch_size < 1 or not tokens or min(tokens) < 1:
     raise ValueError(f"forward_costs needs batch_size >= 1 and token counts >= 1, got "
                      f"batch_size={batch_size}, tokens={tuple(tokens)}.")
@@ -250,6 +251,9 @@ def forward_calls(apply_fn: Callable, params: Any, init_cache: Callable[[], Any]
 
     return jax.lax.fori_loop(1, n, more, forward(params, cache, tokens, positions))
 
+  if passes == 1:  # one forward a call, nothing around it
+    forwards = lambda params, cache, tokens, positions, n: forward(  # noqa: E731
+        params, cache, tokens, positions)
   program = jax.jit(forwards, donate_argnums=1)  # n traced: one program for every count
 
   def make_call(t: int) -> ForwardCall:
