@@ -178,6 +178,11 @@ def test_theoretical_speedup():
     metrics.theoretical_speedup(2.0, r_m=0.0, c=0.1, drafter_calls=2)
   with pytest.raises(ValueError, match="c="):
     metrics.theoretical_speedup(2.0, r_m=1.0, c=-0.1, drafter_calls=2)
+  # The break-even τ is the round's cost: at that τ the theory is 1.
+  assert metrics.break_even_tau(r_m=1.5, c=0.1, drafter_calls=4) == pytest.approx(1.9)
+  assert metrics.theoretical_speedup(1.9, r_m=1.5, c=0.1, drafter_calls=4) == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="r_m"):
+    metrics.break_even_tau(r_m=-1.0, c=0.1, drafter_calls=2)
 
 
 def test_chain_prediction_matches_leviathan_at_r_one():

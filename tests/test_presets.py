@@ -158,7 +158,18 @@ def test_bad_names_and_dtypes_are_one_line_naming_the_field():
       (benchmark, "model", "dtype", "int8", r"^model.dtype='int8' is not a dtype"),
       (cost_model, "verifier", "size", "qwen3-9b", r"^Unknown model size 'qwen3-9b' \(verifier"),
       (cost_model, "drafter", "dtype", "float64", r"^drafter.dtype='float64' is not a dtype"),
-      (cost_model, "cost", "passes", -1, r"^cost.passes=-1 must be >= 1 \(forwards")):
+      (cost_model, "cost", "passes", -1, r"^cost.passes=-1 must be >= 1 \(forwards"),
+      # The drafter's vocabularies: more rows than the verifier's 257 tokens, one twice (0 is
+      # all of them), a negative count, or vocabularies for a drafter with its own.
+      (cost_model, "cost", "drafter_vocabs", (0, 1000),
+       r"^cost.drafter_vocabs: a drafter vocabulary of 1000 tokens exceeds the verifier's 257\. "),
+      (cost_model, "cost", "drafter_vocabs", (0, 257), r"^cost.drafter_vocabs=\(0, 257\) names "
+                                                       r"one vocabulary twice"),
+      (cost_model, "cost", "drafter_vocabs", (-1,), r"^cost.drafter_vocabs=\(-1,\): each is"),
+      (cost_model, "drafter", "size", "test-tiny:first=1:features=1:vocab=64",
+       r"^cost.drafter_vocabs=\(0, 64\) times a random feature drafter at several"),
+      (cost_model, "drafter", "checkpoint", "smollm2",
+       r"^cost.drafter_vocabs=\(0, 64\) .* checkpoint 'smollm2'\. Fix: a drafter.size")):
     config = scale_config.get_config("smoke,cost" if program is cost_model else "smoke")
     config[section][field] = value
     with pytest.raises(ValueError, match=message) as e:
@@ -228,3 +239,31 @@ def _word_level(size: int) -> str:
   vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, size)}}
   return tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|endoftext|>")
                               ).to_str()
+
+
+def test_collect_recomputes_the_theory_of_every_cost_run(tmp_path):
+  """experiments/scale/collect.py: each drafter of a cost run at batch 1 gives r(γ + 1), c, the
+  break-even τ and the theory at configs/scale.py's SUITE_TAU; rows without `vocab` (runs from
+  before drafters had several vocabularies) timed the whole vocabulary."""
+  import json  # noqa: PLC0415
+  from experiments.scale import collect  # noqa: PLC0415
+  run = tmp_path / "cpu" / "x-cost"
+  run.mkdir(parents=True)
+  rows = [dict(model="verifier", T=1, batch_size=1, ms=10.0, device_kind="cpu", dtype="float32"),
+          dict(model="verifier", T=5, batch_size=1, ms=15.0),
+          dict(model="verifier", T=1, batch_size=8, ms=40.0),
+          dict(model="drafter", T=1, batch_size=1, ms=2.0, vocab=1000),
+          dict(model="drafter", T=1, batch_size=1, ms=0.5, vocab=64)]
+  (run / "results.json").write_text(json.dumps(rows))
+  (old := tmp_path / "cpu" / "y-cost").mkdir()
+  (old / "results.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "vocab"}
+                                                for r in rows[:4]]))
+  got = collect.theory_rows(tmp_path)
+  assert [(r["run"], r["vocab"], r["r"], r["c"]) for r in got] == [
+      ("cpu/x-cost", 1000, 1.5, 0.2), ("cpu/x-cost", 64, 1.5, 0.05), ("cpu/y-cost", None, 1.5, 0.2)]
+  assert [r["break_even_tau"] for r in got] == [2.3, 1.7, 2.3]
+  taus = [tau for _, tau in scale_config.SUITE_TAU]
+  assert [r["theory"] for r in got] == [{tau: round(tau / b, 3) for tau in taus}
+                                        for b in (2.3, 1.7, 2.3)]
+  table = collect.theory_table(got)
+  assert "| cpu/y-cost | cpu | float32 | 10.00 | 1.50 | all | 0.200 | 2.30 | 3.45 |" in table

@@ -199,12 +199,24 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   config.cost.update(tokens=(1, 5), batch_sizes=(1,), passes=2)
   rows = cost_model.run(config, str(tmp_path / "cost"))
   assert {r["passes"] for r in rows if r["model"] in ("verifier", "drafter")} == {2}
-  (drafter,) = [r for r in rows if r["model"] == "drafter"]
-  (theory,) = [r for r in rows if r["model"] == "theory"]
+  # The drafter at the smoke's two vocabularies: all of the verifier's tokens, and 64.
+  (verifier_1,) = [r for r in rows if r["model"] == "verifier" and r["T"] == 1]
+  drafters = {r["vocab"]: r for r in rows if r["model"] == "drafter"}
+  assert sorted(drafters) == [64, verifier_1["vocab"]] and verifier_1["vocab"] > 64
+  for d in drafters.values():
+    assert d["c"] == pytest.approx(d["ms"] / verifier_1["ms"], rel=0.02, abs=2e-3)
+  theory = [r for r in rows if r["model"] == "theory"]
   r5 = next(r["r"] for r in rows if r["model"] == "verifier" and r["T"] == 5)
-  assert (theory["gamma"], theory["tau"], theory["r"], theory["c"]) == (4, 2.33, r5, drafter["c"])
-  assert theory["theoretical_speedup"] == pytest.approx(2.33 / (r5 + 4 * drafter["c"]), rel=2e-3)
-  assert "at a τ measured elsewhere" in (tmp_path / "cost" / "results.md").read_text()
+  # One row per τ of configs/scale.py (the task suite's, the best in-domain drafter's) and per
+  # drafter vocabulary, each with that drafter's c.
+  assert [(r["gamma"], r["tau"], r["vocab"], r["r"], r["c"]) for r in theory] == [
+      (4, tau, v, r5, drafters[v]["c"]) for tau in (1.34, 2.33)
+      for v in (verifier_1["vocab"], 64)]
+  for r in theory:
+    assert r["theoretical_speedup"] == pytest.approx(r["tau"] / (r5 + 4 * r["c"]), rel=2e-3)
+    assert r["break_even_tau"] == pytest.approx(r5 + 4 * r["c"], rel=2e-3, abs=1e-3)
+  md = (tmp_path / "cost" / "results.md").read_text()
+  assert "at a τ measured elsewhere" in md and "| break-even τ |" in md
   # `check`: the theory against chain SD on random prompts (the config has no data section).
   config = scale_config.get_config("smoke,cost,check")
   config.cost.update(tokens=(1, 3), batch_sizes=(1,))

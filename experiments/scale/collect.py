@@ -16,6 +16,10 @@ another process (`-r2`, `-r3`, `-repeat`) drawn as their median with the range a
 and r_of_t.png, r(T) of every cost run (`*-cost*/`), with each T's fastest and slowest call over
 the median at T = 1 as error bars where the rows record them (`ms_min`, `ms_max`).
 
+Last it prints what the measured τ would buy at each size: for every cost run (and each timing of
+a forward_dispatch run) at batch 1, r(γ + 1) and c, the break-even τ r(γ + 1) + γ·c, the τ that
+1.5× needs, and the theoretical speedup at each τ of configs/scale.py's SUITE_TAU.
+
   python experiments/scale/collect.py            # rewrite results.json and the plots, print the table
 """
 
@@ -157,6 +161,57 @@ def cost_curves() -> dict[str, list[dict]]:
   return out
 
 
+def theory_rows(root: pathlib.Path = HERE) -> list[dict]:
+  """One row per drafter of each cost run (`*/*-cost*/`; runs without a drafter's `vocab` timed
+  its whole vocabulary) and per timing of a dispatch run (`*/*-dispatch*/`), at batch 1: the
+  theory at configs/scale.py's SUITE_TAU recomputed from the run's r(γ + 1) and c."""
+  from configs import scale  # noqa: PLC0415
+  from spec_jax.evaluation import metrics  # noqa: PLC0415
+  gamma = scale.SUITE_TAU[0][0]
+  taus = [tau for g, tau in scale.SUITE_TAU if g == gamma]
+  out = []
+  paths = [*root.glob("*/*-cost*/results.json"), *root.glob("*/*-dispatch*/results.json")]
+  for path in sorted(paths):
+    runs = json.loads(path.read_text())
+    first = runs[0]
+    for timing in dict.fromkeys(r.get("timing") for r in runs):
+      ones = [r for r in runs if r.get("timing") == timing and r.get("batch_size", 1) == 1
+              and r["model"] in ("verifier", "drafter")]
+      verifier = {r["T"]: r["ms"] for r in ones if r["model"] == "verifier"}
+      if gamma + 1 not in verifier:
+        continue
+      r_m = verifier[gamma + 1] / verifier[1]
+      for drafter in (r for r in ones if r["model"] == "drafter"):
+        c = drafter["ms"] / verifier[1]
+        out.append(dict(
+            run=f"{path.parent.parent.name}/{path.parent.name}", timing=timing,
+            device_kind=first.get("device_kind"), dtype=first.get("dtype"), gamma=gamma,
+            vocab=drafter.get("vocab"), verifier_ms=verifier[1], r=round(r_m, 3),
+            c=round(c, 4),
+            break_even_tau=round(metrics.break_even_tau(r_m=r_m, c=c, drafter_calls=gamma), 3),
+            theory={tau: round(metrics.theoretical_speedup(tau, r_m=r_m, c=c,
+                                                           drafter_calls=gamma), 3)
+                    for tau in taus}))
+  return out
+
+
+def theory_table(rows: list[dict]) -> str:
+  taus = list(rows[0]["theory"]) if rows else []
+  gamma = rows[0]["gamma"] if rows else 0
+  lines = [f"| run | device | dtype | verifier T = 1 ms | r({gamma + 1}) | drafter vocabulary | "
+           "c | break-even τ | τ for 1.5× | "
+           + " | ".join(f"theory at τ = {t}" for t in taus) + " |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(taus)]
+  for r in rows:
+    run = r["run"] + (f" ({r['timing']})" if r["timing"] else "")
+    vocab = "all" if r["vocab"] is None else f"{r['vocab']:,}"
+    lines.append(f"| {run} | {r['device_kind']} | {r['dtype']} | {r['verifier_ms']:.2f} | "
+                 f"{r['r']:.2f} | {vocab} | {r['c']:.3f} | {r['break_even_tau']:.2f} | "
+                 f"{1.5 * r['break_even_tau']:.2f} | "
+                 + " | ".join(f"{r['theory'][t]:.2f}×" for t in taus) + " |")
+  return "\n".join(lines)
+
+
 if __name__ == "__main__":
   gathered = rows()
   (HERE / "results.json").write_text(json.dumps(gathered + plan_rows(), indent=1) + "\n")
@@ -166,4 +221,4 @@ if __name__ == "__main__":
   plots.plot_r_of_t(curves, "r(T) at batch 1, medians (error bars: the fastest and slowest call "
                     "over the median at T = 1, where recorded)").savefig(HERE / "r_of_t.png",
                                                                          dpi=120)
-  sys.stdout.write(table(gathered) + "\n")
+  sys.stdout.write(table(gathered) + "\n\n" + theory_table(theory_rows()) + "\n")

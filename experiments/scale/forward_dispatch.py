@@ -1,8 +1,8 @@
 """What a dispatch and a wait add to a timed forward: the verifier's forwards on 1 and γ + 1
 tokens and its one-block feature drafter's forward, each timed one forward a call and as a
 compiled loop of forwards (`timing.ForwardCall`, what `cost_model` times), all in one process,
-taking turns (`timing.round_robin`, medians of --repeats), with r(γ + 1), c and the theoretical
-speedup at the suite's τ (configs/scale.py SUITE_TAU) from each.
+taking turns (`timing.round_robin`, medians of --repeats), with r(γ + 1), c, the theoretical
+speedup at each τ of configs/scale.py's SUITE_TAU and the break-even τ from each.
 
 A decoding loop runs its forwards inside one compiled program; a call of one forward also pays
 the host's dispatch and the wait for the result. Random weights (seeds 0 and 1), the models of
@@ -15,7 +15,8 @@ the host's dispatch and the wait for the result. Random weights (seeds 0 and 1),
 
 Rows (DIR/results.json): model, T, timing ("one forward a call" / "compiled loop"), passes,
 ms (per forward), ms_min, ms_max, memory_bandwidth_gb_s (`timing.MemoryReads` in the same
-turns), device; then one row per timing with r, c and theory.
+turns), device; then one row per timing and τ with r, c, theoretical_speedup and
+break_even_tau (r(γ + 1) + γ·c).
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def main(argv=None) -> list[dict]:
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   verifier = loading.load_model(config.verifier, tokenizer, seed=config.seed)
   drafter = cost_model._drafter(config, tokenizer)  # noqa: SLF001
-  ((gamma, tau),) = scale.SUITE_TAU
+  gamma = scale.SUITE_TAU[0][0]
+  taus = [tau for g, tau in scale.SUITE_TAU if g == gamma]
   position = config.cost.position
   calls = {}
   for name, (cfg, params), tokens in (("verifier", verifier, (1, gamma + 1)),
@@ -87,9 +89,11 @@ def main(argv=None) -> list[dict]:
   for label in TIMINGS:
     ms = {(r["model"], r["T"]): r["ms"] for r in rows if r["timing"] == label}
     r_m, c = ms["verifier", gamma + 1] / ms["verifier", 1], ms["drafter", 1] / ms["verifier", 1]
-    rows.append(dict(model="theory", timing=label, gamma=gamma, tau=tau, r=round(r_m, 4),
-                     c=round(c, 4), theoretical_speedup=round(metrics.theoretical_speedup(
-                         tau, r_m=r_m, c=c, drafter_calls=gamma), 4), device=device))
+    rows += [dict(model="theory", timing=label, gamma=gamma, tau=tau, r=round(r_m, 4),
+                  c=round(c, 4), theoretical_speedup=round(metrics.theoretical_speedup(
+                      tau, r_m=r_m, c=c, drafter_calls=gamma), 4),
+                  break_even_tau=round(metrics.break_even_tau(
+                      r_m=r_m, c=c, drafter_calls=gamma), 3), device=device) for tau in taus]
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   report.write_results(str(out), rows, echo=False)
@@ -97,14 +101,17 @@ def main(argv=None) -> list[dict]:
            f"batch 1, {device}, medians of {args.repeats} (ms a forward); read bandwidth in "
            f"the same turns {bandwidth_gb_s} GB/s", "",
            "| timing | verifier T=1 | verifier T=" f"{gamma + 1} | drafter | passes (v / d) | "
-           f"r({gamma + 1}) | c | theory at τ = {tau} |", "|---|---:|---:|---:|---|---:|---:|---:|"]
+           f"r({gamma + 1}) | c | " + " | ".join(f"theory at τ = {tau}" for tau in taus)
+           + " | break-even τ |", "|---|---:|---:|---:|---|---:|---:|" + "---:|" * (len(taus) + 1)]
   for label in TIMINGS:
     get = {(r["model"], r["T"]): r for r in rows if r.get("timing") == label and "T" in r}
-    (th,) = [r for r in rows if r["model"] == "theory" and r["timing"] == label]
+    theory = [r for r in rows if r["model"] == "theory" and r["timing"] == label]
     lines.append(f"| {label} | {get['verifier', 1]['ms']:.3f} | "
                  f"{get['verifier', gamma + 1]['ms']:.3f} | {get['drafter', 1]['ms']:.3f} | "
                  f"{get['verifier', 1]['passes']} / {get['drafter', 1]['passes']} | "
-                 f"{th['r']:.3f} | {th['c']:.4f} | {th['theoretical_speedup']:.3f} |")
+                 f"{theory[0]['r']:.3f} | {theory[0]['c']:.4f} | "
+                 + " | ".join(f"{th['theoretical_speedup']:.3f}" for th in theory)
+                 + f" | {theory[0]['break_even_tau']:.2f} |")
   text = "\n".join(lines) + "\n"
   (out / "results.md").write_text(text)
   (out / "command.json").write_text(json.dumps(sys.argv) + "\n")

@@ -200,6 +200,12 @@ def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int)
   return float(tau) / (float(r_m) + drafter_calls * float(c))
 
 
+def break_even_tau(*, r_m: float, c: float, drafter_calls: int) -> float:
+  """The τ at which speculative decoding matches autoregressive decoding: r(M) + d·c, a round's
+  cost in one-token verifier calls (`theoretical_speedup` is τ over it)."""
+  return 1.0 / theoretical_speedup(1.0, r_m=r_m, c=c, drafter_calls=drafter_calls)
+
+
 def chain_block_efficiency(alpha: float, gamma: int) -> float:
   """Closed-form τ of chain SD with i.i.d. acceptance α: (1 − α^{γ+1}) / (1 − α)."""
   return float(theory.expected_block_efficiency(alpha, int(gamma)))

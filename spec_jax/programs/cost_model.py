@@ -12,18 +12,25 @@ compiled loop as a decoding loop runs them, with no dispatch or wait between the
 (`timing.ForwardCall`; `cost.passes`, 0: as many as make a call last ~50 ms, at most 64); a
 cache of `position` + the largest T + 1 slots, the T tokens written from slot `position`: a
 mid-generation cache), passes, ms_min and ms_max (the fastest and slowest call, per forward), r
-(verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), roofline_ms (the
-parameter bytes a call reads, `timing.decode_read_bytes`, over the measured memory bandwidth: the
-floor of any call that reads the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind (as JAX
-names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size when it
-is an architecture preset, else null).
+(verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), vocab (the rows of
+the model's output layer), roofline_ms (the parameter bytes a call reads,
+`timing.decode_read_bytes`, over the measured memory bandwidth: the floor of any call that reads
+the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind
+(as JAX names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size
+when it is an architecture preset, else null).
 A drafter section without a checkpoint whose size makes a feature drafter of a variant's blocks
 (`llama3.1-8b:layers=31:features=1`) is that drafter with random weights
-(`presets.block_drafter`): its c is the cost of its shape, which is all c measures.
+(`presets.block_drafter`): its c is the cost of its shape, which is all c measures. Such a drafter
+may carry `vocab=N`, an output layer of N rows (a reduced vocabulary, as EAGLE-3's and FR-Spec's
+drafters have: the ids 0..N-1, which cost what any N ids do), and `cost.drafter_vocabs` (N, ...)
+times it at each of those vocabularies in one run (0: the full one): drafter and theory rows
+carry `vocab`, the rows of the drafter's output layer.
 
 `cost.theory` ((γ, τ), ...): rows with model "theory" at every batch size where γ + 1 is among
 the T: the theoretical speedup τ / (r(γ + 1) + γ·c) at a τ measured elsewhere (a feature
-drafter drafts γ calls per round), for verifiers whose weights cannot give τ here.
+drafter drafts γ calls per round), for verifiers whose weights cannot give τ here, and
+break_even_tau = r(γ + 1) + γ·c, the τ any drafter of that c needs to match autoregressive
+decoding.
 
 Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
 γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
@@ -66,6 +73,16 @@ def run(config, workdir: str) -> list[dict]:
   if c.get("check") and c.check.get("prompts", "data") not in ("data", "random"):
     raise ValueError(f"cost.check.prompts={c.check.prompts!r} must be 'data' (the data's prompt "
                      f"split) or 'random' (random token ids, no corpus).")
+  vocabs = tuple(c.get("drafter_vocabs") or ())
+  size = draft_init.parse_size(config.drafter.size, "drafter.size")
+  if vocabs and (config.drafter.checkpoint or not size.features or size.vocab is not None):
+    raise ValueError(f"cost.drafter_vocabs={vocabs} times a random feature drafter at several "
+                     f"vocabularies, but the drafter section is {config.drafter.size!r} with "
+                     f"checkpoint {config.drafter.checkpoint!r}. Fix: a drafter.size with "
+                     f"features=1 and no vocab=, no checkpoint; or cost.drafter_vocabs=().")
+  if any(n < 0 for n in vocabs):
+    raise ValueError(f"cost.drafter_vocabs={vocabs}: each is a number of output rows >= 1, or 0 "
+                     f"for the full vocabulary.")
   passes = c.get("passes") or None
   for section in ("verifier", "drafter"):
     presets.check_dtype(config[section].dtype, f"{section}.dtype")
@@ -73,10 +90,21 @@ def run(config, workdir: str) -> list[dict]:
       families.check_size(draft_init.parse_size(config[section].size, f"{section}.size").variant,
                           f"{section}.size")
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  if size.features and not config.drafter.checkpoint and (vocabs or size.vocab):
+    full = families.model_config(size.variant, vocab_size=tokenizer.vocab_size).vocab_size
+    field, asked = (("cost.drafter_vocabs", vocabs) if vocabs
+                    else ("drafter.size", (size.vocab,)))
+    if max(asked) > full:
+      raise ValueError(f"{field}: a drafter vocabulary of {max(asked)} tokens exceeds the "
+                       f"verifier's {full}. Fix: at most {full}, or 0 for all of them.")
+    if len({n or full for n in asked}) < len(asked):
+      raise ValueError(f"{field}={asked} names one vocabulary twice (0 is all {full} tokens). "
+                       f"Fix: each once.")
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer, seed=config.seed,
                                        field="verifier.checkpoint")
-  d_cfg, d_params = _drafter(config, tokenizer)
-  draft_init.check_feature_width(v_cfg, d_cfg, "drafter.size")
+  drafters = [_drafter(config, tokenizer, vocab) for vocab in vocabs or (None,)]
+  for d_cfg, _ in drafters:
+    draft_init.check_feature_width(v_cfg, d_cfg, "drafter.size")
   bandwidth = timing.memory_bandwidth(c.bandwidth_mb * 2**20, c.repeats)
   device = timing.device_description()
   variant = draft_init.parse_size(config.verifier.size).variant
@@ -85,41 +113,49 @@ def run(config, workdir: str) -> list[dict]:
                 out_major=v_cfg.out_major, pallas=v_cfg.pallas, attn_kernel=v_cfg.attn_kernel,
                 xla_flags=os.environ.get("XLA_FLAGS", ""), preset=(
       variant if variant in presets.PRESETS and not config.verifier.checkpoint else None))
-  size = c.position + max(c.tokens) + 1
+  cache_size = c.position + max(c.tokens) + 1
   rows = []
   for batch_size in c.batch_sizes:
-    costs = {}
-    for name, cfg, params, tokens in (("verifier", v_cfg, v_params, c.tokens),
-                                      ("drafter", d_cfg, d_params, (1,))):
+    costs = {}  # (model, rows of its output layer): {T: seconds a forward}
+    models = [("verifier", v_cfg, v_params, c.tokens),
+              *(("drafter", cfg, params, (1,)) for cfg, params in drafters)]
+    for name, cfg, params, tokens in models:
       times = timing.forward_timings(
           features_lib.timing_apply(cfg), params,
-          lambda cfg=cfg: llama.init_cache(cfg, batch_size, size),
+          lambda cfg=cfg: llama.init_cache(cfg, batch_size, cache_size),
           batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats,
-          passes=passes, desc=f"{name} calls, batch {batch_size}")
-      costs[name] = {t: v["median_s"] for t, v in times.items()}
+          passes=passes, desc=f"{name} calls, batch {batch_size}"
+          + (f", vocabulary {cfg.head_size}" if name == "drafter" and vocabs else ""))
+      costs[name, cfg.head_size] = {t: v["median_s"] for t, v in times.items()}
+      one = costs["verifier", v_cfg.head_size][1]
       roofline_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
       for t in tokens:
-        ms = 1e3 * costs[name][t]
+        ms = 1e3 * costs[name, cfg.head_size][t]
         rows.append(dict(
             model=name, T=t, batch_size=batch_size, ms=round(ms, 3),
             passes=times[t]["passes"],
             ms_min=round(1e3 * times[t]["min_s"], 3), ms_max=round(1e3 * times[t]["max_s"], 3),
-            r=round(costs[name][t] / costs[name][1], 3) if name == "verifier" else None,
-            c=(round(costs[name][1] / costs["verifier"][1], 4) if name == "drafter" else None),
+            r=round(ms / 1e3 / one, 3) if name == "verifier" else None,
+            c=round(ms / 1e3 / one, 4) if name == "drafter" else None, vocab=cfg.head_size,
             roofline_ms=round(roofline_ms, 3), vs_roofline=round(ms / roofline_ms, 3),
             memory_bandwidth_gb_s=round(bandwidth / 1e9, 2), device=device, **labels,
             checkpoint=(config.verifier if name == "verifier" else config.drafter).checkpoint))
+    verifier = costs["verifier", v_cfg.head_size]
     for gamma, tau in c.get("theory", ()):  # τ measured elsewhere, r and c measured here
-      if gamma + 1 in costs["verifier"]:
-        r = costs["verifier"][gamma + 1] / costs["verifier"][1]
-        cost_c = costs["drafter"][1] / costs["verifier"][1]
+      if gamma + 1 not in verifier:
+        continue
+      r = verifier[gamma + 1] / verifier[1]
+      for d_cfg, _ in drafters:
+        cost_c = costs["drafter", d_cfg.head_size][1] / verifier[1]
         rows.append(dict(
             model="theory", gamma=gamma, tau=tau, T=gamma + 1, batch_size=batch_size,
-            r=round(r, 3), c=round(cost_c, 4), d=gamma, theoretical_speedup=round(
+            r=round(r, 3), c=round(cost_c, 4), d=gamma, vocab=d_cfg.head_size,
+            theoretical_speedup=round(
                 metrics.theoretical_speedup(tau, r_m=r, c=cost_c, drafter_calls=gamma), 4),
+            break_even_tau=round(metrics.break_even_tau(r_m=r, c=cost_c, drafter_calls=gamma), 3),
             device=device, **labels))
-  if c.get("check"):
-    rows += check_theory(config, tokenizer, (v_cfg, v_params), (d_cfg, d_params), device,
+  if c.get("check"):  # with the first of the drafters
+    rows += check_theory(config, tokenizer, (v_cfg, v_params), drafters[0], device,
                          passes=passes)
   report.write_results(workdir, rows)
   _write_markdown(workdir, rows, report.launch_command(config, workdir), bandwidth, device)
@@ -204,12 +240,13 @@ def check_theory(config, tokenizer, verifier, drafter, device, *,
   return rows
 
 
-def _drafter(config, tokenizer):
+def _drafter(config, tokenizer, vocab: int | None = None):
   """(cfg, params) of the drafter section (module docstring: a random feature drafter of a
-  variant's blocks when no checkpoint is given)."""
+  variant's blocks when no checkpoint is given, with an output layer of `vocab` rows when given,
+  0 the full vocabulary, else the size's `vocab=`)."""
   section = config.drafter
   size = draft_init.parse_size(section.size, "drafter.size")
-  if section.checkpoint or not size.features or size.vocab is not None:
+  if section.checkpoint or not size.features:
     return loading.load_model(section, tokenizer, seed=config.seed + 1,
                               field="drafter.checkpoint")
   base = families.model_config(size.variant, vocab_size=tokenizer.vocab_size,
@@ -219,6 +256,9 @@ def _drafter(config, tokenizer):
                             decode_unrolled=bool(size.decode_unrolled),
                             out_major=bool(size.out_major), pallas=bool(size.pallas),
                             attn_kernel=bool(size.attn_kernel))
+  rows = size.vocab if vocab is None else vocab
+  if rows:  # the cost of an output layer of that many rows (checked in `run`): any ids cost alike
+    cfg = dataclasses.replace(cfg, tie_embeddings=False, head_ids=tuple(range(rows)))
   return cfg, llama.init_params(cfg, jax.random.key(config.seed + 1))
 
 
@@ -252,20 +292,22 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
       row = next(r for r in verifier if r["T"] == t and r["batch_size"] == b)
       cells += [f"{row['ms']:.2f}", f"{row['r']:.2f}"]
     lines.append(f"| {t} | " + " | ".join(cells) + " |")
-  lines += ["", "| batch | verifier 1-token ms | roofline ms | × roofline | drafter ms | c |",
-            "|---:|---:|---:|---:|---:|---:|"]
+  lines += ["", "| batch | verifier 1-token ms | roofline ms | × roofline | drafter vocabulary "
+            "| drafter ms | c |", "|---:|---:|---:|---:|---:|---:|---:|"]
   for b in batches:
     v = next(r for r in verifier if r["T"] == 1 and r["batch_size"] == b)
-    d = next(r for r in rows if r["model"] == "drafter" and r["batch_size"] == b)
-    lines.append(f"| {b} | {v['ms']:.2f} | {v['roofline_ms']:.2f} | {v['vs_roofline']:.2f} | "
-                 f"{d['ms']:.2f} | {d['c']:.3f} |")
+    for d in (r for r in rows if r["model"] == "drafter" and r["batch_size"] == b):
+      lines.append(f"| {b} | {v['ms']:.2f} | {v['roofline_ms']:.2f} | {v['vs_roofline']:.2f} | "
+                   f"{d['vocab']:,} | {d['ms']:.2f} | {d['c']:.3f} |")
   theory = [r for r in rows if r["model"] == "theory"]
   if theory:
     lines += ["", "Theoretical speedup τ / (r(γ + 1) + γ·c) at a τ measured elsewhere "
-              "(`cost.theory`):", "", "| batch | γ | τ | r(γ + 1) | c | theory |",
-              "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['batch_size']} | {r['gamma']} | {r['tau']:.2f} | {r['r']:.3f} | "
-              f"{r['c']:.3f} | {r['theoretical_speedup']:.3f} |" for r in theory]
+              "(`cost.theory`), and the τ at which it is 1 (break-even τ = r(γ + 1) + γ·c):",
+              "", "| batch | γ | τ | drafter vocabulary | r(γ + 1) | c | theory | break-even τ |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['batch_size']} | {r['gamma']} | {r['tau']:.2f} | {r['vocab']:,} | "
+              f"{r['r']:.3f} | {r['c']:.3f} | {r['theoretical_speedup']:.3f} | "
+              f"{r['break_even_tau']:.2f} |" for r in theory]
   checks = [r for r in rows if r["model"] == "speculative"]
   if checks:
     lines += ["", "## The theory against measured speedups: chain SD, batch 1", "",
