@@ -194,13 +194,16 @@ def plot_r_of_t(curves: dict[str, Sequence[dict]], title: str):
   curves = {label: sorted(rows, key=lambda r: r["T"]) for label, rows in curves.items() if rows}
   if not curves:
     return None
-  fig = Figure(figsize=(6.5, 4.8), layout="constrained")
+  many = len(curves) > 6  # then the legend goes beside the axes, not over the curves
+  fig = Figure(figsize=(11.5 if many else 6.5, 4.8), layout="constrained")
   FigureCanvasAgg(fig)
   ax = fig.subplots()
   for i, (label, rows) in enumerate(curves.items()):
     one = next((r["ms"] for r in rows if r["T"] == 1), None)
     ts, rs = [r["T"] for r in rows], [r["r"] for r in rows]
-    ax.plot(ts, rs, marker="o", color=f"C{i % 10}", label=label)
+    # Ten colours, then the next ten dashed, then dotted: no two curves look alike.
+    ax.plot(ts, rs, marker="o", color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3],
+            label=label)
     if one and all(tables.is_number(r.get("ms_min")) for r in rows):
       ax.errorbar(ts, rs, yerr=[[max(r["r"] - r["ms_min"] / one, 0.0) for r in rows],
                                 [max(r["ms_max"] / one - r["r"], 0.0) for r in rows]],
@@ -214,7 +217,10 @@ def plot_r_of_t(curves: dict[str, Sequence[dict]], title: str):
   ax.set_ylabel("r(T) = cost(T) / cost(1)")
   ax.set_title(textwrap.fill(title, 70), fontsize="medium")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize="small")
+  if many:
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+  else:
+    ax.legend(fontsize="small")
   return fig
 
 
