@@ -203,8 +203,10 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   (verifier_1,) = [r for r in rows if r["model"] == "verifier" and r["T"] == 1]
   drafters = {r["vocab"]: r for r in rows if r["model"] == "drafter"}
   assert sorted(drafters) == [64, verifier_1["vocab"]] and verifier_1["vocab"] > 64
-  for d in drafters.values():
-    assert d["c"] == pytest.approx(d["ms"] / verifier_1["ms"], rel=0.02, abs=2e-3)
+  for d in drafters.values():  # ms kept to 3 decimals and c to 4: the bound holds at any speed
+    v_ms = verifier_1["ms"]
+    spread = (d["ms"] + 5e-4) / (v_ms - 5e-4) - d["ms"] / v_ms
+    assert abs(d["c"] - d["ms"] / v_ms) <= 5e-5 + spread + 1e-9
   theory = [r for r in rows if r["model"] == "theory"]
   r5 = next(r["r"] for r in rows if r["model"] == "verifier" and r["T"] == 5)
   # One row per τ of configs/scale.py (the task suite's, the best in-domain drafter's) and per
