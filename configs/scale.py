@@ -90,6 +90,11 @@ from configs import common
 # show what each τ would buy at this verifier's r and this drafter's c, and every theory row
 # carries the τ at which speculative decoding breaks even, r(γ + 1) + γ·c.
 SUITE_TAU = ((4, 1.34), (4, 2.33))
+# The dynamic tree beside the chain on the same task suite, the same drafter and prompts, at T = 1
+# (experiments/dyn/suite_t1): (method entry, the tree's τ, the chain's τ at the tree's depth).
+# A cost run also times the verifier on the tree's M tokens and the drafter on each call's
+# tokens (`TreeSpec.call_widths`: the root's 1, then frontiers of K) for the tree's theory.
+SUITE_TREE_TAU = (("dyn:8-32@4", 1.76, 1.44),)
 
 
 def get_config(arg=None):
@@ -123,7 +128,8 @@ def get_config(arg=None):
     # drafter_vocabs: that drafter's output layer over all tokens (0), EAGLE-3's 32,000 for
     # Llama 3.1 8B, and the 8,192 of the drafters that measured SUITE_TAU.
     config.cost = dict(tokens=tokens, batch_sizes=batch_sizes, repeats=args.repeats,
-                       position=128, bandwidth_mb=512, passes=0, theory=SUITE_TAU, check={},
+                       position=128, bandwidth_mb=512, passes=0, theory=SUITE_TAU,
+                       tree_theory=SUITE_TREE_TAU, check={},
                        drafter_vocabs=common.plus_list(args, "drafter_vocabs"))
     if args.check:  # the theory against chain SD decoded in turns with AR, random prompts
       config.cost.check = dict(gammas=(2, 4), temperatures=(0.0,), num_prompts=2,
@@ -131,7 +137,7 @@ def get_config(arg=None):
                                prompts="random")
     if args.smoke:
       config.cost.update(tokens=(1, 2, 5), batch_sizes=(1, 2), repeats=1, position=8,
-                         bandwidth_mb=16)
+                         bandwidth_mb=16, tree_theory=(("dyn:2-4@4", 1.5, 1.3),))
       if "drafter_vocabs" not in common.given(arg):
         config.cost.drafter_vocabs = (0, 64)
       if args.check:

@@ -169,7 +169,19 @@ def test_bad_names_and_dtypes_are_one_line_naming_the_field():
       (cost_model, "drafter", "size", "test-tiny:first=1:features=1:vocab=64",
        r"^cost.drafter_vocabs=\(0, 64\) times a random feature drafter at several"),
       (cost_model, "drafter", "checkpoint", "smollm2",
-       r"^cost.drafter_vocabs=\(0, 64\) .* checkpoint 'smollm2'\. Fix: a drafter.size")):
+       r"^cost.drafter_vocabs=\(0, 64\) .* checkpoint 'smollm2'\. Fix: a drafter.size"),
+      # A tree's theory: an entry of the wrong length, without its depth, of an unknown method,
+      # of a method a feature drafter does not draft, with a τ below 1.
+      (cost_model, "cost", "tree_theory", (("dyn:8-32@4", 1.76),),
+       r"^cost.tree_theory entry \('dyn:8-32@4', 1.76\) must be \(method entry, τ"),
+      (cost_model, "cost", "tree_theory", (("dyn:8-32", 1.76, 1.44),),
+       r"^cost.tree_theory entry 'dyn:8-32' needs its depth"),
+      (cost_model, "cost", "tree_theory", (("eagle9:8-32@4", 1.76, 1.44),),
+       r"^cost.tree_theory has 'eagle9', which is not a method"),
+      (cost_model, "cost", "tree_theory", (("lookup@4", 1.76, 1.44),),
+       r"^cost.tree_theory entry 'lookup@4': lookup does not draft with a feature drafter"),
+      (cost_model, "cost", "tree_theory", (("dyn:8-32@4", 0.5, 1.44),),
+       r"^cost.tree_theory entry 'dyn:8-32@4': τ=0.5, chain τ=1.44; each is")):
     config = scale_config.get_config("smoke,cost" if program is cost_model else "smoke")
     config[section][field] = value
     with pytest.raises(ValueError, match=message) as e:
@@ -253,7 +265,10 @@ def test_collect_recomputes_the_theory_of_every_cost_run(tmp_path):
           dict(model="verifier", T=5, batch_size=1, ms=15.0),
           dict(model="verifier", T=1, batch_size=8, ms=40.0),
           dict(model="drafter", T=1, batch_size=1, ms=2.0, vocab=1000),
-          dict(model="drafter", T=1, batch_size=1, ms=0.5, vocab=64)]
+          dict(model="drafter", T=1, batch_size=1, ms=0.5, vocab=64),
+          # The tree's calls: the verifier on 33 tokens, the drafter on 8 (one vocabulary).
+          dict(model="verifier", T=33, batch_size=1, ms=40.0),
+          dict(model="drafter", T=8, batch_size=1, ms=3.0, vocab=1000)]
   (run / "results.json").write_text(json.dumps(rows))
   (old := tmp_path / "cpu" / "y-cost").mkdir()
   (old / "results.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "vocab"}
@@ -267,3 +282,16 @@ def test_collect_recomputes_the_theory_of_every_cost_run(tmp_path):
                                         for b in (2.3, 1.7, 2.3)]
   table = collect.theory_table(got)
   assert "| cpu/y-cost | cpu | float32 | 10.00 | 1.50 | all | 0.200 | 2.30 | 3.45 |" in table
+  # The tree of SUITE_TREE_TAU (dyn:8-32@4: calls on 1, 8, 8, 8 tokens) where the run timed
+  # every call it needs: r(33) = 4, Σ c(w) = 0.2 + 3·0.3, beside the chain's r(5) + 4c.
+  (entry, tau, chain_tau), = scale_config.SUITE_TREE_TAU
+  (tree,) = collect.tree_theory_rows(tmp_path)
+  assert (tree["run"], tree["method"], tree["vocab"], tree["tokens"]) == (
+      "cpu/x-cost", entry, 1000, 33)
+  assert (tree["r"], tree["drafter_c"], tree["break_even_tau"], tree["chain_r"]) == (
+      4.0, 1.1, 5.1, 1.5)
+  assert (tree["theory"], tree["chain_theory"]) == (round(tau / 5.1, 3),
+                                                    round(chain_tau / 2.3, 3))
+  assert tree["vs_chain"] == round(tau / 5.1 / (chain_tau / 2.3), 3)
+  assert f"| cpu/x-cost | cpu | float32 | {entry} (M = 33) | 1,000 | 4.00 | 1.100 |" in (
+      collect.tree_theory_table([tree]))

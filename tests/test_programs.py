@@ -179,7 +179,7 @@ def test_cost_model_smoke_writes_rows(tmp_path, monkeypatch):
     # The row keeps 4 decimals: at the smoke's tiny ratios (~0.02) that is up to 5e-5 apart.
     assert r["speedup_vs_theory"] == pytest.approx(
         r["speedup"] / r["theoretical_speedup"], rel=0.02, abs=5e-5)
-  assert "## The theory against measured speedups: chain SD, batch 1" in md
+  assert "## The theory against measured speedups: batch 1" in md
 
 
 def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
@@ -201,7 +201,7 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   assert {r["passes"] for r in rows if r["model"] in ("verifier", "drafter")} == {2}
   # The drafter at the smoke's two vocabularies: all of the verifier's tokens, and 64.
   (verifier_1,) = [r for r in rows if r["model"] == "verifier" and r["T"] == 1]
-  drafters = {r["vocab"]: r for r in rows if r["model"] == "drafter"}
+  drafters = {r["vocab"]: r for r in rows if r["model"] == "drafter" and r["T"] == 1}
   assert sorted(drafters) == [64, verifier_1["vocab"]] and verifier_1["vocab"] > 64
   for d in drafters.values():  # ms kept to 3 decimals and c to 4: the bound holds at any speed
     v_ms = verifier_1["ms"]
@@ -217,15 +217,44 @@ def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):
   for r in theory:
     assert r["theoretical_speedup"] == pytest.approx(r["tau"] / (r5 + 4 * r["c"]), rel=2e-3)
     assert r["break_even_tau"] == pytest.approx(r5 + 4 * r["c"], rel=2e-3, abs=1e-3)
+  # configs/scale.py's tree (the smoke's dyn:2-4@4: 5 tokens a verifier call, drafter calls on
+  # 1, 2, 2 and 2 tokens) beside the chain at its depth, per drafter vocabulary: its drafting
+  # cost sums the drafter's timed calls at those widths.
+  trees = [r for r in rows if r["model"] == "tree_theory"]
+  assert [(r["method"], r["T"], r["call_widths"], r["vocab"]) for r in trees] == [
+      ("dyn:2-4@4", 5, [1, 2, 2, 2], v) for v in (verifier_1["vocab"], 64)]
+  drafter_ms = {(r["vocab"], r["T"]): r["ms"] for r in rows if r["model"] == "drafter"}
+  for r in trees:
+    ms = [drafter_ms[r["vocab"], w] for w in r["call_widths"]]
+    v_ms = verifier_1["ms"]
+    spread = (sum(ms) + 2e-3) / (v_ms - 5e-4) - sum(ms) / v_ms  # the ms rows' rounding
+    assert abs(r["drafter_c"] - sum(ms) / v_ms) <= 5e-5 + spread + 1e-9
+    assert (r["r"], r["chain_r"], r["c"]) == (r5, r5, drafters[r["vocab"]]["c"])
+    assert r["theoretical_speedup"] == pytest.approx(r["tau"] / (r5 + r["drafter_c"]), rel=2e-3)
+    assert r["break_even_tau"] == pytest.approx(r5 + r["drafter_c"], rel=2e-3, abs=1e-3)
+    assert r["chain_theoretical_speedup"] == pytest.approx(
+        r["chain_tau"] / (r5 + 4 * r["c"]), rel=2e-3)
+    assert r["vs_chain"] == pytest.approx(
+        r["theoretical_speedup"] / r["chain_theoretical_speedup"], rel=2e-3)
   md = (tmp_path / "cost" / "results.md").read_text()
   assert "at a τ measured elsewhere" in md and "| break-even τ |" in md
-  # `check`: the theory against chain SD on random prompts (the config has no data section).
+  assert "| 1 | dyn:2-4@4 (M = 5) |" in md
+  # `check`: the theory against chain SD and the tree on random prompts (the config has no
+  # data section), each round's cost r(M) + Σ_w c(w) from forwards timed in the same turns.
   config = scale_config.get_config("smoke,cost,check")
   config.cost.update(tokens=(1, 3), batch_sizes=(1,))
-  (check,) = [r for r in cost_model.run(config, str(tmp_path / "check"))
-              if r["model"] == "speculative"]
-  assert (check["gamma"], check["temperature"], check["num_prompts"]) == (2, 0.0, 2)
-  assert 1.0 <= check["tau"] <= 3.0 and check["theoretical_speedup"] > 0
+  checks = [r for r in cost_model.run(config, str(tmp_path / "check"))
+            if r["model"] == "speculative"]
+  assert [(r["method"], r["gamma"], r["verifier_tokens_per_call"], r["d"], r["temperature"],
+           r["num_prompts"]) for r in checks] == [("sd@2", 2, 3, 2, 0.0, 2),
+                                                  ("dyn:2-4@4", 4, 5, 4, 0.0, 2)]
+  for r in checks:
+    assert 1.0 <= r["tau"] <= r["gamma"] + 1 and r["drafter_c"] > 0
+    assert r["theoretical_speedup"] == pytest.approx(r["tau"] / (r["r"] + r["drafter_c"]),
+                                                     rel=2e-3)
+  # The chain's calls are one token each: its drafting is γ·c.
+  assert checks[0]["drafter_c"] == pytest.approx(2 * checks[0]["c"], rel=1e-3)
+  assert "| dyn:2-4@4 | 5 | 0 |" in (tmp_path / "check" / "results.md").read_text()
   config.cost.check.prompts = "corpus"
   with pytest.raises(ValueError, match=r"^cost.check.prompts='corpus' must be 'data'"):
     cost_model.run(config, "/nonexistent/never-written")

@@ -184,6 +184,28 @@ def test_tree_shapes(method, kw, widths, cands):
   assert spec.max_candidates == cands
 
 
+@pytest.mark.parametrize("spec", [
+    trees.TreeSpec("branching", 3, branching=(3, 2)), trees.TreeSpec("beam", 3, width=2),
+    trees.TreeSpec("dynamic", 4, width=3, kept=8), trees.TreeSpec("dynamic", 1, width=2, kept=2)],
+    ids=lambda spec: spec.describe())
+def test_call_widths_are_the_tokens_growth_feeds_each_call(spec):
+  """The cost model's drafter calls per round (`TreeSpec.call_widths`): the root's one token,
+  then the tokens of every call `growth.grow` makes, read from a drafter that records them."""
+  from spec_jax.decoding.drafters import growth  # noqa: PLC0415
+  b, v, fed = 2, 7, []
+
+  def feed(d, tokens, parent, anc, own, carry):
+    fed.append(tokens.shape[1])
+    logits = jax.random.normal(jax.random.key(d), (b, tokens.shape[1], v))
+    return logits, carry
+
+  jax.eval_shape(lambda: growth.grow(  # traced only: the shapes are what is counted
+      spec, feed, None, jnp.zeros((b,), jnp.int32),
+      jax.random.normal(jax.random.key(0), (b, v)), jax.random.key(1), Sampling(1.0)))
+  assert spec.call_widths == (1, *fed)
+  assert trees.chain(4).call_widths == (1, 1, 1, 1)  # a chain: γ one-token calls
+
+
 def test_expand_levels():
   """Level construction: RSD-C children are distinct tokens in decreasing Gumbel order; greedy
   RSD-C is top-k; chains draw per chain; zero-probability tokens never appear."""

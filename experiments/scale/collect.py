@@ -181,7 +181,7 @@ def theory_rows(root: pathlib.Path = HERE) -> list[dict]:
       if gamma + 1 not in verifier:
         continue
       r_m = verifier[gamma + 1] / verifier[1]
-      for drafter in (r for r in ones if r["model"] == "drafter"):
+      for drafter in (r for r in ones if r["model"] == "drafter" and r["T"] == 1):
         c = drafter["ms"] / verifier[1]
         out.append(dict(
             run=f"{path.parent.parent.name}/{path.parent.name}", timing=timing,
@@ -212,6 +212,52 @@ def theory_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def tree_theory_rows(root: pathlib.Path = HERE) -> list[dict]:
+  """One row per tree of configs/scale.py's SUITE_TREE_TAU and drafter vocabulary of each cost
+  run (`*/*-cost*/`) that timed the verifier on the tree's tokens per call and the drafter on
+  each call's tokens, at batch 1: the tree's theory and the chain's beside it, recomputed."""
+  from configs import scale  # noqa: PLC0415
+  from spec_jax.decoding import methods  # noqa: PLC0415
+  out = []
+  for path in sorted(root.glob("*/*-cost*/results.json")):
+    runs = [r for r in json.loads(path.read_text()) if r.get("batch_size", 1) == 1]
+    verifier = {r["T"]: r["ms"] for r in runs if r["model"] == "verifier"}
+    drafter = {(r.get("vocab"), r["T"]): r["ms"] for r in runs if r["model"] == "drafter"}
+    for entry, tau, chain_tau in scale.SUITE_TREE_TAU:
+      spec = methods.parse(entry, None, field="SUITE_TREE_TAU").shape
+      m, depth = spec.num_nodes, spec.depth
+      for vocab in dict.fromkeys(v for v, _ in drafter):
+        if ({1, m, depth + 1} - set(verifier)
+            or any((vocab, w) not in drafter for w in spec.call_widths)):
+          continue
+        r, chain_r = verifier[m] / verifier[1], verifier[depth + 1] / verifier[1]
+        drafting = sum(drafter[vocab, w] for w in spec.call_widths) / verifier[1]
+        c = drafter[vocab, 1] / verifier[1]
+        tree, chain = tau / (r + drafting), chain_tau / (chain_r + depth * c)
+        out.append(dict(
+            run=f"{path.parent.parent.name}/{path.parent.name}", method=entry,
+            device_kind=runs[0].get("device_kind"), dtype=runs[0].get("dtype"), vocab=vocab,
+            verifier_ms=verifier[1], tokens=m, r=round(r, 3), drafter_c=round(drafting, 4),
+            tau=tau, theory=round(tree, 3), break_even_tau=round(r + drafting, 3),
+            chain_tau=chain_tau, chain_r=round(chain_r, 3), c=round(c, 4),
+            chain_theory=round(chain, 3), vs_chain=round(tree / chain, 3)))
+  return out
+
+
+def tree_theory_table(rows: list[dict]) -> str:
+  lines = ["| run | device | dtype | tree | drafter vocabulary | r(M) | Σ c(w) | theory at τ | "
+           "break-even τ | chain: r(L + 1) | c | theory at τ | tree / chain |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    vocab = "all" if r["vocab"] is None else f"{r['vocab']:,}"
+    lines.append(f"| {r['run']} | {r['device_kind']} | {r['dtype']} | {r['method']} (M = "
+                 f"{r['tokens']}) | {vocab} | {r['r']:.2f} | {r['drafter_c']:.3f} | "
+                 f"{r['theory']:.2f}× ({r['tau']}) | {r['break_even_tau']:.2f} | "
+                 f"{r['chain_r']:.2f} | {r['c']:.3f} | {r['chain_theory']:.2f}× "
+                 f"({r['chain_tau']}) | {r['vs_chain']:.2f} |")
+  return "\n".join(lines)
+
+
 if __name__ == "__main__":
   gathered = rows()
   (HERE / "results.json").write_text(json.dumps(gathered + plan_rows(), indent=1) + "\n")
@@ -221,4 +267,5 @@ if __name__ == "__main__":
   plots.plot_r_of_t(curves, "r(T) at batch 1, medians (error bars: the fastest and slowest call "
                     "over the median at T = 1, where recorded)").savefig(HERE / "r_of_t.png",
                                                                          dpi=120)
-  sys.stdout.write(table(gathered) + "\n\n" + theory_table(theory_rows()) + "\n")
+  sys.stdout.write(table(gathered) + "\n\n" + theory_table(theory_rows()) + "\n\n"
+                   + tree_theory_table(tree_theory_rows()) + "\n")

@@ -32,17 +32,28 @@ drafter drafts γ calls per round), for verifiers whose weights cannot give τ h
 break_even_tau = r(γ + 1) + γ·c, the τ any drafter of that c needs to match autoregressive
 decoding.
 
-Then the check of that theory (`cost.check`): chain speculative decoding at batch 1, for every
-γ in `gammas` and temperature in `temperatures`, on `num_prompts` prompts of the data's prompt
-split, or with `prompts="random"` of random token ids (seed `seed`; no corpus: random weights
-give τ ≈ 1 at T = 0, which checks the theory's cost of a round, r(γ + 1) + γ·c, alone)
-(`prompt_tokens` tokens, `new_tokens` new ones, stop tokens off), timed in turns with
-autoregressive decoding of the same prompts at the same temperature and with the forward calls r
-and c come from
-(`timing.round_robin`, medians of `repeats`). Rows with model "speculative": gamma,
-temperature, batch_size, tau (block efficiency of those outputs), r (r(γ + 1)), c, d (drafter
-calls per round = γ: the catch-up window, then one per draft but the last), ms (per prompt),
-ar_ms, speedup (ar_ms / ms), theoretical_speedup (τ / (r + d·c)) and speedup_vs_theory.
+`cost.tree_theory` ((method entry, τ of the tree, τ of the chain), ...): rows with model
+"tree_theory" at every batch size for a draft tree named as eval.methods names it (e.g.
+"dyn:8-32@4") whose τ was measured elsewhere beside the chain's at the tree's depth L, on the same
+prompts: the tree's theory τ / (r(M) + Σ_w c(w)), M the verifier's tokens per call (the tree's
+nodes and its root: 33 for dyn:8-32), one drafter call per level on w tokens
+(`TreeSpec.call_widths`: the root's 1, then each fed level; c(w): the drafter's forward on w
+tokens over the verifier's on 1), its break-even τ, and the chain's theory τ / (r(L + 1) + L·c)
+beside it (vs_chain: their ratio). The verifier is timed on every tree's M and L + 1 tokens and
+the drafter on every call's width, besides `tokens` and 1.
+
+Then the check of that theory (`cost.check`): speculative decoding at batch 1 of chain SD for
+every γ in `gammas` and of every tree of `cost.tree_theory`, at every temperature in
+`temperatures`, on `num_prompts` prompts of the data's prompt split, or with `prompts="random"`
+of random token ids (seed `seed`; no corpus: random weights give τ ≈ 1 at T = 0, which checks
+the theory's cost of a round, r(M) + Σ_w c(w), alone) (`prompt_tokens` tokens, `new_tokens` new
+ones, stop tokens off), timed in turns with autoregressive decoding of the same prompts at the
+same temperature and with the forward calls r and c come from (`timing.round_robin`, medians of
+`repeats`). Rows with model "speculative": method ("sd@γ" or the tree's entry), gamma (the
+depth), verifier_tokens_per_call (M), temperature, batch_size, tau (block efficiency of those
+outputs), r (r(M)), c (c(1)), d (drafter calls per round: the catch-up window's, then one per
+fed level), drafter_c (Σ_w c(w) over those calls; d·c for a chain), ms (per prompt), ar_ms,
+speedup (ar_ms / ms), theoretical_speedup (τ / (r + drafter_c)) and speedup_vs_theory.
 Also results.md and r_of_t.png (r(T) per batch size, the calls' range as error bars).
 """
 
@@ -84,6 +95,7 @@ def run(config, workdir: str) -> list[dict]:
     raise ValueError(f"cost.drafter_vocabs={vocabs}: each is a number of output rows >= 1, or 0 "
                      f"for the full vocabulary.")
   passes = c.get("passes") or None
+  trees = tree_entries(c.get("tree_theory", ()))
   for section in ("verifier", "drafter"):
     presets.check_dtype(config[section].dtype, f"{section}.dtype")
     if not config[section].checkpoint:
@@ -113,12 +125,15 @@ def run(config, workdir: str) -> list[dict]:
                 out_major=v_cfg.out_major, pallas=v_cfg.pallas, attn_kernel=v_cfg.attn_kernel,
                 xla_flags=os.environ.get("XLA_FLAGS", ""), preset=(
       variant if variant in presets.PRESETS and not config.verifier.checkpoint else None))
-  cache_size = c.position + max(c.tokens) + 1
+  v_tokens = sorted({1, *c.tokens, *(t for _, spec, _, _ in trees
+                                       for t in (spec.num_nodes, spec.depth + 1))})
+  d_tokens = sorted({1, *(w for _, spec, _, _ in trees for w in spec.call_widths)})
+  cache_size = c.position + max(v_tokens) + 1
   rows = []
   for batch_size in c.batch_sizes:
     costs = {}  # (model, rows of its output layer): {T: seconds a forward}
-    models = [("verifier", v_cfg, v_params, c.tokens),
-              *(("drafter", cfg, params, (1,)) for cfg, params in drafters)]
+    models = [("verifier", v_cfg, v_params, v_tokens),
+              *(("drafter", cfg, params, d_tokens) for cfg, params in drafters)]
     for name, cfg, params, tokens in models:
       times = timing.forward_timings(
           features_lib.timing_apply(cfg), params,
@@ -154,19 +169,59 @@ def run(config, workdir: str) -> list[dict]:
                 metrics.theoretical_speedup(tau, r_m=r, c=cost_c, drafter_calls=gamma), 4),
             break_even_tau=round(metrics.break_even_tau(r_m=r, c=cost_c, drafter_calls=gamma), 3),
             device=device, **labels))
+    for entry, spec, tau, chain_tau in trees:
+      r, chain_r = (verifier[t] / verifier[1] for t in (spec.num_nodes, spec.depth + 1))
+      for d_cfg, _ in drafters:
+        drafter = costs["drafter", d_cfg.head_size]
+        drafting = sum(drafter[w] for w in spec.call_widths) / verifier[1]
+        one = drafter[1] / verifier[1]
+        tree = tau / (r + drafting)
+        chain = metrics.theoretical_speedup(chain_tau, r_m=chain_r, c=one,
+                                            drafter_calls=spec.depth)
+        rows.append(dict(
+            model="tree_theory", method=entry, tree=spec.describe(), gamma=spec.depth,
+            tau=tau, chain_tau=chain_tau, T=spec.num_nodes, batch_size=batch_size,
+            r=round(r, 3), c=round(one, 4), call_widths=list(spec.call_widths),
+            drafter_c=round(drafting, 4), vocab=d_cfg.head_size,
+            theoretical_speedup=round(tree, 4), break_even_tau=round(r + drafting, 3),
+            chain_r=round(chain_r, 3), chain_theoretical_speedup=round(chain, 4),
+            vs_chain=round(tree / chain, 4), device=device, **labels))
   if c.get("check"):  # with the first of the drafters
     rows += check_theory(config, tokenizer, (v_cfg, v_params), drafters[0], device,
-                         passes=passes)
+                         passes=passes, trees=[entry for entry, *_ in trees])
   report.write_results(workdir, rows)
   _write_markdown(workdir, rows, report.launch_command(config, workdir), bandwidth, device)
   return rows
 
 
-def check_theory(config, tokenizer, verifier, drafter, device, *,
-                 passes: int | None) -> list[dict]:
-  """Chain SD at batch 1 against τ / (r(γ + 1) + γ·c), everything timed in the same turns (see
-  the module docstring). verifier, drafter: (cfg, params); passes: forwards per timed call
-  (None: as many as last ~50 ms)."""
+def tree_entries(entries) -> list[tuple]:
+  """`cost.tree_theory`'s entries as (entry, TreeSpec, τ, chain τ); ValueError naming the field
+  for one that does not parse or a τ below 1, before any model loads."""
+  out = []
+  for item in entries:
+    if isinstance(item, str) or len(item) != 3:
+      raise ValueError(f"cost.tree_theory entry {item!r} must be (method entry, τ of the tree, τ "
+                       "of the chain at its depth), e.g. ('dyn:8-32@4', 1.76, 1.44).")
+    entry, tau, chain_tau = item
+    if "@" not in str(entry):
+      raise ValueError(f"cost.tree_theory entry {entry!r} needs its depth: NAME:SHAPE@L, e.g. "
+                       "'dyn:8-32@4'.")
+    parsed = methods.parse(entry, None, field="cost.tree_theory")
+    if "lm" not in parsed.method.kinds or not parsed.method.needs_model:
+      raise ValueError(f"cost.tree_theory entry {entry!r}: {parsed.method.name} does not draft "
+                       "with a feature drafter; name a tree that does, e.g. 'dyn:8-32@4'.")
+    if not (float(tau) >= 1 and float(chain_tau) >= 1):
+      raise ValueError(f"cost.tree_theory entry {entry!r}: τ={tau}, chain τ={chain_tau}; each "
+                       "is tokens per verifier call, >= 1.")
+    out.append((str(entry), parsed.shape, float(tau), float(chain_tau)))
+  return out
+
+
+def check_theory(config, tokenizer, verifier, drafter, device, *, passes: int | None,
+                 trees=()) -> list[dict]:
+  """Chain SD (and each tree entry of `trees`) at batch 1 against τ / (r(M) + Σ_w c(w)),
+  everything timed in the same turns (see the module docstring). verifier, drafter: (cfg,
+  params); passes: forwards per timed call (None: as many as last ~50 ms)."""
   k = config.cost.check
   (v_cfg, v_params), (d_cfg, d_params) = verifier, drafter
   if k.get("prompts", "data") == "random":
@@ -183,7 +238,9 @@ def check_theory(config, tokenizer, verifier, drafter, device, *,
     prompts = [generate_lib.encode_prompts(tokenizer, [t], k.prompt_tokens,
                                            field="cost.check.prompt_tokens") for t in texts]
   rng = jax.random.key(config.seed)
-  size = k.prompt_tokens + k.new_tokens + max(k.gammas) + 1
+  entries = {entry: methods.parse(entry, None, field="cost.check")
+             for entry in [*(f"sd@{gamma}" for gamma in k.gammas), *trees]}
+  size = k.prompt_tokens + k.new_tokens + max(e.shape.num_nodes for e in entries.values()) + 1
   position = k.prompt_tokens + k.new_tokens // 2
   outputs = {}
 
@@ -200,20 +257,21 @@ def check_theory(config, tokenizer, verifier, drafter, device, *,
           max_new_tokens=k.new_tokens))) for temperature in k.temperatures}
   source = methods.Source(kind="lm", v_cfg=v_cfg, v_params=v_params, d_cfg=d_cfg,
                           d_params=d_params)
-  built = {gamma: methods.build(methods.parse(f"sd@{gamma}", None), source)
-           for gamma in k.gammas}
-  for gamma in k.gammas:
-    drafter, params = built[gamma].drafter, built[gamma].params
+  built = {entry: methods.build(parsed, source) for entry, parsed in entries.items()}
+  for entry in entries:
+    drafter, params = built[entry].drafter, built[entry].params
     verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
     for temperature in k.temperatures:
-      calls["sd", gamma, temperature] = decode(("sd", gamma, temperature), (
+      calls["sd", entry, temperature] = decode(("sd", entry, temperature), (
           lambda p, drafter=drafter, params=params, verifier=verifier, temperature=temperature:
           loop.speculative_generate(
               v_params, params, p, rng, verifier=verifier, drafter=drafter,
               sampling=sampling_lib.Sampling(float(temperature)),
               max_new_tokens=k.new_tokens)))
-  for name, cfg, params, tokens in (("v", v_cfg, v_params, (1, *[g + 1 for g in k.gammas])),
-                                    ("d", d_cfg, d_params, (1,))):
+  specs = [e.shape for e in entries.values()]
+  for name, cfg, params, tokens in (
+      ("v", v_cfg, v_params, (1, *(s.num_nodes for s in specs))),
+      ("d", d_cfg, d_params, (1, *(w for s in specs for w in s.call_widths)))):
     forward = timing.forward_calls(features_lib.timing_apply(cfg), params,
                                    lambda cfg=cfg: llama.init_cache(cfg, 1, size), batch_size=1,
                                    tokens=sorted(set(tokens)), position=position,
@@ -222,18 +280,22 @@ def check_theory(config, tokenizer, verifier, drafter, device, *,
   ms = {key: 1e3 * t["median_s"] for key, t in timing.round_robin(calls, k.repeats).items()}
   c = ms["d", 1] / ms["v", 1]
   rows = []
-  for gamma in k.gammas:
-    r = ms["v", gamma + 1] / ms["v", 1]
-    d_calls = built[gamma].cost.calls
+  for entry, parsed in entries.items():
+    spec = parsed.shape
+    r = ms["v", spec.num_nodes] / ms["v", 1]
+    drafting = sum(ms["d", w] for w in spec.call_widths) / ms["v", 1]
     for temperature in k.temperatures:
-      tau = metrics.summarize(outputs["sd", gamma, temperature])["block_efficiency"]
-      theory = metrics.theoretical_speedup(tau, r_m=r, c=c, drafter_calls=d_calls)
-      sd_ms = ms["sd", gamma, temperature] / len(prompts)
+      tau = metrics.summarize(outputs["sd", entry, temperature])["block_efficiency"]
+      theory = tau / (r + drafting)
+      sd_ms = ms["sd", entry, temperature] / len(prompts)
       ar_ms = ms["ar", temperature] / len(prompts)
       rows.append(dict(
-          model="speculative", gamma=gamma, temperature=float(temperature), batch_size=1,
-          num_prompts=len(prompts), new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3),
-          c=round(c, 4), d=d_calls, ms=round(sd_ms, 2), ar_ms=round(ar_ms, 2),
+          model="speculative", method=entry, gamma=spec.depth,
+          verifier_tokens_per_call=spec.num_nodes,
+          temperature=float(temperature), batch_size=1, num_prompts=len(prompts),
+          new_tokens=k.new_tokens, tau=round(tau, 4), r=round(r, 3), c=round(c, 4),
+          d=len(spec.call_widths), drafter_c=round(drafting, 4), ms=round(sd_ms, 2),
+          ar_ms=round(ar_ms, 2),
           speedup=round(ar_ms / sd_ms, 4), theoretical_speedup=round(theory, 4),
           speedup_vs_theory=round(ar_ms / sd_ms / theory, 4), repeats=k.repeats,
           device=device, checkpoint=config.drafter.checkpoint))
@@ -292,13 +354,14 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
       row = next(r for r in verifier if r["T"] == t and r["batch_size"] == b)
       cells += [f"{row['ms']:.2f}", f"{row['r']:.2f}"]
     lines.append(f"| {t} | " + " | ".join(cells) + " |")
-  lines += ["", "| batch | verifier 1-token ms | roofline ms | × roofline | drafter vocabulary "
-            "| drafter ms | c |", "|---:|---:|---:|---:|---:|---:|---:|"]
+  lines += ["", "c(w): the drafter's forward on w tokens over the verifier's on 1 (c = c(1)).", "",
+            "| batch | verifier 1-token ms | roofline ms | × roofline | drafter vocabulary "
+            "| drafter tokens w | drafter ms | c(w) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for b in batches:
     v = next(r for r in verifier if r["T"] == 1 and r["batch_size"] == b)
     for d in (r for r in rows if r["model"] == "drafter" and r["batch_size"] == b):
       lines.append(f"| {b} | {v['ms']:.2f} | {v['roofline_ms']:.2f} | {v['vs_roofline']:.2f} | "
-                   f"{d['vocab']:,} | {d['ms']:.2f} | {d['c']:.3f} |")
+                   f"{d['vocab']:,} | {d['T']} | {d['ms']:.2f} | {d['c']:.3f} |")
   theory = [r for r in rows if r["model"] == "theory"]
   if theory:
     lines += ["", "Theoretical speedup τ / (r(γ + 1) + γ·c) at a τ measured elsewhere "
@@ -308,17 +371,34 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
     lines += [f"| {r['batch_size']} | {r['gamma']} | {r['tau']:.2f} | {r['vocab']:,} | "
               f"{r['r']:.3f} | {r['c']:.3f} | {r['theoretical_speedup']:.3f} | "
               f"{r['break_even_tau']:.2f} |" for r in theory]
+  trees = [r for r in rows if r["model"] == "tree_theory"]
+  if trees:
+    lines += ["", "Draft trees (`cost.tree_theory`): the theory τ / (r(M) + Σ_w c(w)), one drafter "
+              "call per level on w tokens (the root's 1, then each fed level), its break-even τ, "
+              "and the chain's theory τ / (r(L + 1) + L·c) at the same depth L, each at the τ "
+              "measured for it beside the other:", "",
+              "| batch | tree | τ | drafter vocabulary | r(M) | drafter calls w | Σ c(w) | theory | "
+              "break-even τ | chain τ | r(L + 1) | chain theory | tree / chain |",
+              "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['batch_size']} | {r['method']} (M = {r['T']}) | {r['tau']:.2f} | "
+              f"{r['vocab']:,} | {r['r']:.3f} | {'+'.join(map(str, r['call_widths']))} | "
+              f"{r['drafter_c']:.3f} | {r['theoretical_speedup']:.3f} | "
+              f"{r['break_even_tau']:.2f} | {r['chain_tau']:.2f} | {r['chain_r']:.3f} | "
+              f"{r['chain_theoretical_speedup']:.3f} | {r['vs_chain']:.3f} |" for r in trees]
   checks = [r for r in rows if r["model"] == "speculative"]
   if checks:
-    lines += ["", "## The theory against measured speedups: chain SD, batch 1", "",
+    lines += ["", "## The theory against measured speedups: batch 1", "",
               f"{checks[0]['num_prompts']} prompts × {checks[0]['new_tokens']} new tokens, "
               "decoded in turns with autoregressive decoding and the forward calls r and c "
-              f"come from (medians of {checks[0]['repeats']}); theory = τ / (r(γ + 1) + γ·c).",
-              "", "| γ | T | τ | r(γ + 1) | c | SD ms | AR ms | speedup | theory | "
-              "measured / theory |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['gamma']} | {r['temperature']:g} | {r['tau']:.3f} | {r['r']:.3f} | "
-              f"{r['c']:.3f} | {r['ms']:.0f} | {r['ar_ms']:.0f} | {r['speedup']:.3f} | "
-              f"{r['theoretical_speedup']:.3f} | {r['speedup_vs_theory']:.3f} |" for r in checks]
+              f"come from (medians of {checks[0]['repeats']}); theory = τ / (r(M) + Σ_w c(w)) "
+              "(a chain's: τ / (r(γ + 1) + γ·c)).",
+              "", "| method | tokens per call M | T | τ | r(M) | Σ c(w) | SD ms | AR ms | speedup | "
+              "theory | measured / theory |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['method']} | {r['verifier_tokens_per_call']} | {r['temperature']:g} | "
+              f"{r['tau']:.3f} | "
+              f"{r['r']:.3f} | {r['drafter_c']:.3f} | {r['ms']:.0f} | {r['ar_ms']:.0f} | "
+              f"{r['speedup']:.3f} | {r['theoretical_speedup']:.3f} | "
+              f"{r['speedup_vs_theory']:.3f} |" for r in checks]
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
 

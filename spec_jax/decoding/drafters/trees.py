@@ -165,6 +165,14 @@ class TreeSpec:
     return 1 + sum(self.level_widths)
 
   @property
+  def call_widths(self) -> tuple[int, ...]:
+    """Tokens of each drafter call in a round, one call per level: the root's 1 (its catch-up
+    window aside), then every level but the deepest (whose children are never drafted): w_1 ..
+    w_{L-1}, a dynamic tree's frontiers of K nodes (`growth.grow`)."""
+    widths = (self.width,) * self.depth if self.is_dynamic else self.level_widths
+    return (1, *widths[:-1])
+
+  @property
   def max_candidates(self) -> int:
     """Most children examined at one step of verification (one node's children, or for i.i.d.
     chains the children of every still-matching chain)."""
