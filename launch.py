@@ -83,6 +83,7 @@ def _run(argv):
   # Log lines go to WORKDIR/log.txt (and the console with --verbose); before jax probes platforms.
   pending_log = cli.route_logs(_VERBOSE.value)
   xla_flags = cli.set_xla_defaults()  # before jax starts a backend
+  malloc = cli.set_malloc_defaults()
   import jax
   from spec_jax import parallel
   parallel.maybe_initialize_distributed(
@@ -91,6 +92,7 @@ def _run(argv):
   cli.open_log(pending_log, _WORKDIR.value, jax.process_index())
   logging.info("launch.py %s", " ".join(sys.argv[1:]))
   logging.info("XLA_FLAGS=%s", xla_flags)
+  logging.info("malloc: %s", ", ".join(malloc) or "the C library's defaults")
   config = _CONFIG.value
   if "program" not in config:
     raise app.UsageError("The config has no 'program' field; set config.program to one of "

@@ -31,15 +31,18 @@ Smoke (test-tiny, seconds): configs/scale.py:smoke and configs/scale.py:smoke,co
 A cost run times the drafter with three output layers (`drafter_vocabs`, default 0+32000+8192):
 the verifier's whole vocabulary (0), EAGLE-3's 32,000-token draft vocabulary of Llama 3.1 8B,
 and the 8,192 tokens of the SmolLM2 drafters whose τ the theory rows use; rows carry `vocab`.
+It also gives the theory of the dynamic tree the task suite measured beside the chain
+(SUITE_TREE_TAU, rows "tree_theory"): the verifier timed on the tree's 33 tokens, the drafter on
+each call's tokens (1, 8, 8, 8), the chain's theory at the same depth beside it.
 A cost run's timed forward is one call of a compiled loop of forwards, as many as last ~50 ms
 (`cost.passes`; rows carry `passes`), as a decoding loop runs them; one forward a call would add
 a dispatch and a wait to each. experiments/scale/forward_dispatch.py times both in one process,
 with r, c and the theory from each (2 CPU cores: seconds), e.g.
   python experiments/scale/forward_dispatch.py --arg preset=smollm2-135m --tokenizer smollm2 \
       --out experiments/scale/cpu/smollm2-135m-dispatch
-With `check`, a cost run also decodes chain SD (γ = 2 and 4, greedy) in turns with AR on two
-random 64-token prompts: random weights give τ = 1, so its speedup checks the theory's cost of
-a round, r(γ + 1) + γ·c, alone (2 CPU cores: 2 min), e.g.
+With `check`, a cost run also decodes chain SD (γ = 2 and 4, greedy) and the tree in turns with
+AR on two random 64-token prompts: random weights give τ = 1, so its speedup checks the theory's
+cost of a round, r(γ + 1) + γ·c and r(M) + Σ_w c(w), alone (2 CPU cores: 2 min), e.g.
   python launch.py --config configs/scale.py:preset=smollm2-135m,cost,check,tokens=1+3+5 \
       --config.tokenizer=smollm2 --workdir experiments/scale/cpu/smollm2-135m-check
 Layouts of the same model (rows carry them): `fused`, q/k/v and gate/up as one weight product

@@ -45,6 +45,30 @@ XLA_DEFAULTS = ("--xla_gpu_enable_triton_gemm=false",)
 CPU_ONE_DEVICE_DEFAULTS = ("--xla_cpu_enable_concurrency_optimized_scheduler=false",)
 
 
+# glibc malloc settings for the launcher's process (`set_malloc_defaults`), as mallopt(3) names
+# them. XLA:CPU mallocs each call's temporary buffers and frees them when the call ends. Under
+# glibc's defaults, whether the next call gets them back from the heap or from fresh pages (page
+# faults, zeroing) depends on what the process allocated before: the mmap threshold moves with the
+# sizes freed, and the heap's top is returned to the system once more than the trim threshold is
+# free there. The same SmolLM2-135M one-token forward took 25 ms in one run and 91 ms in another
+# that differed only in a config section read later (experiments/scale/results.md, "malloc").
+# Fixed thresholds keep freed buffers of up to 32 MiB in the heap for the next call.
+MALLOC_DEFAULTS = (("M_MMAP_THRESHOLD", -3, 32 << 20), ("M_TRIM_THRESHOLD", -1, 256 << 20))
+
+
+def set_malloc_defaults(environ=None) -> list[str]:
+  """Applies MALLOC_DEFAULTS with mallopt where the C library is glibc and the environment sets
+  none of glibc's MALLOC_*_ tunables (a user's own setting wins); returns the names set."""
+  environ = os.environ if environ is None else environ
+  import platform  # noqa: PLC0415
+  if platform.libc_ver()[0] != "glibc" or any(
+      key.startswith("MALLOC_") or key == "GLIBC_TUNABLES" for key in environ):
+    return []
+  import ctypes  # noqa: PLC0415
+  libc = ctypes.CDLL(None)
+  return [name for name, param, value in MALLOC_DEFAULTS if libc.mallopt(param, value) == 1]
+
+
 # Threads per fake CPU device (`--xla_force_host_platform_device_count`). XLA:CPU runs a program's
 # independent operations concurrently on one shared thread pool, NPROC threads (the machine's
 # cores when unset), and a collective blocks its thread until every device reaches it. A decoding

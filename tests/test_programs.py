@@ -310,6 +310,29 @@ def test_xla_defaults_add_only_flags_the_user_left_unset():
   assert cli.set_xla_defaults(env) == f"--xla_force_host_platform_device_count=8 {triton}"
 
 
+def test_malloc_defaults_fix_glibcs_thresholds_unless_the_user_set_one(monkeypatch):
+  """cli.set_malloc_defaults: mallopt(M_MMAP_THRESHOLD = -3, 32 MiB) and (M_TRIM_THRESHOLD = -1,
+  256 MiB), glibc's parameter numbers (malloc.h), on glibc only, and nothing where the user set
+  a tunable of their own (a fake C library records the calls)."""
+  import ctypes  # noqa: PLC0415
+  import platform  # noqa: PLC0415
+  calls = []
+
+  class Libc:
+    def mallopt(self, param, value):
+      calls.append((param, value))
+      return 1
+
+  monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+  monkeypatch.setattr(platform, "libc_ver", lambda: ("glibc", "2.36"))
+  assert cli.set_malloc_defaults({}) == ["M_MMAP_THRESHOLD", "M_TRIM_THRESHOLD"]
+  assert calls == [(-3, 32 << 20), (-1, 256 << 20)]
+  for own in ({"MALLOC_TRIM_THRESHOLD_": "1"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}):
+    assert cli.set_malloc_defaults(own) == []
+  monkeypatch.setattr(platform, "libc_ver", lambda: ("", ""))  # another C library
+  assert cli.set_malloc_defaults({}) == [] and len(calls) == 2
+
+
 def test_fake_cpu_devices_get_threads_for_their_collectives(monkeypatch):
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   cli.set_xla_defaults(env)

@@ -273,7 +273,9 @@ elif [ "${1:-presets}" = costs ]; then
       --tokenizer /tmp/vocab49152.json
   dispatch llama3.1-8b-dispatch --arg gpu,preset=llama3.1-8b
   # The theory's cost of a round, r(γ + 1) + γ·c, against chain SD decoded in turns with AR
-  # (random weights and prompts: τ ≈ 1 at T = 0; γ = 2 and 4).
+  # (random weights and prompts: τ ≈ 1 at T = 0; γ = 2 and 4), and r(M) + Σ_w c(w) against the
+  # dynamic tree of configs/scale.py's SUITE_TREE_TAU (dyn:8-32@4). Every cost run also gives
+  # that tree's theory beside the chain's (the verifier on 33 tokens, the drafter on 8).
   step smollm2-135m-f32-check $C1,dtype=float32,check,tokens=1+3+5 \
       --config.verifier.size=smollm2-135m --config.drafter.size=smollm2-135m:first=1:features=1 \
       --config.tokenizer=/tmp/vocab49152.json

@@ -277,7 +277,8 @@ def check_theory(config, tokenizer, verifier, drafter, device, *, passes: int | 
                                    tokens=sorted(set(tokens)), position=position,
                                    passes=passes)
     calls.update({(name, t): call for t, call in forward.items()})
-  ms = {key: 1e3 * t["median_s"] for key, t in timing.round_robin(calls, k.repeats).items()}
+  times = timing.round_robin(calls, k.repeats, desc="check: decoding and forwards in turns")
+  ms = {key: 1e3 * t["median_s"] for key, t in times.items()}
   c = ms["d", 1] / ms["v", 1]
   rows = []
   for entry, parsed in entries.items():
