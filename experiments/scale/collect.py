@@ -150,10 +150,21 @@ def plot_steps(speed_rows: list[dict], path: pathlib.Path) -> None:
   fig.savefig(path, dpi=120)
 
 
+# The CPU cost runs r_of_t.png draws, one per preset, each in its fastest layout (the newest
+# runs, the launcher's defaults); the others are in their own results.md. Every accelerator's
+# cost runs are drawn.
+CPU_CURVES = ("smollm2-135m-cost-trees", "qwen3-0.6b-cost-fused-unrolled-trees",
+              "gemma3-1b-cost-fused-unrolled-trees", "llama3.2-1b-cost-fused-unrolled-trees",
+              "qwen3-1.7b-cost-fused-unrolled-trees", "llama3.2-3b-cost-trees")
+
+
 def cost_curves() -> dict[str, list[dict]]:
-  """{run: verifier rows of r(T)} of every cost run, device kind first in the run's name."""
+  """{run: verifier rows of r(T)} of the cost runs r_of_t.png draws (CPU_CURVES, and every run
+  of another device), device kind first in the run's name."""
   out = {}
   for path in sorted(HERE.glob("*/*-cost*/results.json")):
+    if path.parent.parent.name == "cpu" and path.parent.name not in CPU_CURVES:
+      continue
     rows = [r for r in json.loads(path.read_text()) if r.get("model") == "verifier"
             and r.get("batch_size") == 1]
     if rows:
