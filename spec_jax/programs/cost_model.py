@@ -12,8 +12,9 @@ compiled loop as a decoding loop runs them, with no dispatch or wait between the
 (`timing.ForwardCall`; `cost.passes`, 0: as many as make a call last ~50 ms, at most 64); a
 cache of `position` + the largest T + 1 slots, the T tokens written from slot `position`: a
 mid-generation cache), passes, ms_min and ms_max (the fastest and slowest call, per forward), r
-(verifier: ms / ms at T = 1), c (drafter: its one-token ms / the verifier's), vocab (the rows of
-the model's output layer), roofline_ms (the parameter bytes a call reads,
+(verifier: ms / ms at T = 1), c (drafter: its ms on T tokens / the verifier's on 1; the drafter
+is timed on 1 token and on each width of `cost.tree_theory`'s calls), vocab (the rows of the
+model's output layer), roofline_ms (the parameter bytes a call reads,
 `timing.decode_read_bytes`, over the measured memory bandwidth: the floor of any call that reads
 the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind
 (as JAX names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size
