@@ -173,10 +173,21 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
   assert "train/aux_loss" in (tmp_path / "drafter" / "metrics.jsonl").read_text()
   ev = evaluate_config.get_config("smoke")
   ev.drafter.checkpoint = workdir
-  ev.eval.update(temperatures=(0.0,), gammas=(2,))
-  sd = [r for r in evaluate.run(ev, str(tmp_path / "eval")) if r["method"] != "autoregressive"]
-  assert sd and all(r["identical_to_greedy"] for r in sd)
-  assert all(r["cost_ratio_c"] > 0 for r in sd)
+  ev.eval.update(temperatures=(0.0,), gammas=(2,), methods=("sd", "dyn:2-4"))
+  rows = [r for r in evaluate.run(ev, str(tmp_path / "eval")) if r["method"] != "autoregressive"]
+  assert {r["method"] for r in rows} == {"sd", "dyn"}
+  assert all(r["identical_to_greedy"] and r["cost_ratio_c"] > 0 for r in rows)
+  # The theory counts a round's drafting: the chain's γ calls at c each; the tree's calls at
+  # c(w) each, w the tokens a call feeds (the root's 1, then K = 2 frontier nodes), s(w) timed.
+  for r in rows:
+    assert r["theoretical_speedup"] == pytest.approx(
+        r["block_efficiency"] / (r["verifier_cost_ratio_r"] + r["drafter_c"]), rel=1e-3)
+  sd, dyn = (next(r for r in rows if r["method"] == m) for m in ("sd", "dyn"))
+  assert sd["drafter_c"] == pytest.approx(2 * sd["cost_ratio_c"], abs=1e-4)
+  assert sd["call_widths"] is None and sd["call_costs"] is None
+  assert dyn["call_widths"] == [1, 2] and dyn["drafter_calls_per_round"] == 2
+  assert dyn["call_costs"][0] == dyn["cost_ratio_c"] and dyn["call_costs"][1] > 0
+  assert dyn["drafter_c"] == pytest.approx(sum(dyn["call_costs"]), abs=2e-4)
   # The cost model times and decodes it too (its forward needs features).
   perf = perf_config.get_config("smoke")
   perf.drafter.checkpoint = workdir

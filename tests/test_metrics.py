@@ -183,6 +183,11 @@ def test_theoretical_speedup():
   assert metrics.theoretical_speedup(1.9, r_m=1.5, c=0.1, drafter_calls=4) == pytest.approx(1.0)
   with pytest.raises(ValueError, match="r_m"):
     metrics.break_even_tau(r_m=-1.0, c=0.1, drafter_calls=2)
+  # A round whose calls cost different amounts (a tree's): τ over r(M) + their sum.
+  assert metrics.round_speedup(3.0, r_m=1.5, drafting=0.4) == pytest.approx(
+      metrics.theoretical_speedup(3.0, r_m=1.5, c=0.1, drafter_calls=4))
+  with pytest.raises(ValueError, match="drafting="):
+    metrics.round_speedup(3.0, r_m=1.5, drafting=-0.1)
 
 
 def test_chain_prediction_matches_leviathan_at_r_one():

@@ -70,6 +70,7 @@ def test_glossary_theory_and_new_entries():
 def test_format_value():
   assert tables.format_value(None) == "–"
   assert tables.format_value([0.712, 0.618, 0.5549]) == "0.71/0.62/0.55"
+  assert tables.format_value([1, 8, 8]) == "1/8/8"  # counts (a tree's call widths) stay whole
   assert tables.format_value(2.3456) == "2.35"
   assert tables.format_value(12.345) == "12.3"
   assert tables.format_value(1234.56) == "1235"

@@ -206,6 +206,26 @@ def test_call_widths_are_the_tokens_growth_feeds_each_call(spec):
   assert trees.chain(4).call_widths == (1, 1, 1, 1)  # a chain: γ one-token calls
 
 
+def test_a_trees_round_drafts_for_its_call_widths():
+  """The in-run theory's drafting cost (`bench.call_costs`): a chain's d calls at c each, a
+  tree's at c·s(w) for the tokens w each feeds; a tree without its s(w) is refused, not counted
+  at c a call; a method with no drafter model drafts for nothing."""
+  from spec_jax.decoding import methods  # noqa: PLC0415
+  from spec_jax.evaluation import bench, metrics  # noqa: PLC0415
+  chain = methods.Cost(calls=4, model="drafter")
+  assert bench.call_costs(chain, 0.1, None) == [0.1] * 4
+  spec = trees.TreeSpec("dynamic", 4, width=8, kept=32)
+  tree = methods.Cost(calls=4, model="drafter", widths=spec.call_widths)
+  got = bench.call_costs(tree, 0.1, {1: 1.0, 8: 2.5})
+  assert got == pytest.approx([0.1, 0.25, 0.25, 0.25])
+  assert metrics.round_speedup(1.76, r_m=3.0, drafting=sum(got)) == pytest.approx(1.76 / 3.85)
+  with pytest.raises(ValueError, match=r"no s\(w\) for the tree's call widths \[8\]"):
+    bench.call_costs(tree, 0.1, {1: 1.0})
+  assert bench.call_costs(methods.Cost(calls=1), 0.0, None) == [0.0]
+  assert bench.call_cost_ratios(methods.Cost(calls=1), None, (8,)) == {1: 1.0}  # no model
+  assert bench.call_cost_ratios(chain, None, ()) == {1: 1.0}  # one-token calls: nothing timed
+
+
 def test_expand_levels():
   """Level construction: RSD-C children are distinct tokens in decreasing Gumbel order; greedy
   RSD-C is top-k; chains draw per chain; zero-probability tokens never appear."""

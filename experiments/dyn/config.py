@@ -15,9 +15,9 @@ tree `rsd_s:4` (16 nodes: the budget of dyn:4-16, drawn without the rerank), gre
 batch 1. Every method is exact at both temperatures (spec_jax/decoding/drafters/dyn.py proves dyn's
 T > 0 rule; tests/test_dyn.py checks it). results.md sets each tree beside the chain: τ / τ(sd),
 the verifier tokens per call, the measured cost r of that call in one-token steps, the drafter cost
-c and calls per round, the theoretical speedup τ / (r + d·c) and the measured one, so the best
-budget for the machine can be read off (r grows fast with the tokens per call on a CPU, slowly
-on a GPU).
+c, the calls per round with the tokens each feeds and their cost Σ_w c(w), the theoretical
+speedup τ / (r + Σ_w c(w)) and the measured one, so the best budget for the machine can be read
+off (r grows fast with the tokens per call on a CPU, slowly on a GPU).
 
 `:suite`: the dynamic tree at M = 32 (dyn:8-32) beside the chain on every category of the task
 suite at T = 1, with the task suite's drafter (the main job's, `runs/quickstart/drafter`): does a

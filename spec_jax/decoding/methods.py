@@ -44,12 +44,17 @@ class Cost:
   model: the name of the model whose one-token step is timed for c ("drafter", "rescorer"), or
     None for c = 0 (no drafter model, or one whose cost only the measured speedup shows).
   cfg, params: that model. features: it is a feature drafter (it cannot decode alone: c is its
-    forward timed against the verifier's, `bench.feature_cost_ratio`)."""
+    forward timed against the verifier's, `bench.feature_cost_ratio`).
+  widths: the tokens each of the d calls feeds, where not all are 1 (a tree's
+    `TreeSpec.call_widths`); empty: d one-token calls. A round then drafts for Σ_w c(w) instead
+    of d·c, c(w) = c·s(w) with s(w) the model's w-token forward over its one-token one
+    (`bench.call_cost_ratios`)."""
   calls: int
   model: str | None = None
   cfg: Any = None
   params: Any = None
   features: bool = False
+  widths: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

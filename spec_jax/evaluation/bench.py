@@ -7,7 +7,8 @@ measure through here.
   base = bench.autoregressive(v_cfg, v_params, work)             # the speedup baseline
   c = bench.drafter_cost(built.cost, v_cfg, v_params, work, base)  # c of the method's drafter
   r = bench.verifier_cost_ratio(v_cfg, v_params, work, m)        # r(M) for M tokens per call
-  row = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c, r_m=r)
+  s = bench.call_cost_ratios(built.cost, work, built.cost.widths)  # a tree's s(w) (chains: {1: 1})
+  row = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c, r_m=r, ratios=s)
 
 Timings exclude compilation (each pass first compiles one program per distinct batch shape,
 decoding nothing, then runs every batch `repeats` times; per batch the median counts). Batches
@@ -152,6 +153,9 @@ class Row:
   paired_speedups: list | None = None  # one per paired pass (Workload.pairs)
   prompt_new_tokens: list | None = None  # per prompt, in order (metrics.tau_diff_se pairs rows)
   prompt_verifier_calls: list | None = None  # per prompt, in the same order
+  drafter_c: float | None = None  # a round's drafting in one-token verifier calls: Σ call_costs
+  call_widths: list | None = None  # a tree's: the tokens each drafter call of a round feeds
+  call_costs: list | None = None  # a tree's: c(w) of each of those calls (c·s(w))
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -275,6 +279,37 @@ def drafter_cost(cost: methods.Cost, v_cfg, v_params, work: Workload, base: Base
   return timing.seconds_per_step(outputs, seconds) / base.steps_s
 
 
+def call_cost_ratios(cost: methods.Cost, work: Workload, widths) -> dict[int, float]:
+  """s(w) for 1 and each w of `widths` (a tree's `TreeSpec.call_widths`): the forward of the
+  model `cost` names on w new tokens per row over its forward on 1, the widths timed taking turns
+  (median of 5, each call a compiled loop of forwards: `timing.ForwardCall`), at the loop's cache
+  size for the widest batch and halfway through the new tokens. c(w) = c·s(w); only {1: 1.0}
+  (nothing timed) where every call feeds one token or there is no model."""
+  widths = sorted({1, *widths})
+  if cost.model is None or widths == [1]:
+    return {1: 1.0}
+  b, p = work.batch_size, work.prompt_width
+  size = p + work.new_tokens + max(widths)
+  calls = timing.forward_calls(features.timing_apply(cost.cfg), cost.params,
+                               lambda: llama.init_cache(cost.cfg, b, size), batch_size=b,
+                               tokens=widths, position=p + work.new_tokens // 2)
+  times = timing.round_robin({str(w): calls[w] for w in widths}, 5)
+  return {w: times[str(w)]["median_s"] / times["1"]["median_s"] for w in widths}
+
+
+def call_costs(cost: methods.Cost, c: float, ratios: dict[int, float] | None) -> list[float]:
+  """The cost of each drafter call of a round in one-token verifier calls: c·s(w) for each width
+  of a tree's calls (`Cost.widths`, s from `call_cost_ratios`), else c for each of the d calls.
+  ValueError for a tree without its s(w): counting its calls at c each understates them."""
+  if not cost.widths:
+    return [c] * cost.calls
+  missing = sorted({w for w in cost.widths if w not in (ratios or {})})
+  if c and missing:
+    raise ValueError(f"call_costs: no s(w) for the tree's call widths {missing}; time them with "
+                     "bench.call_cost_ratios.")
+  return [c * ratios[w] if c else 0.0 for w in cost.widths]
+
+
 def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int) -> float:
   """r(M) of the verifier at this workload's batch size, with the loop's cache size (the widest
   batch's prompt + new tokens + the last round's overhang of M) and the M tokens halfway through
@@ -288,9 +323,11 @@ def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int) -> float:
 
 def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig,
                 work: Workload, base: Baseline, *, c: float, r_m: float, device: str,
-                desc: str | None = None) -> tuple[Row, list[list[int]]]:
+                ratios: dict[int, float] | None = None, desc: str | None = None
+                ) -> tuple[Row, list[list[int]]]:
   """One speculative run of `built` against `base` (same workload): its row and every real row's
-  emitted tokens."""
+  emitted tokens. c: the drafter's one-token cost; r_m: r(M); ratios: s(w) of a tree's call
+  widths (`call_cost_ratios`), which its theoretical speedup τ / (r(M) + Σ_w c·s(w)) needs."""
   drafter, shape = built.drafter, built.drafter.shape
   rule_name, _ = decode.resolve(shape, work.sampling)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
@@ -303,11 +340,14 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
   tokens = metrics.token_lists(outputs, work.reals)
   summary = metrics.summarize(outputs, work.reals)
   tau, calls, d = summary["block_efficiency"], summary["verifier_calls"], built.cost.calls
+  per_call = call_costs(built.cost, c, ratios)
+  drafting = sum(per_call)
   if getattr(shape, "stop", 0.0) and summary["drafts_per_call"] is not None:
     # Rows that stop drafting early: a round of k drafts costs k drafter calls (k − 1 feeds and
     # the commit); r(M) stays the full chain's, an upper bound (its calls score 2..γ + 1 tokens).
     d = round(summary["drafts_per_call"], 4)
-  theoretical = metrics.theoretical_speedup(tau, r_m=r_m, c=c, drafter_calls=d)
+    drafting = d * c
+  theoretical = metrics.round_speedup(tau, r_m=r_m, drafting=drafting)
   tps = summary["new_tokens"] / seconds
   measured = tps / base.tokens_per_s
   paired = (paired_speedups(v_cfg, v_params, fn, work, base, summary["new_tokens"],
@@ -335,6 +375,9 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       verifier_calls=calls, drafter_calls=round(calls * d), drafter_calls_per_round=d,
       tokens_per_s=round(tps, 2), cpu_per_wall=usage["cpu_per_wall"], speedup=round(measured, 4),
       cost_ratio_c=round(c, 4), verifier_cost_ratio_r=round(r_m, 4),
+      drafter_c=round(drafting, 4),
+      call_widths=list(built.cost.widths) if built.cost.widths else None,
+      call_costs=[round(x, 4) for x in per_call] if built.cost.widths else None,
       theoretical_speedup=_round(theoretical),
       speedup_vs_theory=_round(measured / theoretical if theoretical else None),
       verifier_tokens_per_call=shape.num_nodes,

@@ -78,7 +78,14 @@ GLOSSARY: dict[str, str] = {
                              "CPU)",
     "theoretical_speedup": "theoretical speedup τ/(r(M) + d·c), with τ, r(M) "
                            "(verifier_cost_ratio_r) and c (cost_ratio_c) measured and d = "
-                           "drafter_calls_per_round",
+                           "drafter_calls_per_round; a tree's calls feed several tokens each, "
+                           "so its round drafts for drafter_c = Σ_w c(w) instead of d·c",
+    "drafter_c": "a round's drafting in one-token verifier calls: d·c for a chain, Σ_w c(w) "
+                 "over a tree's calls (call_costs)",
+    "call_widths": "a tree's drafter calls in one round: the tokens each feeds (the root's 1, "
+                   "then each drafted level but the deepest)",
+    "call_costs": "c(w) of each of a tree's calls: c times the drafter's forward on w tokens "
+                  "over its forward on 1 (measured in the same run)",
     "speedup_vs_theory": "measured speedup / theoretical speedup",
     "verifier_tokens_per_call": "cost at fixed budget: tokens fed to the verifier per call "
                                 "(chain γ+1, tree node count)",

@@ -197,7 +197,17 @@ def theoretical_speedup(tau: float, *, r_m: float, c: float, drafter_calls: int)
   if tau < 0 or r_m <= 0 or c < 0 or drafter_calls < 0:
     raise ValueError(f"theoretical_speedup needs τ ≥ 0, r(M) > 0, c ≥ 0, d ≥ 0; got τ={tau}, "
                      f"r_m={r_m}, c={c}, drafter_calls={drafter_calls}.")
-  return float(tau) / (float(r_m) + drafter_calls * float(c))
+  return round_speedup(tau, r_m=r_m, drafting=drafter_calls * float(c))
+
+
+def round_speedup(tau: float, *, r_m: float, drafting: float) -> float:
+  """τ / (r(M) + drafting): the theoretical speedup of a round whose drafter calls cost
+  `drafting` one-token verifier calls in all (d·c for a chain; Σ_w c(w) for a tree whose calls
+  feed w tokens each, docs/design.md §3)."""
+  if tau < 0 or r_m <= 0 or drafting < 0:
+    raise ValueError(f"round_speedup needs τ ≥ 0, r(M) > 0, drafting ≥ 0; got τ={tau}, "
+                     f"r_m={r_m}, drafting={drafting}.")
+  return float(tau) / (float(r_m) + float(drafting))
 
 
 def break_even_tau(*, r_m: float, c: float, drafter_calls: int) -> float:

@@ -238,8 +238,9 @@ def exactness_line(rows) -> str:
 def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
   """Every tree row beside the chain (`sd`) of its category: τ and its ratio to the chain's,
   the verifier tokens per call, the measured cost of that call r (in one-token steps), the
-  drafter's cost ratio c and calls per round, the theoretical speedup τ / (r + d·c) and the
-  measured speedup, each over the same run's autoregressive pass. Empty without tree rows."""
+  drafter's cost ratio c, its calls per round with the tokens each feeds, their cost Σ_w c(w)
+  (`drafter_c`), the theoretical speedup τ / (r + Σ_w c(w)) and the measured speedup, each over
+  the same run's autoregressive pass. Empty without tree rows."""
   cells = grid(rows, batch_size, temperature)
   md = []
   for c in (c for c in config.suite.categories if c in cells):
@@ -252,14 +253,23 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
           c, key, row_cell(r),
           tables.format_value(ratio), str(r.get("verifier_tokens_per_call")),
           tables.format_value(r.get("verifier_cost_ratio_r")),
-          tables.format_value(r.get("cost_ratio_c")), str(r.get("drafter_calls_per_round")),
+          tables.format_value(r.get("cost_ratio_c")), calls_cell(r),
+          tables.format_value(r.get("drafter_c")),
           tables.format_value(r.get("theoretical_speedup")),
           tables.format_value(speedup_of(r) / speedup_of(chain) if chain else None)]) + " |")
   if not md:
     return []
   return ["| category | tree | τ ± SE · speedup | τ / τ(sd) | tokens per call | r | c | "
-          "drafter calls per round | theoretical speedup | speedup / sd's |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
+          "drafter calls per round (tokens each) | Σ c(w) | theoretical speedup | "
+          "speedup / sd's |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
+
+
+def calls_cell(row: dict) -> str:
+  """d, with the tokens each call feeds where a tree's calls differ: '4 (1+8+8+8)'."""
+  widths = row.get("call_widths")
+  calls = str(row.get("drafter_calls_per_round"))
+  return f"{calls} ({'+'.join(map(str, widths))})" if widths else calls
 
 
 def column(cells: dict, method: str, gamma) -> dict | None:

@@ -40,11 +40,13 @@ def is_number(value: Any) -> bool:
 
 
 def format_value(value: Any, key: str | None = None) -> str:
-  """Table text for one value: None as '–', lists as '0.71/0.62', 2–3 significant decimals."""
+  """Table text for one value: None as '–', lists as '0.71/0.62' (of integers '1/8/8'), 2–3
+  significant decimals."""
   if value is None:
     return "–"
   if isinstance(value, (list, tuple)):
-    return "/".join(f"{float(v):.2f}" if is_number(v) else "–" for v in value) or "–"
+    return "/".join(str(int(v)) if isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                    else f"{float(v):.2f}" if is_number(v) else "–" for v in value) or "–"
   if isinstance(value, bool):
     return str(value)
   if isinstance(value, numbers.Integral):

@@ -5,7 +5,8 @@ verifier's autoregressive decoding (the speedup baseline) and every run of `eval
 `eval.gammas` (each entry `NAME[:SHAPE][@L]` names a registered method,
 `spec_jax.decoding.methods`), through `spec_jax.evaluation.bench`: one row per run with τ, α,
 per-position acceptance, tokens/s, the speedup, c, the measured r(M) and the theoretical speedup
-τ / (r(M) + d·c). Writes results.json, results.md and PNG plots (τ and speedup vs γ).
+τ / (r(M) + d·c) (a tree's calls at c(w) each for the w tokens they feed, s(w) timed once per
+temperature and batch size). Writes results.json, results.md and PNG plots (τ and speedup vs γ).
 Each prompt batch is padded to the smallest of `generate.bucket_widths(eval.max_prompt_tokens,
 eval.prompt_buckets)` that holds its longest prompt (0: all to eval.max_prompt_tokens), so a
 short batch's prefill stays short and a few compiled widths serve every batch.
@@ -300,11 +301,14 @@ def run(config, workdir: str) -> list[dict]:
                             int(ev.max_cache_len), int(ev.get("timing_pairs", 0)))
       base = bench.autoregressive(source.v_cfg, source.v_params, work,
                                   desc=f"{label} autoregressive")
-      costs = {}  # c per timed model ("drafter", "rescorer"), this (T, B)
+      costs, ratios = {}, {}  # per timed model ("drafter", "rescorer"), this (T, B): c, s(w)
       for cost in (b.cost for b in built):
         if cost.model not in costs:
           costs[cost.model] = bench.drafter_cost(cost, source.v_cfg, source.v_params, work, base,
                                                  desc=f"{label} {cost.model}-only")
+          # A tree's calls feed w tokens each: s(w) of every width any method's tree feeds.
+          ratios[cost.model] = bench.call_cost_ratios(
+              cost, work, {w for b in built if b.cost.model == cost.model for w in b.cost.widths})
       ar_row = bench.baseline_row(base, work, device=device).as_dict()
       ar_row.update(context, cost_ratio_c=round(costs.get("drafter", 0.0), 4))
       rows.append(ar_row)
@@ -321,7 +325,8 @@ def run(config, workdir: str) -> list[dict]:
           r_ms[batch_size, m] = bench.verifier_cost_ratio(source.v_cfg, source.v_params, work, m)
         row, tokens = bench.speculative(
             source.v_cfg, source.v_params, b, decode_config(ev, entry, eps), work, base,
-            c=costs[b.cost.model], r_m=r_ms[batch_size, m], device=device,
+            c=costs[b.cost.model], r_m=r_ms[batch_size, m], ratios=ratios[b.cost.model],
+            device=device,
             desc=f"{label} {entry.label} γ={entry.depth}")
         if ev.get("save_text", False) and parallel.is_writer():
           _save_text(workdir, texts, tokens, tokenizer, temperature=sampling.temperature,

@@ -29,13 +29,15 @@ def model_drafter(source: methods.Source, shape: trees.TreeSpec):
 
 
 def model_cost(source: methods.Source, shape: trees.TreeSpec) -> methods.Cost:
-  """One drafter call per draft level (chain γ, tree L); BPD heads: one call of all heads, whose
-  cost only the measured speedup shows (c = 0). A steered drafter is timed without its module."""
+  """One drafter call per draft level (chain γ, tree L), a tree's on the tokens of each level it
+  feeds (`TreeSpec.call_widths`); BPD heads: one call of all heads, whose cost only the measured
+  speedup shows (c = 0). A steered drafter is timed without its module."""
   if source.kind == "bpd":
     return methods.Cost(calls=1)
   params = source.d_params["drafter"] if source.kind == "steered" else source.d_params
   return methods.Cost(calls=shape.depth, model="drafter", cfg=source.d_cfg, params=params,
-                      features=source.features)
+                      features=source.features,
+                      widths=() if shape.is_chain else shape.call_widths)
 
 
 def builder(name: str):
