@@ -207,8 +207,9 @@ class ForwardCall:
 
   The first call runs one forward twice before anything is timed: where the params are committed
   to a device (a checkpoint's) and the fresh cache is not, the cache the first forward returns is
-  committed, and jit compiles the program again for it. Timed, that second compile read as one
-  slow forward (passes 1: one forward a call, its dispatch and wait included)."""
+  committed, and jit compiles the program again for it. Were it timed, that second compile would
+  read as one slow forward and set passes to 1 (one forward a call, its dispatch and wait
+  included)."""
 
   def __init__(self, program: Callable, params: Any, cache: Any, tokens: jax.Array,
                positions: jax.Array, passes: int | None, call_s: float):
