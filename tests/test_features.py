@@ -177,6 +177,9 @@ def test_distill_trains_a_feature_drafter_that_evaluate_decodes(tmp_path):
   rows = [r for r in evaluate.run(ev, str(tmp_path / "eval")) if r["method"] != "autoregressive"]
   assert {r["method"] for r in rows} == {"sd", "dyn"}
   assert all(r["identical_to_greedy"] and r["cost_ratio_c"] > 0 for r in rows)
+  # c, r(M) and s(w) were timed beside the verifier's one-token forward, checked against the
+  # autoregressive step for a slow spell.
+  assert all(r["reference_vs_step"] > 0 for r in rows)
   # The theory counts a round's drafting: the chain's γ calls at c each; the tree's calls at
   # c(w) each, w the tokens a call feeds (the root's 1, then K = 2 frontier nodes), s(w) timed.
   for r in rows:

@@ -320,6 +320,52 @@ def test_round_robin_and_timed_pass_compile_first():
   assert timing.seconds_per_step(steps, 4.0) == 0.5
 
 
+def test_settled_round_robin_times_again_after_a_slow_spell():
+  """A timing whose reference ran over tolerance × expected_s is repeated after a pause, and the
+  timing kept is the one whose reference ran fastest, every fn's times from it: in a spell the
+  reference runs 3× slower and the other fn 1.5×, so a ratio from a spell is off."""
+  clocks, waits = _Clocks(), []
+  spells = []  # per timing: the reference's seconds in it (1.0: no spell)
+
+  def make(name):
+    def call():
+      ref = spells[0]
+      clocks.work(ref if name == "ref" else {1.0: 4.0, 3.0: 6.0, 4.0: 10.0}[ref])
+    return call
+
+  fns = {"ref": make("ref"), "x": make("x")}
+
+  def sleep(seconds):
+    waits.append(seconds)
+    spells.pop(0)
+
+  def settle(schedule, **kw):
+    spells[:] = schedule
+    waits.clear()
+    usage = {}
+    times = timing.settled_round_robin(fns, 3, reference="ref", usage=usage, sleep=sleep,
+                                       clock=clocks.wall_clock, **kw)
+    return times["x"]["median_s"] / times["ref"]["median_s"], usage, list(waits)
+
+  # Two timings in a spell, then one out of it: the third is kept, after two pauses.
+  assert settle([3.0, 3.0, 1.0], expected_s=1.0, wait_s=7.0) == (
+      4.0, dict(tries=3, reference_vs_expected=1.0), [7.0, 7.0])
+  # A spell through every try: the fastest reference's timing is kept, not the last one.
+  assert settle([3.0, 4.0], expected_s=1.0, tries=2) == (
+      2.0, dict(tries=2, reference_vs_expected=3.0), [timing.SETTLE_WAIT_S])
+  # Within tolerance at once: one timing, no pause.
+  assert settle([1.0], expected_s=0.75) == (4.0, dict(tries=1, reference_vs_expected=1.333), [])
+  assert settle([3.0], expected_s=1.0, tolerance=4.0)[1:] == (
+      dict(tries=1, reference_vs_expected=3.0), [])
+  # Nothing to compare against: one timing.
+  assert settle([3.0, 1.0], expected_s=None) == (
+      2.0, dict(tries=1, reference_vs_expected=None), [])
+  with pytest.raises(ValueError, match="tries=0 must be >= 1"):
+    timing.settled_round_robin(fns, 3, reference="ref", expected_s=1.0, tries=0)
+  with pytest.raises(ValueError, match="reference 'v' is not one of the timed calls"):
+    timing.settled_round_robin(fns, 3, reference="v", expected_s=1.0)
+
+
 def test_round_robin_shows_progress_between_timed_calls(monkeypatch):
   log = []
 
@@ -467,3 +513,46 @@ def test_memory_reads_spread_one_wait_over_several_passes():
   with pytest.raises(ValueError, match="passes=0 must be >= 1"):
     timing.MemoryReads(nbytes=4096, passes=0)
   assert timing.memory_bandwidth(4096, repeats=1, passes=2) > 0
+
+
+def test_bench_times_its_cost_ratios_again_when_the_verifier_ran_slow(monkeypatch):
+  """r(M), a feature drafter's c and a tree's s(w) are timed with the verifier's one-token
+  forward, which must not run over 1.5× the autoregressive pass's step: an expected step of a
+  nanosecond makes every timing look like a slow spell (timed SETTLE_TRIES times), one of a
+  kilosecond never does (once); without a baseline nothing is compared (and s(w) is timed
+  without the verifier)."""
+  from spec_jax import testing  # noqa: PLC0415
+  from spec_jax.decoding import generate as generate_lib  # noqa: PLC0415
+  from spec_jax.decoding import methods  # noqa: PLC0415
+  from spec_jax.decoding.sampling import Sampling  # noqa: PLC0415
+  from spec_jax.evaluation import bench  # noqa: PLC0415
+  v_cfg, v_params = testing.tiny_model(seed=0)
+  d_cfg, d_params = testing.tiny_model(seed=1)
+  work = bench.Workload([(generate_lib.pad_prompts([[5, 6, 7], [8, 9]], 8, 0), 2)],
+                        Sampling(0.0), 6)
+  monkeypatch.setattr(timing, "SETTLE_TRIES", 3)
+  monkeypatch.setattr(timing, "SETTLE_WAIT_S", 0.0)
+  timings = []
+  real = timing.round_robin
+  monkeypatch.setattr(timing, "round_robin",
+                      lambda fns, *a, **kw: timings.append(sorted(fns)) or real(fns, *a, **kw))
+  tree = methods.Cost(calls=3, model="drafter", cfg=d_cfg, params=d_params, widths=(1, 4, 4))
+  measures = {
+      "r": lambda base, use: bench.verifier_cost_ratio(v_cfg, v_params, work, 5, base, use),
+      "c": lambda base, use: bench.feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work,
+                                                      base, use),
+      "s": lambda base, use: bench.call_cost_ratios(tree, work, tree.widths, v_cfg=v_cfg,
+                                                    v_params=v_params, base=base, usage=use)[4]}
+  names = {"r": ["1", "5"], "c": ["d", "v"], "s": ["1", "4", "v"]}
+  for key, measure in measures.items():
+    for steps_s, tries in ((1e-9, 3), (1e3, 1), (None, 1)):
+      timings.clear()
+      use = {}
+      base = None if steps_s is None else types.SimpleNamespace(steps_s=steps_s)
+      assert measure(base, use) > 0, key
+      timed = [n for n in names[key] if key != "s" or n != "v" or steps_s is not None]
+      assert timings == [timed] * tries, (key, steps_s)
+      if steps_s is None:
+        assert use == dict(tries=1, reference_vs_step=None), key
+      else:
+        assert use["tries"] == tries and (use["reference_vs_step"] > 1.5) == (tries == 3), key

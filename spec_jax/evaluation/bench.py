@@ -6,8 +6,9 @@ measure through here.
   work = bench.Workload(batches, sampling, new_tokens=64)
   base = bench.autoregressive(v_cfg, v_params, work)             # the speedup baseline
   c = bench.drafter_cost(built.cost, v_cfg, v_params, work, base)  # c of the method's drafter
-  r = bench.verifier_cost_ratio(v_cfg, v_params, work, m)        # r(M) for M tokens per call
-  s = bench.call_cost_ratios(built.cost, work, built.cost.widths)  # a tree's s(w) (chains: {1: 1})
+  r = bench.verifier_cost_ratio(v_cfg, v_params, work, m, base)  # r(M) for M tokens per call
+  s = bench.call_cost_ratios(built.cost, work, built.cost.widths,  # a tree's s(w) (chains: {1: 1})
+                             v_cfg=v_cfg, v_params=v_params, base=base)
   row = bench.speculative(v_cfg, v_params, built, decode, work, base, c=c, r_m=r, ratios=s)
 
 Timings exclude compilation (each pass first compiles one program per distinct batch shape,
@@ -17,12 +18,16 @@ real rows and padded rows never count. Their prompt widths may differ (evaluate 
 to its bucket width, `generate.bucket_widths`): each width is its own compiled program.
 A speculative row's `speedup` divides by the baseline pass timed before it; with
 `Workload.pairs` it also carries `paired_speedups`, from passes of both taking turns batch by
-batch, which a slow spell of a shared machine hits alike.
+batch, which a slow spell of a shared machine hits alike. The cost ratios (c, r(M), s(w)) are
+timed again after a pause where the verifier's one-token forward timed with them ran over 1.5×
+the autoregressive pass's step (`timing.settled_round_robin`); rows carry the kept timings'
+ratio as reference_vs_step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import statistics
 from typing import Any, Sequence
 
@@ -156,6 +161,7 @@ class Row:
   drafter_c: float | None = None  # a round's drafting in one-token verifier calls: Σ call_costs
   call_widths: list | None = None  # a tree's: the tokens each drafter call of a round feeds
   call_costs: list | None = None  # a tree's: c(w) of each of those calls (c·s(w))
+  reference_vs_step: float | None = None  # the cost timings' verifier forward / the AR step
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -250,50 +256,81 @@ def baseline_row(base: Baseline, work: Workload, *, device: str) -> Row:
              baseline_tokens_per_s=round(base.tokens_per_s, 2))
 
 
-def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload) -> float:
+def _forward_calls(cfg, params, work: Workload, tokens, overhang: int) -> dict:
+  """T -> `timing.ForwardCall` of cfg's forward on T new tokens per row, at the loop's cache size
+  for the widest batch (prompt + new tokens + overhang) and halfway through the new tokens."""
+  b, p = work.batch_size, work.prompt_width
+  size = p + work.new_tokens + overhang
+  return timing.forward_calls(features.timing_apply(cfg), params,
+                              lambda: llama.init_cache(cfg, b, size), batch_size=b,
+                              tokens=tokens, position=p + work.new_tokens // 2)
+
+
+def _settled(calls: dict, reference: str, base: Baseline | None, usage: dict | None) -> dict:
+  """`timing.settled_round_robin` of calls (median of 5 turns) whose `reference` is the
+  verifier's one-token forward, expected to take at most the autoregressive pass's step: timed
+  again after a pause while it takes over 1.5× that step (a slow spell of a shared machine; base
+  None: one timing). usage receives tries and reference_vs_step."""
+  got = {}
+  times = timing.settled_round_robin(calls, 5, reference=reference,
+                                     expected_s=base.steps_s if base is not None else None,
+                                     usage=got)
+  ratio = got["reference_vs_expected"]
+  if ratio is not None and ratio > timing.SETTLE_TOLERANCE:
+    logging.warning("The verifier's one-token forward ran %.2f× the autoregressive step in %d "
+                    "timings of %s: the cost ratios are from a slow spell (reference_vs_step).",
+                    ratio, got["tries"], "/".join(sorted(calls)))
+  if usage is not None:
+    usage.update(tries=got["tries"], reference_vs_step=ratio)
+  return times
+
+
+def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload,
+                       base: Baseline | None = None, usage: dict | None = None) -> float:
   """c of a feature drafter, which cannot decode alone (it reads the verifier's features): its
   one-token forward over the verifier's, timed taking turns (median of 5, each call a compiled
   loop of forwards: `timing.ForwardCall`), at the loop's cache size for the widest batch and
-  halfway through the new tokens."""
-  b, p = work.batch_size, work.prompt_width
-  size = p + work.new_tokens + 1
-  calls = {}
-  for name, cfg, params in (("v", v_cfg, v_params), ("d", d_cfg, d_params)):
-    calls[name] = timing.forward_calls(features.timing_apply(cfg), params,
-                                       lambda cfg=cfg: llama.init_cache(cfg, b, size),
-                                       batch_size=b, tokens=(1,),
-                                       position=p + work.new_tokens // 2)[1]
-  times = timing.round_robin(calls, 5)
+  halfway through the new tokens; again after a pause where the verifier's forward ran over
+  1.5× base's step (`_settled`)."""
+  calls = {"v": _forward_calls(v_cfg, v_params, work, (1,), 1)[1],
+           "d": _forward_calls(d_cfg, d_params, work, (1,), 1)[1]}
+  times = _settled(calls, "v", base, usage)
   return times["d"]["median_s"] / times["v"]["median_s"]
 
 
 def drafter_cost(cost: methods.Cost, v_cfg, v_params, work: Workload, base: Baseline, *,
-                 desc: str | None = None) -> float:
+                 desc: str | None = None, usage: dict | None = None) -> float:
   """c: the one-token step of the model `cost` names over the verifier's (0 without one). A
-  model that decodes alone is timed by its own autoregressive pass over the workload."""
+  model that decodes alone is timed by its own autoregressive pass over the workload; a feature
+  drafter by `feature_cost_ratio` (usage: its tries and reference_vs_step)."""
   if cost.model is None:
     return 0.0
   if cost.features:
-    return feature_cost_ratio(v_cfg, v_params, cost.cfg, cost.params, work)
+    return feature_cost_ratio(v_cfg, v_params, cost.cfg, cost.params, work, base, usage)
   outputs, seconds = _ar_pass(cost.cfg, cost.params, work, desc)
   return timing.seconds_per_step(outputs, seconds) / base.steps_s
 
 
-def call_cost_ratios(cost: methods.Cost, work: Workload, widths) -> dict[int, float]:
+def call_cost_ratios(cost: methods.Cost, work: Workload, widths, *, v_cfg=None, v_params=None,
+                     base: Baseline | None = None, usage: dict | None = None
+                     ) -> dict[int, float]:
   """s(w) for 1 and each w of `widths` (a tree's `TreeSpec.call_widths`): the forward of the
   model `cost` names on w new tokens per row over its forward on 1, the widths timed taking turns
   (median of 5, each call a compiled loop of forwards: `timing.ForwardCall`), at the loop's cache
   size for the widest batch and halfway through the new tokens. c(w) = c·s(w); only {1: 1.0}
-  (nothing timed) where every call feeds one token or there is no model."""
+  (nothing timed) where every call feeds one token or there is no model. Given the verifier
+  (v_cfg, v_params) and base, its one-token forward takes the turns too and the timing is
+  repeated while it runs over 1.5× base's step (`_settled`; usage: tries, reference_vs_step)."""
   widths = sorted({1, *widths})
   if cost.model is None or widths == [1]:
     return {1: 1.0}
-  b, p = work.batch_size, work.prompt_width
-  size = p + work.new_tokens + max(widths)
-  calls = timing.forward_calls(features.timing_apply(cost.cfg), cost.params,
-                               lambda: llama.init_cache(cost.cfg, b, size), batch_size=b,
-                               tokens=widths, position=p + work.new_tokens // 2)
-  times = timing.round_robin({str(w): calls[w] for w in widths}, 5)
+  calls = {str(w): call for w, call in
+           _forward_calls(cost.cfg, cost.params, work, widths, max(widths)).items()}
+  if v_cfg is not None and base is not None:
+    calls["v"] = _forward_calls(v_cfg, v_params, work, (1,), max(widths))[1]
+    times = _settled(calls, "v", base, usage)
+  else:
+    times = _settled(calls, "1", None, usage)  # no verifier reference: one timing
   return {w: times[str(w)]["median_s"] / times["1"]["median_s"] for w in widths}
 
 
@@ -310,24 +347,31 @@ def call_costs(cost: methods.Cost, c: float, ratios: dict[int, float] | None) ->
   return [c * ratios[w] if c else 0.0 for w in cost.widths]
 
 
-def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int) -> float:
-  """r(M) of the verifier at this workload's batch size, with the loop's cache size (the widest
-  batch's prompt + new tokens + the last round's overhang of M) and the M tokens halfway through
-  the new tokens."""
-  b, p = work.batch_size, work.prompt_width
-  size = p + work.new_tokens + m
-  return timing.verifier_cost_ratio(llama.make_apply(v_cfg), v_params,
-                                    lambda: llama.init_cache(v_cfg, b, size), batch_size=b, m=m,
-                                    position=p + work.new_tokens // 2)
+def verifier_cost_ratio(v_cfg, v_params, work: Workload, m: int, base: Baseline | None = None,
+                        usage: dict | None = None) -> float:
+  """r(M) of the verifier at this workload's batch size: its forward on M tokens over its forward
+  on 1, taking turns (median of 5, `timing.ForwardCall` loops), with the loop's cache size (the
+  widest batch's prompt + new tokens + the last round's overhang of M) and the M tokens halfway
+  through the new tokens; again after a pause while the one-token forward runs over 1.5× base's
+  step (`_settled`; usage: tries, reference_vs_step)."""
+  if m < 1:
+    raise ValueError(f"verifier_cost_ratio needs m >= 1, got m={m}.")
+  if m == 1:
+    return 1.0
+  calls = {str(t): call for t, call in
+           _forward_calls(v_cfg, v_params, work, (1, m), m).items()}
+  times = _settled(calls, "1", base, usage)
+  return times[str(m)]["median_s"] / times["1"]["median_s"]
 
 
 def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig,
                 work: Workload, base: Baseline, *, c: float, r_m: float, device: str,
-                ratios: dict[int, float] | None = None, desc: str | None = None
-                ) -> tuple[Row, list[list[int]]]:
+                ratios: dict[int, float] | None = None, reference_vs_step: float | None = None,
+                desc: str | None = None) -> tuple[Row, list[list[int]]]:
   """One speculative run of `built` against `base` (same workload): its row and every real row's
   emitted tokens. c: the drafter's one-token cost; r_m: r(M); ratios: s(w) of a tree's call
-  widths (`call_cost_ratios`), which its theoretical speedup τ / (r(M) + Σ_w c·s(w)) needs."""
+  widths (`call_cost_ratios`), which its theoretical speedup τ / (r(M) + Σ_w c·s(w)) needs;
+  reference_vs_step: the largest `reference_vs_step` of the timings behind c, r_m and ratios."""
   drafter, shape = built.drafter, built.drafter.shape
   rule_name, _ = decode.resolve(shape, work.sampling)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)
@@ -391,5 +435,6 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
       prompt_widths=work.widths, baseline_tokens_per_s=round(base.tokens_per_s, 2),
       paired_speedup=round(statistics.median(paired), 4) if paired else None,
       paired_speedups=paired, prompt_new_tokens=summary["prompt_new_tokens"],
-      prompt_verifier_calls=summary["prompt_verifier_calls"])
+      prompt_verifier_calls=summary["prompt_verifier_calls"],
+      reference_vs_step=reference_vs_step)
   return row, tokens

@@ -86,6 +86,11 @@ GLOSSARY: dict[str, str] = {
                    "then each drafted level but the deepest)",
     "call_costs": "c(w) of each of a tree's calls: c times the drafter's forward on w tokens "
                   "over its forward on 1 (measured in the same run)",
+    "reference_vs_step": "the verifier's one-token forward, timed beside r(M), c and s(w), over "
+                         "the autoregressive pass's step (the largest over those timings); a "
+                         "timing is repeated after a pause while this is over 1.5, so a value "
+                         "above 1.5 says the cost ratios ran in a slow spell of the machine and "
+                         "the theory is suspect",
     "speedup_vs_theory": "measured speedup / theoretical speedup",
     "verifier_tokens_per_call": "cost at fixed budget: tokens fed to the verifier per call "
                                 "(chain γ+1, tree node count)",

@@ -187,6 +187,62 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
   return out
 
 
+# `settled_round_robin`: a reference slower than this many times its expected seconds marks a
+# slow spell; the timing is repeated up to SETTLE_TRIES times in all, SETTLE_WAIT_S apart.
+SETTLE_TOLERANCE = 1.5
+SETTLE_TRIES = 4
+SETTLE_WAIT_S = 20.0
+
+
+def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, reference: str,
+                        expected_s: float | None, tolerance: float | None = None,
+                        tries: int | None = None, wait_s: float | None = None,
+                        usage: dict | None = None, clock: Clock = time.perf_counter,
+                        sleep: Callable[[float], None] | None = None
+                        ) -> dict[str, dict[str, float]]:
+  """`round_robin`, timed again after wait_s seconds while fns[reference]'s median per forward is
+  over tolerance × expected_s (at most `tries` timings in all); returns the timing whose reference
+  ran fastest, every fn's times from that one timing.
+
+  A shared VM has slow spells of tens of seconds in which the same compiled forward runs ~3×
+  slower at one token and ~2× at 33 (experiments/dyn/notes.md, "Slow spells"), so a ratio of two
+  timings taken in one spell is off too, and taking turns does not help. A reference the caller
+  knows from elsewhere (the verifier's one-token forward against the autoregressive pass's step
+  in the same process) shows whether a timing ran in one.
+
+  expected_s None: one timing, nothing compared. On several processes (multi-host) every process
+  must run the same programs, so there is one timing there too. usage: a dict that receives
+  tries and reference_vs_expected (the kept timing's reference over expected_s; None without
+  one). tolerance, tries, wait_s None: SETTLE_TOLERANCE, SETTLE_TRIES, SETTLE_WAIT_S; sleep
+  None: time.sleep."""
+  tolerance = SETTLE_TOLERANCE if tolerance is None else tolerance
+  tries = SETTLE_TRIES if tries is None else tries
+  wait_s = SETTLE_WAIT_S if wait_s is None else wait_s
+  sleep = time.sleep if sleep is None else sleep
+  if tries < 1:
+    raise ValueError(f"settle tries={tries} must be >= 1.")
+  if reference not in fns:
+    raise ValueError(f"settle reference {reference!r} is not one of the timed calls "
+                     f"{sorted(fns)}.")
+  if expected_s is None or jax.process_count() > 1:
+    tries = 1
+  best, done = None, 0
+  while done < tries:
+    if done:
+      sleep(wait_s)
+    times = round_robin(fns, repeats, clock=clock)
+    done += 1
+    if best is None or times[reference]["median_s"] < best[reference]["median_s"]:
+      best = times
+    if expected_s is None or best[reference]["median_s"] <= tolerance * expected_s:
+      break
+  if usage is not None:
+    usage["tries"] = done
+    usage["reference_vs_expected"] = (round(best[reference]["median_s"] / expected_s, 3)
+                                      if expected_s else None)
+  return best
+
+
 def time_call(fn: Callable[[], Any], repeats: int, *,
               clock: Clock = time.perf_counter) -> dict[str, float]:
   """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s, max_s."""
