@@ -253,7 +253,7 @@ def test_report_names_shapes_of_one_method_and_sets_trees_beside_the_chain():
   config.eval.methods = ("sd", "dyn:4-16", "dyn:8-32")
   tree = dict(verifier_tokens_per_call=17, verifier_cost_ratio_r=1.9, cost_ratio_c=0.1,
               drafter_calls_per_round=4, call_widths=[1, 4, 4, 4], drafter_c=0.7,
-              theoretical_speedup=1.2)
+              reference_vs_step=1.07, theoretical_speedup=1.2)
   rows = [_row("chat", "autoregressive", 0.0, 1.0, 1.0), _row("chat", "sd", 0.0, 2.0, 1.5),
           _row("chat", "dyn", 0.0, 3.0, 1.2, tree="dyn K=4 M=16 L=4", **tree),
           _row("chat", "dyn", 0.0, 3.3, 0.9, tree="dyn K=8 M=32 L=4",
@@ -264,9 +264,11 @@ def test_report_names_shapes_of_one_method_and_sets_trees_beside_the_chain():
   assert ("| chat | 20.0 | 2.00 ± 0.10 · 1.50× | 3.00 ± 0.10 · 1.20× | "
           "3.30 ± 0.10 · 0.90× |") in md
   # τ / τ(sd) = 1.5 and the measured speedup over sd's 1.2 / 1.5 = 0.8.
-  # The drafter's calls with the tokens each feeds, and their cost Σ_w c(w).
+  # The drafter's calls with the tokens each feeds, their cost Σ_w c(w), and the verifier's
+  # forward in the cost timings over the autoregressive step.
   assert ("| chat | dyn K=4 M=16 L=4 | 3.00 ± 0.10 · 1.20× | 1.50 | 17 | 1.90 | 0.10 | "
-          "4 (1+4+4+4) | 0.70 | 1.20 | 0.80 |") in md
+          "4 (1+4+4+4) | 0.70 | 1.07 | 1.20 | 0.80 |") in md
+  assert "- **reference_vs_step**: " in md
   assert "| chat | dyn K=8 M=32 L=4 | 3.30 ± 0.10 · 0.90× | 1.65 | 33 | 3.30 |" in md
   assert "Exactness: all 3 greedy speculative rows" in md
 

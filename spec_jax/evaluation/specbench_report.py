@@ -67,7 +67,8 @@ OURS_FOR = {"SpS": "sd", "PLD": "lookup"}  # Spec-Bench's method -> ours
 
 GLOSSARY_KEYS = ("method", "gamma", "temperature", "batch_size", "num_prompts", "new_tokens",
                  "block_efficiency", "tau_se", "per_position_acceptance", "tokens_per_s",
-                 "speedup", "paired_speedup", "paired_speedups", "identical_to_greedy")
+                 "speedup", "paired_speedup", "paired_speedups", "identical_to_greedy",
+                 "reference_vs_step")
 
 
 def method_key(row: dict, shaped: frozenset = frozenset()) -> str:
@@ -239,8 +240,10 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
   """Every tree row beside the chain (`sd`) of its category: τ and its ratio to the chain's,
   the verifier tokens per call, the measured cost of that call r (in one-token steps), the
   drafter's cost ratio c, its calls per round with the tokens each feeds, their cost Σ_w c(w)
-  (`drafter_c`), the theoretical speedup τ / (r + Σ_w c(w)) and the measured speedup, each over
-  the same run's autoregressive pass. Empty without tree rows."""
+  (`drafter_c`), the verifier's one-token forward in those timings over the autoregressive step
+  (`reference_vs_step`: over 1.5, they ran in a slow spell), the theoretical speedup
+  τ / (r + Σ_w c(w)) and the measured speedup, each over the same run's autoregressive pass.
+  Empty without tree rows."""
   cells = grid(rows, batch_size, temperature)
   md = []
   for c in (c for c in config.suite.categories if c in cells):
@@ -255,14 +258,15 @@ def tree_table(config, rows, batch_size: int, temperature: float) -> list[str]:
           tables.format_value(r.get("verifier_cost_ratio_r")),
           tables.format_value(r.get("cost_ratio_c")), calls_cell(r),
           tables.format_value(r.get("drafter_c")),
+          tables.format_value(r.get("reference_vs_step")),
           tables.format_value(r.get("theoretical_speedup")),
           tables.format_value(speedup_of(r) / speedup_of(chain) if chain else None)]) + " |")
   if not md:
     return []
   return ["| category | tree | τ ± SE · speedup | τ / τ(sd) | tokens per call | r | c | "
-          "drafter calls per round (tokens each) | Σ c(w) | theoretical speedup | "
-          "speedup / sd's |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
+          "drafter calls per round (tokens each) | Σ c(w) | reference / AR step | "
+          "theoretical speedup | speedup / sd's |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *md]
 
 
 def calls_cell(row: dict) -> str:
