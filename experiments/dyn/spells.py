@@ -1,0 +1,91 @@
+"""Slow spells of the machine, as a time series: the dyn suite's verifier forwards and a memory
+read, one after another for a while, and the spans in which the one-token forward ran slow.
+
+  python experiments/dyn/spells.py --seconds 300 --out /tmp/spells.json
+
+Each turn times, once each and in this order, the verifier's one-token and 33-token forwards at
+the suite's cache size for chat (its widest prompt bucket, 512, + 96 new tokens + 33, halfway
+through the new tokens: what `bench.verifier_cost_ratio` times for r(33)) and a GEMV read of
+512 MiB (`timing.MemoryReads`). One forward a call (`passes=1`), so a turn takes ~0.16 s on 2
+cores. Prints each series' median over turns out of a spell and in one (one-token forward over
+1.6× its median), r(33) in both, and the spells over 3 s; --out writes every turn.
+"""
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from spec_jax import cli  # noqa: E402
+
+cli.set_malloc_defaults()  # as the launcher does, before jax loads
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seconds", type=float, default=300.0, help="how long to keep timing")
+  parser.add_argument("--out", default="", help="a JSON file for every turn's times (ms)")
+  args = parser.parse_args(argv)
+  if args.seconds <= 0:
+    parser.error(f"--seconds={args.seconds} must be > 0.")
+
+  import jax  # noqa: PLC0415  (after the malloc settings)
+
+  from experiments.dyn import config as dyn_config  # noqa: PLC0415
+  from spec_jax import loading  # noqa: PLC0415
+  from spec_jax.data import tokenizer as tokenizer_lib  # noqa: PLC0415
+  from spec_jax.decoding.drafters import features  # noqa: PLC0415
+  from spec_jax.evaluation import timing  # noqa: PLC0415
+  from spec_jax.models import llama  # noqa: PLC0415
+
+  config = dyn_config.get_config("suite")
+  tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
+  v_cfg, v_params = loading.load_model(config.verifier, tokenizer)
+  prompt, new = 512, int(config.eval.new_tokens)
+  calls = timing.forward_calls(features.timing_apply(v_cfg), v_params,
+                               lambda: llama.init_cache(v_cfg, 1, prompt + new + 33),
+                               batch_size=1, tokens=(1, 33), position=prompt + new // 2,
+                               passes=1)
+  fns = {"v1": calls[1], "v33": calls[33],
+         "read": timing.MemoryReads().calls["read_gemv"]}
+  for fn in fns.values():  # compile, and once more for a committed cache
+    jax.block_until_ready(fn())
+    jax.block_until_ready(fn())
+  rows, start = [], time.perf_counter()
+  while time.perf_counter() - start < args.seconds:
+    row = {"t": round(time.perf_counter() - start, 2)}
+    for name, fn in fns.items():
+      row[name] = round(1e3 * timing.timed(fn)[1], 2)
+    rows.append(row)
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(rows, f)
+
+  limit = 1.6 * statistics.median(r["v1"] for r in rows)
+  groups = {"out of a spell": [r for r in rows if r["v1"] <= limit],
+            "in a spell": [r for r in rows if r["v1"] > limit]}
+  print(f"{len(rows)} turns over {rows[-1]['t']:.0f} s; {len(groups['in a spell'])} in a spell "
+        f"(one-token forward over {limit:.1f} ms)")
+  for label, group in groups.items():
+    if group:
+      med = {n: statistics.median(r[n] for r in group) for n in fns}
+      print(f"{label}: one-token {med['v1']:.1f} ms, 33-token {med['v33']:.1f} ms, "
+            f"r(33) {med['v33'] / med['v1']:.2f}, 512 MiB read {med['read']:.1f} ms")
+  spells, begun = [], None
+  for r in rows:
+    if r["v1"] > limit and begun is None:
+      begun = r["t"]
+    elif r["v1"] <= limit and begun is not None:
+      spells.append((begun, r["t"]))
+      begun = None
+  if begun is not None:
+    spells.append((begun, rows[-1]["t"]))
+  longer = [f"{a:.0f}-{b:.0f} s" for a, b in spells if b - a > 3]
+  print(f"spells over 3 s: {', '.join(longer) or 'none'}; {len(spells) - len(longer)} shorter")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
