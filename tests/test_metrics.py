@@ -347,9 +347,10 @@ def test_settled_round_robin_times_again_after_a_slow_spell():
                                        clock=clocks.wall_clock, **kw)
     return times["x"]["median_s"] / times["ref"]["median_s"], usage, list(waits)
 
-  # Two timings in a spell, then one out of it: the third is kept, after two pauses.
+  # Two timings in a spell, then one out of it: the third is kept, after two pauses, the second
+  # twice the first.
   assert settle([3.0, 3.0, 1.0], expected_s=1.0, wait_s=7.0) == (
-      4.0, dict(tries=3, reference_vs_expected=1.0), [7.0, 7.0])
+      4.0, dict(tries=3, reference_vs_expected=1.0), [7.0, 14.0])
   # A spell through every try: the fastest reference's timing is kept, not the last one.
   assert settle([3.0, 4.0], expected_s=1.0, tries=2) == (
       2.0, dict(tries=2, reference_vs_expected=3.0), [timing.SETTLE_WAIT_S])

@@ -2,6 +2,7 @@
 read, one after another for a while, and the spans in which the one-token forward ran slow.
 
   python experiments/dyn/spells.py --seconds 300 --out /tmp/spells.json
+  python experiments/dyn/spells.py --seconds 420 --settle-ms 31.6   # r(33) timed as evaluate does
 
 Each turn times, once each and in this order, the verifier's one-token and 33-token forwards at
 the suite's cache size for chat (its widest prompt bucket, 512, + 96 new tokens + 33, halfway
@@ -9,6 +10,12 @@ through the new tokens: what `bench.verifier_cost_ratio` times for r(33)) and a 
 512 MiB (`timing.MemoryReads`). One forward a call (`passes=1`), so a turn takes ~0.16 s on 2
 cores. Prints each series' median over turns out of a spell and in one (one-token forward over
 1.6× its median), r(33) in both, and the spells over 3 s; --out writes every turn.
+
+--settle-ms S: instead, r(33) timed over and over as evaluate times it
+(`timing.settled_round_robin`: median of 5 turns of `ForwardCall` loops, timed again after a
+pause while the one-token forward runs over 1.5 × S ms; S: the autoregressive step, 31.6 ms in
+the suite's chat run). Prints each timing (its tries, the kept reference over S, r(33) of the
+first try and of the kept one) and how many were timed again.
 """
 
 import argparse
@@ -28,6 +35,8 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seconds", type=float, default=300.0, help="how long to keep timing")
   parser.add_argument("--out", default="", help="a JSON file for every turn's times (ms)")
+  parser.add_argument("--settle-ms", type=float, default=0.0,
+                      help="time r(33) as evaluate does against this autoregressive step (ms)")
   args = parser.parse_args(argv)
   if args.seconds <= 0:
     parser.error(f"--seconds={args.seconds} must be > 0.")
@@ -45,6 +54,8 @@ def main(argv=None):
   tokenizer = tokenizer_lib.get_tokenizer(config.tokenizer)
   v_cfg, v_params = loading.load_model(config.verifier, tokenizer)
   prompt, new = 512, int(config.eval.new_tokens)
+  if args.settle_ms > 0:
+    return settle(timing, v_cfg, v_params, llama, features, prompt, new, args)
   calls = timing.forward_calls(features.timing_apply(v_cfg), v_params,
                                lambda: llama.init_cache(v_cfg, 1, prompt + new + 33),
                                batch_size=1, tokens=(1, 33), position=prompt + new // 2,
@@ -85,6 +96,40 @@ def main(argv=None):
     spells.append((begun, rows[-1]["t"]))
   longer = [f"{a:.0f}-{b:.0f} s" for a, b in spells if b - a > 3]
   print(f"spells over 3 s: {', '.join(longer) or 'none'}; {len(spells) - len(longer)} shorter")
+
+
+def settle(timing, v_cfg, v_params, llama, features, prompt: int, new: int, args) -> None:
+  """--settle-ms: settled r(33) timings for args.seconds, each try's r(33) recorded."""
+  calls = {str(t): call for t, call in timing.forward_calls(
+      features.timing_apply(v_cfg), v_params,
+      lambda: llama.init_cache(v_cfg, 1, prompt + new + 33), batch_size=1, tokens=(1, 33),
+      position=prompt + new // 2).items()}
+  tries, plain = [], timing.round_robin
+
+  def recorded(fns, *a, **kw):  # every try's r(33), the kept one among them
+    times = plain(fns, *a, **kw)
+    tries.append(times["33"]["median_s"] / times["1"]["median_s"])
+    return times
+
+  timing.round_robin = recorded
+  out, start = [], time.perf_counter()
+  while time.perf_counter() - start < args.seconds:
+    tries.clear()
+    usage = {}
+    times = timing.settled_round_robin(calls, 5, reference="1", expected_s=args.settle_ms / 1e3,
+                                       usage=usage)
+    out.append(dict(t=round(time.perf_counter() - start), tries=usage["tries"],
+                    reference=usage["reference_vs_expected"], first_r=round(tries[0], 2),
+                    kept_r=round(times["33"]["median_s"] / times["1"]["median_s"], 2)))
+    print(out[-1], flush=True)
+  timing.round_robin = plain
+  again = [o for o in out if o["tries"] > 1]
+  print(f"{len(out)} timings, {len(again)} timed again; r(33) of the first try "
+        f"{min(o['first_r'] for o in out)}-{max(o['first_r'] for o in out)}, kept "
+        f"{min(o['kept_r'] for o in out)}-{max(o['kept_r'] for o in out)}")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(out, f)
 
 
 if __name__ == "__main__":

@@ -188,10 +188,12 @@ def round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *,
 
 
 # `settled_round_robin`: a reference slower than this many times its expected seconds marks a
-# slow spell; the timing is repeated up to SETTLE_TRIES times in all, SETTLE_WAIT_S apart.
+# slow spell; the timing is repeated up to SETTLE_TRIES times in all, the first pause
+# SETTLE_WAIT_S and each next one twice the last (15 + 30 + 60 s: spells come in clusters of
+# about a minute on a shared VM, experiments/dyn/notes.md).
 SETTLE_TOLERANCE = 1.5
 SETTLE_TRIES = 4
-SETTLE_WAIT_S = 20.0
+SETTLE_WAIT_S = 15.0
 
 
 def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, reference: str,
@@ -200,9 +202,9 @@ def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, r
                         usage: dict | None = None, clock: Clock = time.perf_counter,
                         sleep: Callable[[float], None] | None = None
                         ) -> dict[str, dict[str, float]]:
-  """`round_robin`, timed again after wait_s seconds while fns[reference]'s median per forward is
-  over tolerance × expected_s (at most `tries` timings in all); returns the timing whose reference
-  ran fastest, every fn's times from that one timing.
+  """`round_robin`, timed again after a pause while fns[reference]'s median per forward is over
+  tolerance × expected_s (at most `tries` timings in all; pauses of wait_s, 2·wait_s, 4·wait_s,
+  ...); returns the timing whose reference ran fastest, every fn's times from that one timing.
 
   A shared VM has slow spells of tens of seconds in which the same compiled forward runs ~3×
   slower at one token and ~2× at 33 (experiments/dyn/notes.md, "Slow spells"), so a ratio of two
@@ -229,7 +231,7 @@ def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, r
   best, done = None, 0
   while done < tries:
     if done:
-      sleep(wait_s)
+      sleep(wait_s * 2 ** (done - 1))
     times = round_robin(fns, repeats, clock=clock)
     done += 1
     if best is None or times[reference]["median_s"] < best[reference]["median_s"]:
