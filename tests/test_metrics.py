@@ -557,3 +557,7 @@ def test_bench_times_its_cost_ratios_again_when_the_verifier_ran_slow(monkeypatc
         assert use == dict(tries=1, reference_vs_step=None), key
       else:
         assert use["tries"] == tries and (use["reference_vs_step"] > 1.5) == (tries == 3), key
+  # A row's reference_vs_step: the largest over its timings, skipping those that compared none.
+  assert bench.worst_reference({"reference_vs_step": 0.9}, {}, {"reference_vs_step": None},
+                               {"reference_vs_step": 2.5}) == 2.5
+  assert bench.worst_reference({}, {"reference_vs_step": None}) is None

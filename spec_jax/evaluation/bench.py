@@ -289,6 +289,13 @@ def _settled(calls: dict, reference: str, base: Baseline | None, usage: dict | N
   return times
 
 
+def worst_reference(*usages: dict) -> float | None:
+  """The largest reference_vs_step of some cost timings' usage dicts (`_settled`): a row's, over
+  the timings behind its c, r(M) and s(w); None where none compared one."""
+  got = [u["reference_vs_step"] for u in usages if u.get("reference_vs_step") is not None]
+  return max(got) if got else None
+
+
 def feature_cost_ratio(v_cfg, v_params, d_cfg, d_params, work: Workload,
                        base: Baseline | None = None, usage: dict | None = None) -> float:
   """c of a feature drafter, which cannot decode alone (it reads the verifier's features): its
@@ -375,7 +382,7 @@ def speculative(v_cfg, v_params, built: methods.Built, decode: loop.DecodeConfig
   """One speculative run of `built` against `base` (same workload): its row and every real row's
   emitted tokens. c: the drafter's one-token cost; r_m: r(M); ratios: s(w) of a tree's call
   widths (`call_cost_ratios`), which its theoretical speedup τ / (r(M) + Σ_w c·s(w)) needs;
-  reference_vs_step: the largest `reference_vs_step` of the timings behind c, r_m and ratios."""
+  reference_vs_step: `worst_reference` of the timings behind c, r_m and ratios."""
   drafter, shape = built.drafter, built.drafter.shape
   rule_name, _ = decode.resolve(shape, work.sampling)
   verifier = verifier_lib.lm_verifier(v_cfg, drafter.verifier_layers)

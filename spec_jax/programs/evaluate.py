@@ -47,13 +47,6 @@ DIGEST_IGNORE = ("title", "print_json", "eval.save_text")
 SWEEPS = ("eval.methods", "eval.gammas", "eval.temperatures", "eval.batch_sizes", "eval.epsilons")
 
 
-def _worst(*usages: dict) -> float | None:
-  """The largest reference_vs_step of some cost timings (their usage dicts; `bench._settled`),
-  None where none compared one."""
-  got = [u["reference_vs_step"] for u in usages if u.get("reference_vs_step") is not None]
-  return max(got) if got else None
-
-
 def row_digest(config) -> str:
   """The digest rows.jsonl tags each row with: the run's digest less the sweeps, and what the
   verifier and drafter checkpoints hold (`checkpoints.identity`: a drafter trained further at
@@ -290,8 +283,8 @@ def run(config, workdir: str) -> list[dict]:
   context = dict(seed=config.seed, dataset=prompts_lib.prompt_source(config),
                  verifier=config.verifier.checkpoint or config.verifier.size,
                  drafter=config.drafter.checkpoint or config.drafter.size)
-  # r(M) per (batch size, M), measured once and shared by every temperature, and its timing's
-  # verifier one-token forward over the first temperature's autoregressive step.
+  # r(M) per (batch size, M), measured once and shared by every temperature, and how its timing
+  # ran against the first temperature's autoregressive step (a usage dict).
   r_ms, r_checks = {}, {}
   for sampling in _samplings(ev):
     for batch_size in ev.batch_sizes:
@@ -310,19 +303,19 @@ def run(config, workdir: str) -> list[dict]:
                             int(ev.max_cache_len), int(ev.get("timing_pairs", 0)))
       base = bench.autoregressive(source.v_cfg, source.v_params, work,
                                   desc=f"{label} autoregressive")
-      # Per timed model ("drafter", "rescorer"), this (T, B): c, s(w), and the verifier's
-      # one-token forward over the autoregressive step in the timings behind them.
+      # Per timed model ("drafter", "rescorer"), this (T, B): c, s(w), and how their timings ran
+      # (usage dicts: reference_vs_step).
       costs, ratios, checks = {}, {}, {}
       for cost in (b.cost for b in built):
         if cost.model not in costs:
           c_use, s_use = {}, {}
+          checks[cost.model] = (c_use, s_use)
           costs[cost.model] = bench.drafter_cost(cost, source.v_cfg, source.v_params, work, base,
                                                  desc=f"{label} {cost.model}-only", usage=c_use)
           # A tree's calls feed w tokens each: s(w) of every width any method's tree feeds.
           ratios[cost.model] = bench.call_cost_ratios(
               cost, work, {w for b in built if b.cost.model == cost.model for w in b.cost.widths},
               v_cfg=source.v_cfg, v_params=source.v_params, base=base, usage=s_use)
-          checks[cost.model] = {"reference_vs_step": _worst(c_use, s_use)}
       ar_row = bench.baseline_row(base, work, device=device).as_dict()
       ar_row.update(context, cost_ratio_c=round(costs.get("drafter", 0.0), 4))
       rows.append(ar_row)
@@ -343,7 +336,8 @@ def run(config, workdir: str) -> list[dict]:
         row, tokens = bench.speculative(
             source.v_cfg, source.v_params, b, decode_config(ev, entry, eps), work, base,
             c=costs[b.cost.model], r_m=r_ms[batch_size, m], ratios=ratios[b.cost.model],
-            reference_vs_step=_worst(checks[b.cost.model], r_checks[batch_size, m]),
+            reference_vs_step=bench.worst_reference(*checks[b.cost.model],
+                                                    r_checks[batch_size, m]),
             device=device,
             desc=f"{label} {entry.label} γ={entry.depth}")
         if ev.get("save_text", False) and parallel.is_writer():
