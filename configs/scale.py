@@ -34,6 +34,10 @@ and the 8,192 tokens of the SmolLM2 drafters whose τ the theory rows use; rows 
 It also gives the theory of the dynamic tree the task suite measured beside the chain
 (SUITE_TREE_TAU, rows "tree_theory"): the verifier timed on the tree's 33 tokens, the drafter on
 each call's tokens (1, 8, 8, 8), the chain's theory at the same depth beside it.
+A cost run times the verifier's and the drafters' forwards in turns in one timing per batch
+size; `timings=3` takes three, 15 and 30 s apart, and keeps the one whose verifier one-token
+forward ran fastest (a shared VM's slow spells run it ~3× slower; rows carry timings and
+reference_spread), e.g. configs/scale.py:preset=llama3.2-1b,cost,timings=3.
 A cost run's timed forward is one call of a compiled loop of forwards, as many as last ~50 ms
 (`cost.passes`; rows carry `passes`), as a decoding loop runs them; one forward a call would add
 a dispatch and a wait to each. experiments/scale/forward_dispatch.py times both in one process,
@@ -104,6 +108,7 @@ def get_config(arg=None):
   args = common.parse_arg(arg, smoke=False, cost=False, check=False, gpu=False,
                           preset="llama3.2-1b",
                           dtype="", batch_sizes="", tokens="", new_tokens=0, repeats=5,
+                          timings=1,
                           drafter_vocabs="0+32000+8192",
                           fused=False, unrolled=False, decode_unrolled=False, out_major=False,
                           pallas=False, attn_kernel=False)
@@ -129,8 +134,11 @@ def get_config(arg=None):
     config.drafter = common.model(size=f"{size}:first=1:features=1", dtype=dtype)
     # passes: forwards a timed call runs in one compiled loop (0: as many as last ~50 ms);
     # drafter_vocabs: that drafter's output layer over all tokens (0), EAGLE-3's 32,000 for
-    # Llama 3.1 8B, and the 8,192 of the drafters that measured SUITE_TAU.
+    # Llama 3.1 8B, and the 8,192 of the drafters that measured SUITE_TAU; timings: per batch
+    # size, pause_s apart (then doubling), the one whose verifier one-token forward ran fastest
+    # kept (on a shared VM 3: its slow spells slow the one-token forward ~3×).
     config.cost = dict(tokens=tokens, batch_sizes=batch_sizes, repeats=args.repeats,
+                       timings=args.timings, pause_s=15.0,
                        position=128, bandwidth_mb=512, passes=0, theory=SUITE_TAU,
                        tree_theory=SUITE_TREE_TAU, check={},
                        drafter_vocabs=common.plus_list(args, "drafter_vocabs"))

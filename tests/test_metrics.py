@@ -350,19 +350,30 @@ def test_settled_round_robin_times_again_after_a_slow_spell():
   # Two timings in a spell, then one out of it: the third is kept, after two pauses, the second
   # twice the first.
   assert settle([3.0, 3.0, 1.0], expected_s=1.0, wait_s=7.0) == (
-      4.0, dict(tries=3, reference_vs_expected=1.0), [7.0, 14.0])
+      4.0, dict(tries=3, reference_vs_expected=1.0, reference_spread=3.0), [7.0, 14.0])
   # A spell through every try: the fastest reference's timing is kept, not the last one.
   assert settle([3.0, 4.0], expected_s=1.0, tries=2) == (
-      2.0, dict(tries=2, reference_vs_expected=3.0), [timing.SETTLE_WAIT_S])
+      2.0, dict(tries=2, reference_vs_expected=3.0, reference_spread=1.333),
+      [timing.SETTLE_WAIT_S])
   # Within tolerance at once: one timing, no pause.
-  assert settle([1.0], expected_s=0.75) == (4.0, dict(tries=1, reference_vs_expected=1.333), [])
+  assert settle([1.0], expected_s=0.75) == (
+      4.0, dict(tries=1, reference_vs_expected=1.333, reference_spread=1.0), [])
   assert settle([3.0], expected_s=1.0, tolerance=4.0)[1:] == (
-      dict(tries=1, reference_vs_expected=3.0), [])
+      dict(tries=1, reference_vs_expected=3.0, reference_spread=1.0), [])
   # Nothing to compare against: one timing.
   assert settle([3.0, 1.0], expected_s=None) == (
-      2.0, dict(tries=1, reference_vs_expected=None), [])
-  with pytest.raises(ValueError, match="tries=0 must be >= 1"):
+      2.0, dict(tries=1, reference_vs_expected=None, reference_spread=1.0), [])
+  # Nothing to compare against, min_tries timings: the one out of a spell is kept, wherever it
+  # comes (not the first, not the last), and the spread shows the spell.
+  assert settle([3.0, 1.0, 4.0], expected_s=None, min_tries=3, wait_s=2.0) == (
+      4.0, dict(tries=3, reference_vs_expected=None, reference_spread=4.0), [2.0, 4.0])
+  # min_tries first, then more while the reference is still slow.
+  assert settle([3.0, 3.0, 1.0], expected_s=1.0, min_tries=2, wait_s=1.0) == (
+      4.0, dict(tries=3, reference_vs_expected=1.0, reference_spread=3.0), [1.0, 2.0])
+  with pytest.raises(ValueError, match=r"tries=0, min_tries=1: need 1 <= min_tries <= tries"):
     timing.settled_round_robin(fns, 3, reference="ref", expected_s=1.0, tries=0)
+  with pytest.raises(ValueError, match=r"tries=2, min_tries=3: need"):
+    timing.settled_round_robin(fns, 3, reference="ref", expected_s=None, tries=2, min_tries=3)
   with pytest.raises(ValueError, match="reference 'v' is not one of the timed calls"):
     timing.settled_round_robin(fns, 3, reference="v", expected_s=1.0)
 

@@ -21,7 +21,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  args = common.parse_arg(arg, smoke=False, repeats=7, drafter=common.SCRATCH_DRAFTER)
+  args = common.parse_arg(arg, smoke=False, repeats=7, timings=1,
+                          drafter=common.SCRATCH_DRAFTER)
   config = common.base("cost_model")
   config.config_file = "experiments/perf/config.py" + (f":{arg}" if arg else "")
   config.verifier = common.model(size="smollm2-135m", checkpoint="smollm2")
@@ -29,7 +30,10 @@ def get_config(arg=None):
   config.cost = dict(tokens=(1, 2, 3, 5, 8, 13, 16, 32), batch_sizes=(1, 8), repeats=args.repeats,
                      position=128,     # the T tokens' first position (a mid-generation cache)
                      bandwidth_mb=512,  # size of the array the bandwidth is measured on
-                     passes=0)         # forwards per timed call (0: as many as last ~50 ms)
+                     passes=0,         # forwards per timed call (0: as many as last ~50 ms)
+                     # timings per batch size, the first pause between them (then doubling);
+                     # the one whose verifier one-token forward ran fastest is kept
+                     timings=args.timings, pause_s=15.0)
   config.data = common.data()  # the check's prompts: its prompt split
   # The theory checked against measured chain SD at batch 1 (empty to skip).
   config.cost.check = dict(gammas=(2, 4, 6), temperatures=(0.0, 1.0), num_prompts=2,

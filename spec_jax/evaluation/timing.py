@@ -198,50 +198,57 @@ SETTLE_WAIT_S = 15.0
 
 def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, reference: str,
                         expected_s: float | None, tolerance: float | None = None,
-                        tries: int | None = None, wait_s: float | None = None,
-                        usage: dict | None = None, clock: Clock = time.perf_counter,
-                        sleep: Callable[[float], None] | None = None
-                        ) -> dict[str, dict[str, float]]:
-  """`round_robin`, timed again after a pause while fns[reference]'s median per forward is over
-  tolerance × expected_s (at most `tries` timings in all; pauses of wait_s, 2·wait_s, 4·wait_s,
-  ...); returns the timing whose reference ran fastest, every fn's times from that one timing.
+                        tries: int | None = None, min_tries: int = 1,
+                        wait_s: float | None = None, usage: dict | None = None,
+                        clock: Clock = time.perf_counter,
+                        sleep: Callable[[float], None] | None = None,
+                        desc: str | None = None) -> dict[str, dict[str, float]]:
+  """`round_robin` `min_tries` times, then again while fns[reference]'s median per forward is
+  over tolerance × expected_s (at most `tries` timings in all), a pause before each next timing
+  (wait_s, 2·wait_s, 4·wait_s, ...); returns the timing whose reference ran fastest, every fn's
+  times from that one timing.
 
   A shared VM has slow spells of tens of seconds in which the same compiled forward runs ~3×
   slower at one token and ~2× at 33 (experiments/dyn/notes.md, "Slow spells"), so a ratio of two
   timings taken in one spell is off too, and taking turns does not help. A reference the caller
   knows from elsewhere (the verifier's one-token forward against the autoregressive pass's step
-  in the same process) shows whether a timing ran in one.
+  in the same process) shows whether a timing ran in one; without one, min_tries timings minutes
+  apart keep the one that ran outside a spell (a spell only slows a timing down).
 
-  expected_s None: one timing, nothing compared. On several processes (multi-host) every process
-  must run the same programs, so there is one timing there too. usage: a dict that receives
-  tries and reference_vs_expected (the kept timing's reference over expected_s; None without
-  one). tolerance, tries, wait_s None: SETTLE_TOLERANCE, SETTLE_TRIES, SETTLE_WAIT_S; sleep
-  None: time.sleep."""
+  expected_s None: min_tries timings, nothing compared. On several processes (multi-host) every
+  process must run the same programs, so there are min_tries timings there too. usage: a dict
+  that receives tries, reference_vs_expected (the kept timing's reference over expected_s; None
+  without one) and reference_spread (the slowest timing's reference over the kept one's).
+  tolerance, tries, wait_s None: SETTLE_TOLERANCE, max(SETTLE_TRIES, min_tries), SETTLE_WAIT_S;
+  sleep None: time.sleep; desc: each timing's progress bar label (None: no bar)."""
   tolerance = SETTLE_TOLERANCE if tolerance is None else tolerance
-  tries = SETTLE_TRIES if tries is None else tries
+  tries = max(SETTLE_TRIES, min_tries) if tries is None else tries
   wait_s = SETTLE_WAIT_S if wait_s is None else wait_s
   sleep = time.sleep if sleep is None else sleep
-  if tries < 1:
-    raise ValueError(f"settle tries={tries} must be >= 1.")
+  if min_tries < 1 or tries < min_tries:
+    raise ValueError(f"settle tries={tries}, min_tries={min_tries}: need 1 <= min_tries <= "
+                     f"tries.")
   if reference not in fns:
     raise ValueError(f"settle reference {reference!r} is not one of the timed calls "
                      f"{sorted(fns)}.")
   if expected_s is None or jax.process_count() > 1:
-    tries = 1
-  best, done = None, 0
-  while done < tries:
-    if done:
-      sleep(wait_s * 2 ** (done - 1))
-    times = round_robin(fns, repeats, clock=clock)
-    done += 1
+    tries = min_tries
+  best, references = None, []
+  while len(references) < tries:
+    if references:
+      sleep(wait_s * 2 ** (len(references) - 1))
+    times = round_robin(fns, repeats, clock=clock, desc=desc)
+    references.append(times[reference]["median_s"])
     if best is None or times[reference]["median_s"] < best[reference]["median_s"]:
       best = times
-    if expected_s is None or best[reference]["median_s"] <= tolerance * expected_s:
+    if len(references) >= min_tries and (
+        expected_s is None or best[reference]["median_s"] <= tolerance * expected_s):
       break
   if usage is not None:
-    usage["tries"] = done
-    usage["reference_vs_expected"] = (round(best[reference]["median_s"] / expected_s, 3)
-                                      if expected_s else None)
+    fastest = best[reference]["median_s"]
+    usage["tries"] = len(references)
+    usage["reference_vs_expected"] = (round(fastest / expected_s, 3) if expected_s else None)
+    usage["reference_spread"] = round(max(references) / fastest, 3) if fastest > 0 else None
   return best
 
 

@@ -7,7 +7,8 @@ bound accelerator comes close to and a CPU does not. The theory column of every 
 whole curve once, at each batch size, with the drafter's c and the memory roofline beside it.
 
 Rows (results.json): model ("verifier" / "drafter"), T, batch_size, ms (one forward: the
-median of `repeats` timed calls, the sizes taking turns, each call `passes` forwards inside one
+median of `repeats` timed calls, the verifier's and every drafter's sizes taking turns in one
+timing, so that c and r divide forwards timed together, each call `passes` forwards inside one
 compiled loop as a decoding loop runs them, with no dispatch or wait between them
 (`timing.ForwardCall`; `cost.passes`, 0: as many as make a call last ~50 ms, at most 64); a
 cache of `position` + the largest T + 1 slots, the T tokens written from slot `position`: a
@@ -18,7 +19,12 @@ model's output layer), roofline_ms (the parameter bytes a call reads,
 `timing.decode_read_bytes`, over the measured memory bandwidth: the floor of any call that reads
 the weights once), vs_roofline = ms / roofline_ms, memory_bandwidth_gb_s, device, device_kind
 (as JAX names it), dtype, xla_flags (XLA_FLAGS as the run saw it), preset (the verifier's size
-when it is an architecture preset, else null).
+when it is an architecture preset, else null), timings and reference_spread: each batch size is
+timed `cost.timings` times (default 1), `cost.pause_s` seconds apart and then doubling (default
+`timing.SETTLE_WAIT_S`), and the timing whose verifier one-token forward ran fastest is kept (a
+shared machine's slow spells slow the one-token forward ~3× and bend r and c:
+experiments/dyn/notes.md; on a shared VM, timings=3); reference_spread is the slowest timing's
+one-token forward over the kept one's.
 A drafter section without a checkpoint whose size makes a feature drafter of a variant's blocks
 (`llama3.1-8b:layers=31:features=1`) is that drafter with random weights
 (`presets.block_drafter`): its c is the cost of its shape, which is all c measures. Such a drafter
@@ -50,11 +56,12 @@ of random token ids (seed `seed`; no corpus: random weights give τ ≈ 1 at T =
 the theory's cost of a round, r(M) + Σ_w c(w), alone) (`prompt_tokens` tokens, `new_tokens` new
 ones, stop tokens off), timed in turns with autoregressive decoding of the same prompts at the
 same temperature and with the forward calls r and c come from (`timing.round_robin`, medians of
-`repeats`). Rows with model "speculative": method ("sd@γ" or the tree's entry), gamma (the
+`repeats`; `cost.timings` timings, the one whose verifier one-token forward ran fastest kept). Rows with model "speculative": method ("sd@γ" or the tree's entry), gamma (the
 depth), verifier_tokens_per_call (M), temperature, batch_size, tau (block efficiency of those
 outputs), r (r(M)), c (c(1)), d (drafter calls per round: the catch-up window's, then one per
 fed level), drafter_c (Σ_w c(w) over those calls; d·c for a chain), ms (per prompt), ar_ms,
-speedup (ar_ms / ms), theoretical_speedup (τ / (r + drafter_c)) and speedup_vs_theory.
+speedup (ar_ms / ms), theoretical_speedup (τ / (r + drafter_c)), speedup_vs_theory, timings
+and reference_spread.
 Also results.md and r_of_t.png (r(T) per batch size, the calls' range as error bars).
 """
 
@@ -82,6 +89,10 @@ def run(config, workdir: str) -> list[dict]:
   if c.get("passes", 0) < 0:
     raise ValueError(f"cost.passes={c.passes} must be >= 1 (forwards per timed call), or 0 for "
                      f"as many as last ~50 ms.")
+  if c.get("timings", 1) < 1 or c.get("pause_s", 0) < 0:
+    raise ValueError(f"cost.timings={c.get('timings', 1)}, cost.pause_s={c.get('pause_s')}: "
+                     f"timings at each batch size >= 1 (on a shared machine 3, to keep one out "
+                     f"of its slow spells), the first pause between them >= 0 seconds.")
   if c.get("check") and c.check.get("prompts", "data") not in ("data", "random"):
     raise ValueError(f"cost.check.prompts={c.check.prompts!r} must be 'data' (the data's prompt "
                      f"split) or 'random' (random token ids, no corpus).")
@@ -132,29 +143,34 @@ def run(config, workdir: str) -> list[dict]:
   cache_size = c.position + max(v_tokens) + 1
   rows = []
   for batch_size in c.batch_sizes:
-    costs = {}  # (model, rows of its output layer): {T: seconds a forward}
     models = [("verifier", v_cfg, v_params, v_tokens),
               *(("drafter", cfg, params, d_tokens) for cfg, params in drafters)]
+    calls = {}  # (model, rows of its output layer, T): a timed call of forwards on T tokens
     for name, cfg, params, tokens in models:
-      times = timing.forward_timings(
+      calls.update({(name, cfg.head_size, t): call for t, call in timing.forward_calls(
           features_lib.timing_apply(cfg), params,
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, cache_size),
-          batch_size=batch_size, tokens=tokens, position=c.position, repeats=c.repeats,
-          passes=passes, desc=f"{name} calls, batch {batch_size}"
-          + (f", vocabulary {cfg.head_size}" if name == "drafter" and vocabs else ""))
-      costs[name, cfg.head_size] = {t: v["median_s"] for t, v in times.items()}
-      one = costs["verifier", v_cfg.head_size][1]
+          batch_size=batch_size, tokens=tokens, position=c.position, passes=passes).items()})
+    settle = {}
+    times = _timed(calls, ("verifier", v_cfg.head_size, 1), c, c.repeats, settle,
+                   f"verifier and drafter calls, batch {batch_size}")
+    costs = {}  # (model, rows of its output layer): {T: seconds a forward}
+    for (name, head, t), v in times.items():
+      costs.setdefault((name, head), {})[t] = v["median_s"]
+    one = costs["verifier", v_cfg.head_size][1]
+    for name, cfg, params, tokens in models:
       roofline_ms = 1e3 * timing.decode_read_bytes(params) / bandwidth
       for t in tokens:
-        ms = 1e3 * costs[name, cfg.head_size][t]
+        got = times[name, cfg.head_size, t]
+        ms = 1e3 * got["median_s"]
         rows.append(dict(
-            model=name, T=t, batch_size=batch_size, ms=round(ms, 3),
-            passes=times[t]["passes"],
-            ms_min=round(1e3 * times[t]["min_s"], 3), ms_max=round(1e3 * times[t]["max_s"], 3),
+            model=name, T=t, batch_size=batch_size, ms=round(ms, 3), passes=got["passes"],
+            ms_min=round(1e3 * got["min_s"], 3), ms_max=round(1e3 * got["max_s"], 3),
             r=round(ms / 1e3 / one, 3) if name == "verifier" else None,
             c=round(ms / 1e3 / one, 4) if name == "drafter" else None, vocab=cfg.head_size,
             roofline_ms=round(roofline_ms, 3), vs_roofline=round(ms / roofline_ms, 3),
             memory_bandwidth_gb_s=round(bandwidth / 1e9, 2), device=device, **labels,
+            **settle,
             checkpoint=(config.verifier if name == "verifier" else config.drafter).checkpoint))
     verifier = costs["verifier", v_cfg.head_size]
     for gamma, tau in c.get("theory", ()):  # τ measured elsewhere, r and c measured here
@@ -193,6 +209,21 @@ def run(config, workdir: str) -> list[dict]:
   report.write_results(workdir, rows)
   _write_markdown(workdir, rows, report.launch_command(config, workdir), bandwidth, device)
   return rows
+
+
+def _timed(calls: dict, reference: tuple, cost, repeats: int, settle: dict, desc: str) -> dict:
+  """`timing.settled_round_robin` of calls, `cost.timings` timings `cost.pause_s` apart (then
+  doubling; defaults 1 and `timing.SETTLE_WAIT_S`), keeping the one whose reference (the
+  verifier's one-token forward) ran fastest: a shared machine's slow spells slow a timing down
+  and bend its ratios (experiments/dyn/notes.md). settle receives timings and reference_spread
+  (the slowest timing's reference over the kept one's)."""
+  usage = {}
+  times = timing.settled_round_robin(calls, repeats, reference=reference, expected_s=None,
+                                     min_tries=cost.get("timings", 1),
+                                     wait_s=cost.get("pause_s", timing.SETTLE_WAIT_S),
+                                     usage=usage, desc=desc)
+  settle.update(timings=usage["tries"], reference_spread=usage["reference_spread"])
+  return times
 
 
 def tree_entries(entries) -> list[tuple]:
@@ -278,7 +309,9 @@ def check_theory(config, tokenizer, verifier, drafter, device, *, passes: int | 
                                    tokens=sorted(set(tokens)), position=position,
                                    passes=passes)
     calls.update({(name, t): call for t, call in forward.items()})
-  times = timing.round_robin(calls, k.repeats, desc="check: decoding and forwards in turns")
+  settle = {}
+  times = _timed(calls, ("v", 1), config.cost, k.repeats, settle,
+                 "check: decoding and forwards in turns")
   ms = {key: 1e3 * t["median_s"] for key, t in times.items()}
   c = ms["d", 1] / ms["v", 1]
   rows = []
@@ -300,7 +333,7 @@ def check_theory(config, tokenizer, verifier, drafter, device, *, passes: int | 
           ar_ms=round(ar_ms, 2),
           speedup=round(ar_ms / sd_ms, 4), theoretical_speedup=round(theory, 4),
           speedup_vs_theory=round(ar_ms / sd_ms / theory, 4), repeats=k.repeats,
-          device=device, checkpoint=config.drafter.checkpoint))
+          **settle, device=device, checkpoint=config.drafter.checkpoint))
   return rows
 
 
@@ -346,7 +379,7 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
            f"{_passes(rows, 'verifier')} for the verifier, {_passes(rows, 'drafter')} for the "
            "drafter). r(T) = ms of a forward on T tokens / ms of a forward on 1 token; roofline "
            "= the parameter bytes a forward reads (an untied input embedding's gathered rows "
-           "aside) / bandwidth. "
+           f"aside) / bandwidth. {_timings(verifier)} "
            "Plot: [r_of_t.png](r_of_t.png).", "",
            "| T | " + " | ".join(f"B={b} ms | B={b} r" for b in batches) + " |",
            "|---:|" + "---:|---:|" * len(batches)]
@@ -409,3 +442,16 @@ def _passes(rows: list[dict], model: str) -> str:
   """The forwards per timed call of `model`'s rows: one count, or their range."""
   counts = sorted({r["passes"] for r in rows if r["model"] == model})
   return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+
+def _timings(rows: list[dict]) -> str:
+  """A sentence on how many timings each batch size took (`cost.timings`) and how far apart
+  their verifier one-token forwards ran."""
+  count = max((r.get("timings") or 1) for r in rows)
+  if count == 1:
+    return ("One timing at each batch size (`cost.timings`: several, seconds to a minute apart, "
+            "keep a shared machine's slow spells out).")
+  spreads = sorted(r["reference_spread"] for r in rows if r["T"] == 1)
+  return (f"{count} timings at each batch size; kept: the one whose verifier one-token forward "
+          f"ran fastest (the slowest one's over it: {spreads[0]:.2f}"
+          + (f"-{spreads[-1]:.2f}" if spreads[-1] != spreads[0] else "") + ").")
