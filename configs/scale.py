@@ -34,10 +34,11 @@ and the 8,192 tokens of the SmolLM2 drafters whose τ the theory rows use; rows 
 It also gives the theory of the dynamic tree the task suite measured beside the chain
 (SUITE_TREE_TAU, rows "tree_theory"): the verifier timed on the tree's 33 tokens, the drafter on
 each call's tokens (1, 8, 8, 8), the chain's theory at the same depth beside it.
-A cost run times the verifier's and the drafters' forwards in turns in one timing per batch
-size; `timings=3` takes three, 15 and 30 s apart, and keeps the one whose verifier one-token
-forward ran fastest (a shared VM's slow spells run it ~3× slower; rows carry timings and
-reference_spread), e.g. configs/scale.py:preset=llama3.2-1b,cost,timings=3.
+`timings=3` takes three timings, 15 and 30 s apart, and keeps the one whose verifier one-token
+forward (cost) or first batch size's decode (benchmark) ran fastest: a shared VM's slow spells
+run them ~3× slower (rows carry timings and reference_spread), e.g.
+configs/scale.py:preset=llama3.2-1b,cost,timings=3. A cost run times the verifier's and the
+drafters' forwards in turns in one timing per batch size.
 A cost run's timed forward is one call of a compiled loop of forwards, as many as last ~50 ms
 (`cost.passes`; rows carry `passes`), as a decoding loop runs them; one forward a call would add
 a dispatch and a wait to each. experiments/scale/forward_dispatch.py times both in one process,
@@ -160,6 +161,7 @@ def get_config(arg=None):
   config.benchmark = dict(batch_sizes=batch_sizes,
                           new_tokens=args.new_tokens or (64 if args.gpu else 16),
                           prompt_tokens=64, repeats=args.repeats, prompts="random",
+                          timings=args.timings, pause_s=15.0,
                           loop="fixed")  # or "while": the loop that stops on stop tokens
   if args.smoke:
     config.benchmark.update(batch_sizes=(1, 2), new_tokens=4, repeats=1, prompt_tokens=8)

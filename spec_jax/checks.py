@@ -29,3 +29,17 @@ def integers(values: Sequence, field: str, low: int = 1, *, empty_ok: bool = Fal
     raise ValueError(f"{field}={values!r} must hold integers >= {low}"
                      + ("." if empty_ok else " (at least one)."))
   return tuple(int(v) for v in values)
+
+
+def timings(section, name: str) -> tuple[int, float | None]:
+  """(timings, pause_s) of a timing program's config section `name` (`timing.kept_timing`:
+  `timings` timings, the first pause pause_s seconds; absent: 1 and None, the default pause);
+  ValueError naming the field unless timings is an integer >= 1 and pause_s a number >= 0."""
+  count = integer(section.get("timings", 1), f"{name}.timings",
+                  meaning=" (timings a run takes, the fastest kept; 3 on a shared machine)")
+  pause = section.get("pause_s")
+  if pause is not None and (isinstance(pause, bool) or not isinstance(pause, (int, float))
+                            or not pause >= 0):
+    raise ValueError(f"{name}.pause_s={pause!r} must be a number of seconds >= 0 (the first "
+                     "pause between timings).")
+  return count, pause

@@ -182,27 +182,37 @@ def test_cost_model_smoke_writes_rows(tmp_path, monkeypatch):
   assert "## The theory against measured speedups: batch 1" in md
 
 
-def test_cost_model_keeps_the_timing_outside_a_slow_spell(tmp_path, monkeypatch):
-  """`cost.timings` timings per batch size, `cost.pause_s` apart and doubling, the verifier and
-  the drafters timed in turns in each: rows come from the one timing whose verifier one-token
-  forward ran fastest. A planted spell slows the first and the last timing (the one-token
-  forward 3×, every other call 1.5×, as a shared VM's spells do): keeping either of them, or
-  timing the drafters apart from the verifier, gives other r and c."""
+def _spells(monkeypatch, reference):
+  """Plants a slow spell in the first and the last of every three timings of `timing.round_robin`
+  whose calls include `reference(name)`: the reference 3× slower, every other call 1.5×, memory
+  reads as fast (as a shared VM's spells are). Returns the list of timings (as the program got
+  them) and the list of pauses slept."""
   from spec_jax.evaluation import timing
   plain, timings, pauses = timing.round_robin, [], []
 
   def spelled(fns, *args, **kwargs):
     times = plain(fns, *args, **kwargs)
-    if not all(isinstance(k, tuple) for k in fns):  # the memory bandwidth's reads
+    if not any(reference(k) for k in fns):  # the memory bandwidth's own reads
       return times
-    if len(timings) % 3 != 1:  # timings 0 and 2 of each batch size ran in a spell
-      times = {k: {f: v * (3.0 if k[-1] == 1 and k[0] in ("verifier", "v") else 1.5)
+    if len(timings) % 3 != 1:
+      times = {k: {f: v * (3.0 if reference(k) else 1.0 if "read" in str(k) else 1.5)
                    if f.endswith("_s") else v for f, v in t.items()} for k, t in times.items()}
     timings.append(times)
     return times
 
   monkeypatch.setattr(timing, "round_robin", spelled)
   monkeypatch.setattr(timing.time, "sleep", pauses.append)
+  return timings, pauses
+
+
+def test_cost_model_and_benchmark_keep_the_timing_outside_a_slow_spell(tmp_path, monkeypatch):
+  """`cost.timings` timings per batch size, `cost.pause_s` apart and doubling, the verifier and
+  the drafters timed in turns in each: rows come from the one timing whose verifier one-token
+  forward ran fastest. A planted spell slows the first and the last timing: keeping either of
+  them, or timing the drafters apart from the verifier, gives other r and c. The same for
+  `benchmark.timings`, whose reference is the first batch size's decode."""
+  timings, pauses = _spells(monkeypatch, lambda k: k in (("v", 1),) or (
+      isinstance(k, tuple) and k[0] == "verifier" and k[-1] == 1))
   config = scale_config.get_config("smoke,cost,check,timings=3")
   config.cost.update(tokens=(1, 3), batch_sizes=(1,), pause_s=2.0)
   rows = cost_model.run(config, str(tmp_path))
@@ -210,24 +220,42 @@ def test_cost_model_keeps_the_timing_outside_a_slow_spell(tmp_path, monkeypatch)
   kept = timings[1]
   v_head = next(r["vocab"] for r in rows if r["model"] == "verifier")
   one = kept["verifier", v_head, 1]["median_s"]
+  refs = [t["verifier", v_head, 1]["median_s"] for t in timings[:3]]
   for r in (r for r in rows if r["model"] in ("verifier", "drafter")):
     got = kept[r["model"], r["vocab"], r["T"]]["median_s"]
     assert r["ms"] == round(1e3 * got, 3)
     assert r["r" if r["model"] == "verifier" else "c"] == round(
         got / one, 3 if r["model"] == "verifier" else 4)
-    refs = [t["verifier", v_head, 1]["median_s"] for t in timings[:3]]
     assert (r["timings"], r["reference_spread"]) == (3, round(max(refs) / one, 3))
     assert r["reference_spread"] > 1.5
-  checks = [r for r in rows if r["model"] == "speculative"]
-  check = timings[4]
-  assert checks and all(r["timings"] == 3 for r in checks)
-  for r in checks:
-    assert r["r"] == round(check["v", r["verifier_tokens_per_call"]]["median_s"]
-                           / check["v", 1]["median_s"], 3)
+  checked = [r for r in rows if r["model"] == "speculative"]
+  assert checked and all(r["timings"] == 3 for r in checked)
+  for r in checked:
+    assert r["r"] == round(timings[4]["v", r["verifier_tokens_per_call"]]["median_s"]
+                           / timings[4]["v", 1]["median_s"], 3)
   assert "3 timings at each batch size" in (tmp_path / "results.md").read_text()
   config.cost.timings = 0
-  with pytest.raises(ValueError, match=r"^cost.timings=0, cost.pause_s=2.0: timings"):
+  with pytest.raises(ValueError, match=r"^cost.timings=0 must be an integer >= 1 \(timings"):
     cost_model.run(config, "/nonexistent/never-written")
+  config.cost.update(timings=2, pause_s=-1.0)
+  with pytest.raises(ValueError, match=r"^cost.pause_s=-1.0 must be a number of seconds >= 0"):
+    cost_model.run(config, "/nonexistent/never-written")
+
+  monkeypatch.undo()
+  timings, pauses = _spells(monkeypatch, lambda k: k == 1)
+  config = scale_config.get_config("smoke,timings=3")
+  config.benchmark.update(batch_sizes=(1, 2), pause_s=0.5)
+  rows = benchmark.run(config, str(tmp_path / "bench"))
+  assert len(timings) == 3 and pauses == [0.5, 1.0]
+  kept = timings[1]
+  for r in rows:
+    step = kept[r["batch_size"]]["median_s"] / r["new_tokens"]
+    assert r["ms_per_step"] == round(1e3 * step, 3)
+    assert (r["timings"], r["reference_spread"]) == (
+        3, round(max(t[1]["median_s"] for t in timings) / kept[1]["median_s"], 3))
+  config.benchmark.timings = 0
+  with pytest.raises(ValueError, match=r"^benchmark.timings=0 must be an integer >= 1"):
+    benchmark.run(config, "/nonexistent/never-written")
 
 
 def test_scale_smoke_random_prompts_feature_drafter_and_theory_rows(tmp_path):

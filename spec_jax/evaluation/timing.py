@@ -252,6 +252,22 @@ def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, r
   return best
 
 
+def kept_timing(fns: Mapping[str, Callable[[], Any]], repeats: int, *, reference: str,
+                timings: int, pause_s: float | None = None, desc: str | None = None,
+                clock: Clock = time.perf_counter,
+                sleep: Callable[[float], None] | None = None) -> tuple[dict, dict]:
+  """A program's timing with no step to compare with: `timings` round_robins of fns, pause_s
+  apart and then doubling (None: SETTLE_WAIT_S), the one whose reference ran fastest kept
+  (`settled_round_robin`; a slow spell only slows a timing down). Returns its times and the
+  fields its rows carry: timings, and reference_spread (the slowest timing's reference over the
+  kept one's: 1 when one timing, well over 1 when one ran in a spell)."""
+  usage = {}
+  times = settled_round_robin(fns, repeats, reference=reference, expected_s=None,
+                              min_tries=timings, wait_s=pause_s, usage=usage, desc=desc,
+                              clock=clock, sleep=sleep)
+  return times, dict(timings=usage["tries"], reference_spread=usage["reference_spread"])
+
+
 def time_call(fn: Callable[[], Any], repeats: int, *,
               clock: Clock = time.perf_counter) -> dict[str, float]:
   """Compile-and-run once, then time `repeats` calls. Returns compile_s, median_s, min_s, max_s."""

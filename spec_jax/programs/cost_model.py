@@ -73,7 +73,7 @@ import os
 import jax
 import numpy as np
 
-from spec_jax import loading
+from spec_jax import checks, loading
 from spec_jax.data import tokenizer as tokenizer_lib
 from spec_jax.decoding import generate as generate_lib
 from spec_jax.decoding import loop, methods
@@ -89,10 +89,7 @@ def run(config, workdir: str) -> list[dict]:
   if c.get("passes", 0) < 0:
     raise ValueError(f"cost.passes={c.passes} must be >= 1 (forwards per timed call), or 0 for "
                      f"as many as last ~50 ms.")
-  if c.get("timings", 1) < 1 or c.get("pause_s", 0) < 0:
-    raise ValueError(f"cost.timings={c.get('timings', 1)}, cost.pause_s={c.get('pause_s')}: "
-                     f"timings at each batch size >= 1 (on a shared machine 3, to keep one out "
-                     f"of its slow spells), the first pause between them >= 0 seconds.")
+  checks.timings(c, "cost")
   if c.get("check") and c.check.get("prompts", "data") not in ("data", "random"):
     raise ValueError(f"cost.check.prompts={c.check.prompts!r} must be 'data' (the data's prompt "
                      f"split) or 'random' (random token ids, no corpus).")
@@ -151,9 +148,8 @@ def run(config, workdir: str) -> list[dict]:
           features_lib.timing_apply(cfg), params,
           lambda cfg=cfg: llama.init_cache(cfg, batch_size, cache_size),
           batch_size=batch_size, tokens=tokens, position=c.position, passes=passes).items()})
-    settle = {}
-    times = _timed(calls, ("verifier", v_cfg.head_size, 1), c, c.repeats, settle,
-                   f"verifier and drafter calls, batch {batch_size}")
+    times, settle = _timed(calls, ("verifier", v_cfg.head_size, 1), c, c.repeats,
+                           f"verifier and drafter calls, batch {batch_size}")
     costs = {}  # (model, rows of its output layer): {T: seconds a forward}
     for (name, head, t), v in times.items():
       costs.setdefault((name, head), {})[t] = v["median_s"]
@@ -211,19 +207,12 @@ def run(config, workdir: str) -> list[dict]:
   return rows
 
 
-def _timed(calls: dict, reference: tuple, cost, repeats: int, settle: dict, desc: str) -> dict:
-  """`timing.settled_round_robin` of calls, `cost.timings` timings `cost.pause_s` apart (then
-  doubling; defaults 1 and `timing.SETTLE_WAIT_S`), keeping the one whose reference (the
-  verifier's one-token forward) ran fastest: a shared machine's slow spells slow a timing down
-  and bend its ratios (experiments/dyn/notes.md). settle receives timings and reference_spread
-  (the slowest timing's reference over the kept one's)."""
-  usage = {}
-  times = timing.settled_round_robin(calls, repeats, reference=reference, expected_s=None,
-                                     min_tries=cost.get("timings", 1),
-                                     wait_s=cost.get("pause_s", timing.SETTLE_WAIT_S),
-                                     usage=usage, desc=desc)
-  settle.update(timings=usage["tries"], reference_spread=usage["reference_spread"])
-  return times
+def _timed(calls: dict, reference: tuple, cost, repeats: int, desc: str) -> tuple[dict, dict]:
+  """`timing.kept_timing` of calls at `cost.timings` and `cost.pause_s`, the reference the
+  verifier's one-token forward."""
+  timings, pause_s = checks.timings(cost, "cost")
+  return timing.kept_timing(calls, repeats, reference=reference, timings=timings,
+                            pause_s=pause_s, desc=desc)
 
 
 def tree_entries(entries) -> list[tuple]:
@@ -309,9 +298,8 @@ def check_theory(config, tokenizer, verifier, drafter, device, *, passes: int | 
                                    tokens=sorted(set(tokens)), position=position,
                                    passes=passes)
     calls.update({(name, t): call for t, call in forward.items()})
-  settle = {}
-  times = _timed(calls, ("v", 1), config.cost, k.repeats, settle,
-                 "check: decoding and forwards in turns")
+  times, settle = _timed(calls, ("v", 1), config.cost, k.repeats,
+                         "check: decoding and forwards in turns")
   ms = {key: 1e3 * t["median_s"] for key, t in times.items()}
   c = ms["d", 1] / ms["v", 1]
   rows = []
@@ -420,12 +408,12 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
               f"{r['drafter_c']:.3f} | {r['theoretical_speedup']:.3f} | "
               f"{r['break_even_tau']:.2f} | {r['chain_tau']:.2f} | {r['chain_r']:.3f} | "
               f"{r['chain_theoretical_speedup']:.3f} | {r['vs_chain']:.3f} |" for r in trees]
-  checks = [r for r in rows if r["model"] == "speculative"]
-  if checks:
+  checked = [r for r in rows if r["model"] == "speculative"]
+  if checked:
     lines += ["", "## The theory against measured speedups: batch 1", "",
-              f"{checks[0]['num_prompts']} prompts × {checks[0]['new_tokens']} new tokens, "
+              f"{checked[0]['num_prompts']} prompts × {checked[0]['new_tokens']} new tokens, "
               "decoded in turns with autoregressive decoding and the forward calls r and c "
-              f"come from (medians of {checks[0]['repeats']}); theory = τ / (r(M) + Σ_w c(w)) "
+              f"come from (medians of {checked[0]['repeats']}); theory = τ / (r(M) + Σ_w c(w)) "
               "(a chain's: τ / (r(γ + 1) + γ·c)).",
               "", "| method | tokens per call M | T | τ | r(M) | Σ c(w) | SD ms | AR ms | speedup | "
               "theory | measured / theory |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -433,7 +421,7 @@ def _write_markdown(workdir, rows, command, bandwidth, device) -> None:
               f"{r['tau']:.3f} | "
               f"{r['r']:.3f} | {r['drafter_c']:.3f} | {r['ms']:.0f} | {r['ar_ms']:.0f} | "
               f"{r['speedup']:.3f} | {r['theoretical_speedup']:.3f} | "
-              f"{r['speedup_vs_theory']:.3f} |" for r in checks]
+              f"{r['speedup_vs_theory']:.3f} |" for r in checked]
   with open(os.path.join(workdir, "results.md"), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
 
