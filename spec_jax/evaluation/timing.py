@@ -212,8 +212,8 @@ def settled_round_robin(fns: Mapping[str, Callable[[], Any]], repeats: int, *, r
   slower at one token and ~2× at 33 (experiments/dyn/notes.md, "Slow spells"), so a ratio of two
   timings taken in one spell is off too, and taking turns does not help. A reference the caller
   knows from elsewhere (the verifier's one-token forward against the autoregressive pass's step
-  in the same process) shows whether a timing ran in one; without one, min_tries timings minutes
-  apart keep the one that ran outside a spell (a spell only slows a timing down).
+  in the same process) shows whether a timing ran in one; without one, min_tries timings spread
+  over a minute or more keep one that ran outside a spell (a spell only slows a timing down).
 
   expected_s None: min_tries timings, nothing compared. On several processes (multi-host) every
   process must run the same programs, so there are min_tries timings there too. usage: a dict

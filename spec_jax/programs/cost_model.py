@@ -56,12 +56,13 @@ of random token ids (seed `seed`; no corpus: random weights give τ ≈ 1 at T =
 the theory's cost of a round, r(M) + Σ_w c(w), alone) (`prompt_tokens` tokens, `new_tokens` new
 ones, stop tokens off), timed in turns with autoregressive decoding of the same prompts at the
 same temperature and with the forward calls r and c come from (`timing.round_robin`, medians of
-`repeats`; `cost.timings` timings, the one whose verifier one-token forward ran fastest kept). Rows with model "speculative": method ("sd@γ" or the tree's entry), gamma (the
-depth), verifier_tokens_per_call (M), temperature, batch_size, tau (block efficiency of those
-outputs), r (r(M)), c (c(1)), d (drafter calls per round: the catch-up window's, then one per
-fed level), drafter_c (Σ_w c(w) over those calls; d·c for a chain), ms (per prompt), ar_ms,
-speedup (ar_ms / ms), theoretical_speedup (τ / (r + drafter_c)), speedup_vs_theory, timings
-and reference_spread.
+`repeats`; `cost.timings` timings, the one whose verifier one-token forward ran fastest kept).
+Rows with model "speculative": method ("sd@γ" or the tree's entry), gamma (the depth),
+verifier_tokens_per_call (M), temperature, batch_size, tau (block efficiency of those outputs),
+r (r(M)), c (c(1)), d (drafter calls per round: the catch-up window's, then one per fed level),
+drafter_c (Σ_w c(w) over those calls; d·c for a chain), ms (per prompt), ar_ms, speedup (ar_ms /
+ms), theoretical_speedup (τ / (r + drafter_c)), speedup_vs_theory, timings and
+reference_spread.
 Also results.md and r_of_t.png (r(T) per batch size, the calls' range as error bars).
 """
 
