@@ -39,6 +39,9 @@ def test_every_drafter_is_built_and_measured(smoke):
   for r in rows:
     assert r["cost_ratio_c"] == costs["drafters"][r["drafter"]]["c"] and "cost_ratio_c_run" in r
     assert costs["drafters"][r["drafter"]]["passes"] >= 1  # forwards a timed call ran
+    # config.cost_timings timings (the smoke's 1), the fastest verifier one-token forward's kept
+    assert (costs["drafters"][r["drafter"]]["timings"],
+            costs["drafters"][r["drafter"]]["reference_spread"]) == (config.cost_timings, 1.0)
     assert r["theoretical_speedup"] == pytest.approx(r["block_efficiency"] / (
         r["verifier_cost_ratio_r"] + r["gamma"] * r["cost_ratio_c"]), rel=1e-3)
     assert r["params_m"] > 0 and r["build_s"] > 0
@@ -149,6 +152,7 @@ def test_costs_replace_the_in_run_c_and_r():
     (lambda c: setattr(c, "order", ("vinit-1",)), "must list every entry"),
     (lambda c: c.eval.eval.update(batch_sizes=(1, 4)),
      r"eval.eval.batch_sizes=\(1, 4\): the drafters' frontier compares them at one batch size"),
+    (lambda c: setattr(c, "cost_timings", 0), r"cost_timings=0 must be an integer >= 1"),
 ])
 def test_bad_entries_are_named_before_anything_runs(tmp_path, change, message):
   config = drafters_config.get_config("smoke")

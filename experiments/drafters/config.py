@@ -122,6 +122,7 @@ def get_config(arg=None):
   config.goal_tau_in = 2.0
   config.goal_tau_out = 1.5
   config.cost_repeats = 30   # turns of the c / r(γ + 1) timing (runs/costs.json)
+  config.cost_timings = 1    # such timings, 15 s, 30 s, ... apart, the fastest kept
   config.out_gammas = (4,)   # out of domain: the goal's γ only (each γ costs a compile + passes)
   # results.json's `domain`: in (the training corpus) and out (another domain).
   config.domains = {"in": "spec_jax_shakespeare", "out": "spec_jax_pystdlib"}

@@ -57,6 +57,8 @@ def check_config(config, workdir: str | None = None) -> None:
   for name in ("scratch_steps", "distill_steps", "vocab_steps"):
     checks.integer(config[name], name, 1, " (training steps of the entries of that kind "
                    "without steps of their own)")
+  checks.integer(config.get("cost_timings", 1), "cost_timings", 1,
+                 " (timings of each drafter's c and r, the fastest kept; 3 on a shared machine)")
   if sorted(config.order) != sorted(config.drafters):
     raise ValueError(f"order={tuple(config.order)} must list every entry of drafters "
                      f"({sorted(config.drafters)}) once.")
@@ -191,10 +193,12 @@ def build_inputs(config, name: str, built: dict) -> dict:
 
 def measure_costs(config, workdir: str, names: dict) -> dict:
   """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}, "passes",
-  "verifier_passes", "build"}}}: every built drafter's one-token forward against the verifier's
+  "verifier_passes", "timings", "reference_spread", "build"}}}: every built drafter's one-token forward against the verifier's
   1- and (γ + 1)-token forwards, batch 1, the calls taking turns (`timing.round_robin`, median
   of `cost_repeats`; each call a compiled loop of `passes` forwards, `timing.ForwardCall`), each
-  drafter in its own round with the verifier beside it. The evaluate runs' in-run c and r come
+  drafter in its own round with the verifier beside it; `cost_timings` such timings 15 s, 30 s,
+  ... apart, the one whose verifier one-token forward ran fastest kept (`timing.kept_timing`:
+  a shared VM's slow spells; "timings" and "reference_spread" record it). The evaluate runs' in-run c and r come
   from a handful of calls and scatter by ±40% here; this is the c and r the frontier uses.
   Cached in runs/costs.json with the identity of the build it timed ("build"; names: {name: that
   identity}), so a rebuilt drafter is timed again."""
@@ -226,14 +230,15 @@ def measure_costs(config, workdir: str, names: dict) -> dict:
                                          tokenizer, field="drafter.checkpoint")
     fns = {f"v{t}": fn for t, fn in v_calls.items()}
     fns["d"] = calls(d_cfg, d_params, (1,))[1]
-    times = timing.round_robin(fns, int(config.cost_repeats))
+    times, settle = timing.kept_timing(fns, int(config.cost_repeats), reference="v1",
+                                       timings=int(config.get("cost_timings", 1)))
     v1 = times["v1"]["median_s"]
     costs["drafters"][name] = {
         "ms": round(1e3 * times["d"]["median_s"], 3), "verifier_ms": round(1e3 * v1, 3),
         "c": round(times["d"]["median_s"] / v1, 4),
         "r": {str(g): round(times[f"v{g + 1}"]["median_s"] / v1, 3) for g in gammas},
         "passes": times["d"]["passes"], "verifier_passes": times["v1"]["passes"],
-        "build": names[name]}
+        **settle, "build": names[name]}
     report.write_json(path, costs)
   return costs
 
