@@ -274,3 +274,25 @@ def test_bad_entries_are_refused_before_loading():
                                 tie_embeddings=False)
   with pytest.raises(ValueError, match="more than the drafter's 2 tokens it drafts from"):
     methods.build(entry, methods.Source(kind="lm", d_cfg=reduced))
+
+
+def test_spells_reads_a_time_series_of_turns_as_spells():
+  """experiments/dyn/spells.py's summary: turns whose one-token forward ran over 1.6× the
+  median turn's are in a spell; spells are runs of them, one still open at the end closes at the
+  last turn; medians per group. A limit taken from the mean (pulled up by the spells) or a spell
+  left open at the end would give other answers."""
+  from experiments.dyn import spells
+  rows = []
+  for i in range(100):  # a turn each 0.5 s; spells at 10-14 s and from 47 s on
+    t = 0.5 * i
+    slow = 10 <= t < 14 or t >= 47
+    rows.append(dict(t=t, v1=84.0 if slow else 29.0 + (i % 3), v33=208.0 if slow else 109.0,
+                     read=10.0 if slow else 15.0))
+  found = spells.summarize(rows, ["v1", "v33", "read"])
+  assert found["limit"] == pytest.approx(1.6 * 30.0)
+  assert found["in_spell"] == 8 + 6
+  assert found["spells"] == [(10.0, 14.0), (47.0, 49.5)]
+  assert found["medians"] == {"out of a spell": dict(v1=30.0, v33=109.0, read=15.0),
+                              "in a spell": dict(v1=84.0, v33=208.0, read=10.0)}
+  calm = spells.summarize([dict(t=0.0, v1=1.0), dict(t=1.0, v1=1.2)], ["v1"])
+  assert calm["spells"] == [] and list(calm["medians"]) == ["out of a spell"]

@@ -28,7 +28,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from spec_jax import cli  # noqa: E402
 
-cli.set_malloc_defaults()  # as the launcher does, before jax loads
+if __name__ == "__main__":  # run as a script: as the launcher does, before jax loads
+  cli.set_malloc_defaults()
 
 
 def main(argv=None):
@@ -75,16 +76,32 @@ def main(argv=None):
     with open(args.out, "w") as f:
       json.dump(rows, f)
 
-  limit = 1.6 * statistics.median(r["v1"] for r in rows)
+  found = summarize(rows, list(fns))
+  print(f"{len(rows)} turns over {rows[-1]['t']:.0f} s; {found['in_spell']} in a spell "
+        f"(one-token forward over {found['limit']:.1f} ms)")
+  for label, med in found["medians"].items():
+    print(f"{label}: one-token {med['v1']:.1f} ms, 33-token {med['v33']:.1f} ms, "
+          f"r(33) {med['v33'] / med['v1']:.2f}, 512 MiB read {med['read']:.1f} ms")
+  longer = [f"{a:.0f}-{b:.0f} s" for a, b in found["spells"] if b - a > 3]
+  print(f"spells over 3 s: {', '.join(longer) or 'none'}; "
+        f"{len(found['spells']) - len(longer)} shorter")
+
+
+# A turn is in a spell when its one-token forward ran over this many times the median turn's.
+SPELL_FACTOR = 1.6
+
+
+def summarize(rows: list[dict], names: list[str]) -> dict:
+  """The turns (dicts: t, the turn's start in seconds, and each name's ms) read as spells: limit
+  (ms: SPELL_FACTOR × the median one-token forward, "v1"), in_spell (turns over it), medians
+  ({"out of a spell" / "in a spell": {name: median ms}}, a group only where it has turns) and
+  spells ([(start s, end s)]: runs of turns over the limit, each ending at the first turn back
+  under it, or at the last turn)."""
+  limit = SPELL_FACTOR * statistics.median(r["v1"] for r in rows)
   groups = {"out of a spell": [r for r in rows if r["v1"] <= limit],
             "in a spell": [r for r in rows if r["v1"] > limit]}
-  print(f"{len(rows)} turns over {rows[-1]['t']:.0f} s; {len(groups['in a spell'])} in a spell "
-        f"(one-token forward over {limit:.1f} ms)")
-  for label, group in groups.items():
-    if group:
-      med = {n: statistics.median(r[n] for r in group) for n in fns}
-      print(f"{label}: one-token {med['v1']:.1f} ms, 33-token {med['v33']:.1f} ms, "
-            f"r(33) {med['v33'] / med['v1']:.2f}, 512 MiB read {med['read']:.1f} ms")
+  medians = {label: {n: statistics.median(r[n] for r in group) for n in names}
+             for label, group in groups.items() if group}
   spells, begun = [], None
   for r in rows:
     if r["v1"] > limit and begun is None:
@@ -94,8 +111,7 @@ def main(argv=None):
       begun = None
   if begun is not None:
     spells.append((begun, rows[-1]["t"]))
-  longer = [f"{a:.0f}-{b:.0f} s" for a, b in spells if b - a > 3]
-  print(f"spells over 3 s: {', '.join(longer) or 'none'}; {len(spells) - len(longer)} shorter")
+  return dict(limit=limit, in_spell=len(groups["in a spell"]), medians=medians, spells=spells)
 
 
 def settle(timing, v_cfg, v_params, llama, features, prompt: int, new: int, args) -> None:
