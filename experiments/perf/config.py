@@ -2,6 +2,9 @@
 
   python launch.py --config experiments/perf/config.py --workdir experiments/perf
   python launch.py --config experiments/perf/config.py:smoke --workdir /tmp/perf   # tiny, seconds
+  python launch.py --config experiments/perf/config.py:timings=3 --workdir /tmp/perf3
+      # three timings per batch size, 15 and 30 s apart, the one outside a shared VM's slow
+      # spells kept (rows: timings, reference_spread)
 
 Program: spec_jax/programs/cost_model.py. SmolLM2-135M verifier (its GGUF) and the quickstart
 drafter of the scratch recipe (common.SCRATCH_DRAFTER, which must exist; or
