@@ -193,13 +193,14 @@ def build_inputs(config, name: str, built: dict) -> dict:
 
 def measure_costs(config, workdir: str, names: dict) -> dict:
   """{"drafters": {name: {"ms", "verifier_ms", "c", "r": {γ: r(γ + 1)}, "passes",
-  "verifier_passes", "timings", "reference_spread", "build"}}}: every built drafter's one-token forward against the verifier's
-  1- and (γ + 1)-token forwards, batch 1, the calls taking turns (`timing.round_robin`, median
-  of `cost_repeats`; each call a compiled loop of `passes` forwards, `timing.ForwardCall`), each
-  drafter in its own round with the verifier beside it; `cost_timings` such timings 15 s, 30 s,
-  ... apart, the one whose verifier one-token forward ran fastest kept (`timing.kept_timing`:
-  a shared VM's slow spells; "timings" and "reference_spread" record it). The evaluate runs' in-run c and r come
-  from a handful of calls and scatter by ±40% here; this is the c and r the frontier uses.
+  "verifier_passes", "timings", "reference_spread", "build"}}}: every built drafter's one-token
+  forward against the verifier's 1- and (γ + 1)-token forwards, batch 1, the calls taking turns
+  (`timing.round_robin`, median of `cost_repeats`; each call a compiled loop of `passes`
+  forwards, `timing.ForwardCall`), each drafter in its own round with the verifier beside it;
+  `cost_timings` such timings 15 s, 30 s, ... apart, the one whose verifier one-token forward ran
+  fastest kept (`timing.kept_timing`: a shared VM's slow spells; "timings" and
+  "reference_spread" record it). The evaluate runs' in-run c and r come from a handful of calls
+  and scatter by ±40% here; this is the c and r the frontier uses.
   Cached in runs/costs.json with the identity of the build it timed ("build"; names: {name: that
   identity}), so a rebuilt drafter is timed again."""
   path = os.path.join(workdir, "runs", "costs.json")
