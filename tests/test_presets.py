@@ -295,3 +295,43 @@ def test_collect_recomputes_the_theory_of_every_cost_run(tmp_path):
   assert tree["vs_chain"] == round(tau / 5.1 / (chain_tau / 2.3), 3)
   assert f"| cpu/x-cost | cpu | float32 | {entry} (M = 33) | 1,000 | 4.00 | 1.100 |" in (
       collect.tree_theory_table([tree]))
+
+
+def test_collect_keeps_the_fastest_run_of_each_shape_per_device_kind():
+  """experiments/scale/collect.py's summary: per device kind, shape, dtype and batch size, the
+  run whose median decode step over its repeats is fastest (a single fast repeat of a slower run
+  does not win), its layout from the model's options, its step over the roofline (at the
+  reference bandwidth for a GPU kind that has one), shapes smallest first."""
+  from experiments.scale import collect  # noqa: PLC0415
+  gpu = next(iter(collect.REFERENCE_GB_S))
+
+  def row(run, model, ms, kind="cpu", batch=1, dtype="float32", roof=10.0, bw=10.0, ratio=None):
+    r = dict(run=run, model=model, preset=None, device_kind=kind, dtype=dtype, batch_size=batch,
+             ms_per_decode_step=ms, roofline_ms_per_step=roof, memory_bandwidth_gb_s=bw,
+             decode_vs_roofline=round(ms / roof, 2))
+    return r if ratio is None else {**r, "decode_vs_reference_roofline": ratio}
+
+  rows = [row("cpu/big", "big", 30.0, roof=20.0),
+          # `fast` and its repeats: median 22 (one repeat at 12 is faster than `steady`'s 20).
+          row("cpu/fast", "big:fused=1", 22.0, roof=20.0),
+          row("cpu/fast-r2", "big:fused=1", 12.0, roof=20.0),
+          row("cpu/fast-r3", "big:fused=1", 25.0, roof=20.0),
+          row("cpu/steady", "big:fused=1:unrolled=1", 20.0, roof=20.0),
+          row("cpu/steady-r2", "big:fused=1:unrolled=1", 21.0, roof=20.0),
+          row("cpu/small", "small", 5.0, roof=2.0),
+          row("cpu/small", "small", 9.0, batch=8, roof=2.0),
+          row("g/big", "big", 2.0, kind=gpu, dtype="bfloat16", roof=0.5, bw=1000.0, ratio=4.0)]
+  got = collect.fastest_rows(rows)
+  assert [(r["device_kind"], r["shape"], r["batch_size"], r["run"], r["layout"]) for r in got] == [
+      (gpu, "big", 1, "g/big", "default"),
+      ("cpu", "small", 1, "cpu/small", "default"), ("cpu", "small", 8, "cpu/small", "default"),
+      ("cpu", "big", 1, "cpu/steady", "fused, unrolled")]
+  steady = got[-1]
+  assert (steady["ms_per_decode_step"], steady["ms_min"], steady["ms_max"], steady["repeats"],
+          steady["runs_compared"], steady["vs_roofline"]) == (20.5, 20.0, 21.0, 2, 3, 1.02)
+  assert got[0]["vs_roofline"] == 4.0 and got[0]["tokens_per_s"] == 500.0
+  assert got[0]["roofline_at"] == f"{collect.REFERENCE_GB_S[gpu]:,.0f} GB/s"
+  tables = collect.fastest_tables(got)
+  assert tables.index(f"**{gpu}**") < tables.index("**cpu** (× roofline at the run's read)")
+  assert ("| big | float32 | 1 | cpu/steady | fused, unrolled | 20.50 (20.00–21.00, 2 runs) | "
+          "1.02 | 48.8 | 3 |") in tables

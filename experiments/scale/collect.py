@@ -1,7 +1,8 @@
 """Gather the speed rows of experiments/scale/{cpu,gpu}/<run>/results.json into
 experiments/scale/results.json (one row per run × batch size), followed by the pod plan's rows
 (plan.json: XLA:CPU's fake devices; v5e/plan.json: XLA:TPU ahead of time; one row per plan, with
-`mesh` and `bytes_per_device`), and print the speed rows' markdown table.
+`mesh` and `bytes_per_device`), and print the speed rows' markdown tables: first, per device kind, the
+fastest run of each shape, dtype and batch size (`fastest_rows`), then every row.
 
 Each row keeps the run's own roofline (parameter bytes over the read bandwidth measured in the
 same turns, `timing.MemoryReads`) and, for a device kind with a reference bandwidth below, the
@@ -39,6 +40,9 @@ KEEP = ("preset", "model", "device", "device_kind", "dtype", "batch_size", "new_
         "roofline_ms_per_step", "vs_roofline", "decode_vs_roofline", "memory_bandwidth_gb_s",
         "throughput_vs_first_batch_size", "loop", "fused", "unrolled", "decode_unrolled",
         "out_major", "xla_flags")
+# Carried only where a run recorded them (`benchmark.timings`, its timings and the slowest one's
+# reference over the kept one's), so that rows from before them stay as they were.
+KEEP_IF_RECORDED = ("timings", "reference_spread")
 
 
 def rows():
@@ -50,6 +54,7 @@ def rows():
       if "ms_per_step" not in row or "batch_size" not in row:
         continue  # cost_model rows: their own results.md
       kept = {k: row.get(k) for k in KEEP}
+      kept.update({k: row[k] for k in KEEP_IF_RECORDED if k in row})
       kept["run"] = f"{path.parent.parent.name}/{path.parent.name}"
       ref = REFERENCE_GB_S.get(row.get("device_kind"))
       if ref:
@@ -105,14 +110,76 @@ def _ratio(row: dict) -> float:
   return ref if ref is not None else row["decode_vs_roofline"]
 
 
+def _base(run: str) -> str:
+  """A run without its repeat suffix: `-r2`, `-r3`, `-repeat` are the same command run again in
+  another process."""
+  return re.sub(r"-(r\d+|repeat)$", "", run)
+
+
 def step_groups(speed_rows: list[dict]) -> dict[str, dict[tuple[str, int], list[float]]]:
   """{device_kind: {(run without its repeat suffix, batch size): [decode step / roofline]}};
   a run is `<directory>/<name>` (gpu/ holds the Triton-GEMM runs, gpu_levers/ the levers)."""
   out: dict[str, dict[tuple[str, int], list[float]]] = {}
   for r in speed_rows:
-    base = re.sub(r"-(r\d+|repeat)$", "", r["run"])
-    out.setdefault(r["device_kind"], {}).setdefault((base, r["batch_size"]), []).append(_ratio(r))
+    out.setdefault(r["device_kind"], {}).setdefault((_base(r["run"]), r["batch_size"]),
+                                                    []).append(_ratio(r))
   return out
+
+
+def fastest_rows(speed_rows: list[dict]) -> list[dict]:
+  """Per device kind, shape, dtype and batch size, the run whose decode step is fastest: a run
+  and its repeats in other processes pooled, their median compared (one fast repeat does not
+  win), with the range and count of its repeats, its layout (the model's `:flag=1` options,
+  `default` without), its step over the roofline (at the device kind's reference bandwidth where
+  there is one, else the run's own read) and how many runs of that shape were compared."""
+  groups: dict[tuple, dict[str, list[dict]]] = {}
+  for r in speed_rows:
+    shape = (r.get("model") or r["preset"]).split(":")[0]
+    key = (r["device_kind"], shape, r["dtype"], r["batch_size"])
+    groups.setdefault(key, {}).setdefault(_base(r["run"]), []).append(r)
+  # Shapes in order of size: the parameters a step reads (bytes over the dtype's width).
+  size: dict[str, float] = {}
+  for (_, shape, dtype, _), runs in groups.items():
+    for r in (r for rs in runs.values() for r in rs):
+      read = r["roofline_ms_per_step"] * r["memory_bandwidth_gb_s"] * 1e6
+      size[shape] = max(size.get(shape, 0.0), read / (2 if dtype == "bfloat16" else 4))
+  out = []
+  for (kind, shape, dtype, batch), runs in sorted(
+      groups.items(), key=lambda kv: (kv[0][0], size[kv[0][1]], *kv[0][1:])):
+    median = {run: statistics.median(r["ms_per_decode_step"] for r in rs)
+              for run, rs in runs.items()}
+    run = min(median, key=median.get)
+    steps = [r["ms_per_decode_step"] for r in runs[run]]
+    layout = [opt.split("=")[0] for opt in (runs[run][0].get("model") or "").split(":")[1:]]
+    out.append(dict(
+        device_kind=kind, shape=shape, dtype=dtype, batch_size=batch, run=run,
+        layout=", ".join(layout) or "default", repeats=len(steps),
+        ms_per_decode_step=round(median[run], 3), ms_min=min(steps), ms_max=max(steps),
+        tokens_per_s=round(1e3 * batch / median[run], 1),
+        vs_roofline=round(statistics.median(map(_ratio, runs[run])), 2),
+        roofline_at=(f"{REFERENCE_GB_S[kind]:,.0f} GB/s" if kind in REFERENCE_GB_S
+                     else "the run's read"),
+        runs_compared=len(runs)))
+  return out
+
+
+def fastest_tables(rows: list[dict]) -> str:
+  """fastest_rows as markdown, one table per device kind."""
+  parts = []
+  for kind in dict.fromkeys(r["device_kind"] for r in rows):
+    mine = [r for r in rows if r["device_kind"] == kind]
+    parts.append("\n".join([
+        f"**{kind}** (× roofline at {mine[0]['roofline_at']}):", "",
+        "| shape | dtype | batch | fastest run | layout | decode ms/step (median; range over "
+        "repeats) | × roofline | tokens/s | runs compared |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|",
+        *(f"| {r['shape']} | {r['dtype']} | {r['batch_size']} | {r['run']} | {r['layout']} | "
+          f"{r['ms_per_decode_step']:,.2f}"
+          + (f" ({r['ms_min']:,.2f}–{r['ms_max']:,.2f}, {r['repeats']} runs)"
+             if r["repeats"] > 1 else "")
+          + f" | {r['vs_roofline']:.2f} | {r['tokens_per_s']:,.1f} | {r['runs_compared']} |"
+          for r in mine)]))
+  return "\n\n".join(parts)
 
 
 def plot_steps(speed_rows: list[dict], path: pathlib.Path) -> None:
@@ -278,5 +345,6 @@ if __name__ == "__main__":
   plots.plot_r_of_t(curves, "r(T) at batch 1, medians (error bars: the fastest and slowest call "
                     "over the median at T = 1, where recorded)").savefig(HERE / "r_of_t.png",
                                                                          dpi=120)
-  sys.stdout.write(table(gathered) + "\n\n" + theory_table(theory_rows()) + "\n\n"
+  sys.stdout.write(fastest_tables(fastest_rows(gathered)) + "\n\n" + table(gathered) + "\n\n"
+                   + theory_table(theory_rows()) + "\n\n"
                    + tree_theory_table(tree_theory_rows()) + "\n")
