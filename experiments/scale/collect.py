@@ -1,8 +1,8 @@
 """Gather the speed rows of experiments/scale/{cpu,gpu}/<run>/results.json into
 experiments/scale/results.json (one row per run × batch size), followed by the pod plan's rows
 (plan.json: XLA:CPU's fake devices; v5e/plan.json: XLA:TPU ahead of time; one row per plan, with
-`mesh` and `bytes_per_device`), and print the speed rows' markdown tables: first, per device kind, the
-fastest run of each shape, dtype and batch size (`fastest_rows`), then every row.
+`mesh` and `bytes_per_device`), and print the speed rows' markdown tables: first, per device
+kind, the fastest run of each shape, dtype and batch size (`fastest_rows`), then every row.
 
 Each row keeps the run's own roofline (parameter bytes over the read bandwidth measured in the
 same turns, `timing.MemoryReads`) and, for a device kind with a reference bandwidth below, the
@@ -21,7 +21,7 @@ Last it prints what the measured τ would buy at each size: for every cost run (
 a forward_dispatch run) at batch 1, r(γ + 1) and c, the break-even τ r(γ + 1) + γ·c, the τ that
 1.5× needs, and the theoretical speedup at each τ of configs/scale.py's SUITE_TAU.
 
-  python experiments/scale/collect.py            # rewrite results.json and the plots, print the table
+  python experiments/scale/collect.py   # rewrite results.json and the plots, print the tables
 """
 
 import json
@@ -142,7 +142,7 @@ def fastest_rows(speed_rows: list[dict]) -> list[dict]:
   for (_, shape, dtype, _), runs in groups.items():
     for r in (r for rs in runs.values() for r in rs):
       read = r["roofline_ms_per_step"] * r["memory_bandwidth_gb_s"] * 1e6
-      size[shape] = max(size.get(shape, 0.0), read / (2 if dtype == "bfloat16" else 4))
+      size[shape] = max(size.get(shape, 0.0), read / (2 if dtype in ("bfloat16", "float16") else 4))
   out = []
   for (kind, shape, dtype, batch), runs in sorted(
       groups.items(), key=lambda kv: (kv[0][0], size[kv[0][1]], *kv[0][1:])):
