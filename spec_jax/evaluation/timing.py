@@ -413,12 +413,15 @@ class MemoryReads:
   One pass over 512 MiB takes ~0.13 ms on an HBM3e GPU, the same order as dispatching a call and
   waiting for it, so a single timed read reports a fraction of the bandwidth. A call therefore
   dispatches `passes` reads back to back and waits once, for all of them: the device queue stays
-  full and one dispatch latency is spread over the passes. passes=None: 1 on the CPU (a pass is
-  tens of ms there), 16 on accelerators."""
+  full and one dispatch latency is spread over the passes. On a CPU one pass lasts ~20 ms, and on
+  a shared VM single passes of one run spread ~2× (a stalled moment sets a whole timed call),
+  while the decode calls they bound last seconds and average such moments out: a median of a
+  few single passes can then read slower than the step itself, a roofline under the measured
+  step. passes=None: 8 on the CPU (a call of ~0.15 s), 16 on accelerators."""
 
   def __init__(self, nbytes: int = 512 * 2**20, rows: int = 512, passes: int | None = None):
     if passes is None:
-      passes = 1 if jax.default_backend() == "cpu" else 16
+      passes = 8 if jax.default_backend() == "cpu" else 16
     if passes < 1:
       raise ValueError(f"MemoryReads passes={passes} must be >= 1.")
     n = max(int(nbytes) // (4 * rows), 1)

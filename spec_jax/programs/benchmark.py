@@ -7,7 +7,8 @@ call with one new token: prefill and the first token, the time to first token) a
 ms_per_decode_step ((call − prefill call) / (new_tokens − 1): one decode step, the time per
 output token), compile_s, device, and the memory roofline: memory_bandwidth_gb_s
 (`timing.MemoryReads`: the faster of a sum and a GEMV over 512 MiB, 16 reads per timed call
-on accelerators so that dispatch does not hide the bandwidth), roofline_ms_per_step
+on accelerators so that dispatch does not hide the bandwidth, 8 on a CPU so that one stalled
+moment does not set a call's time), roofline_ms_per_step
 (the parameter bytes a step reads on one device, `timing.decode_read_bytes`: every weight once,
 an untied input embedding's gathered rows aside, one device's shard of each on a mesh (`mesh`,
 its axis sizes; null on one device), / bandwidth), roofline_ms_per_token (per step /
