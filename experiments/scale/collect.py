@@ -142,7 +142,8 @@ def fastest_rows(speed_rows: list[dict]) -> list[dict]:
   for (_, shape, dtype, _), runs in groups.items():
     for r in (r for rs in runs.values() for r in rs):
       read = r["roofline_ms_per_step"] * r["memory_bandwidth_gb_s"] * 1e6
-      size[shape] = max(size.get(shape, 0.0), read / (2 if dtype in ("bfloat16", "float16") else 4))
+      width = 2 if dtype in ("bfloat16", "float16") else 4
+      size[shape] = max(size.get(shape, 0.0), read / width)
   out = []
   for (kind, shape, dtype, batch), runs in sorted(
       groups.items(), key=lambda kv: (kv[0][0], size[kv[0][1]], *kv[0][1:])):
