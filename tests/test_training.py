@@ -294,18 +294,24 @@ def test_params_laid_out_by_another_version_are_not_called_corrupt(saved_run, mo
                    r"another version, not damaged", str(e.value)), str(e.value)
 
 
-def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
-  workdir = str(tmp_path / "copy")
-  import shutil
+def _truncated_copy(saved_run, workdir: str) -> str:
+  """A copy of the saved run whose step 2 has every data file of its params item cut in half, as
+  a full disk or an unfinished copy leaves it; returns that step's folder."""
+  import shutil  # noqa: PLC0415
   shutil.copytree(saved_run[0], workdir)
   step_dir = os.path.join(workdir, "checkpoints", "2")
-  # Truncate every data file of the params item, as a disk-full or an unfinished copy would.
   files = [f for f in glob.glob(os.path.join(step_dir, "params", "**", "*"), recursive=True)
            if os.path.isfile(f) and os.sep + "d" + os.sep in f]
   assert files
   for f in files:
     with open(f, "r+b") as fh:
       fh.truncate(os.path.getsize(f) // 2)
+  return step_dir
+
+
+def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
+  workdir = str(tmp_path / "copy")
+  step_dir = _truncated_copy(saved_run, workdir)
   with pytest.raises(checkpoints.CheckpointError,
                      match=rf"{step_dir} could not be read.*corrupt.*Fix: delete {step_dir}"):
     checkpoints.load_model(workdir)
@@ -318,6 +324,23 @@ def test_corrupt_checkpoint_has_clear_error(saved_run, tmp_path):
     checkpoints.load_model(step_dir)
   # The previous step is untouched and still loads, as the message promises.
   checkpoints.load_model(os.path.join(workdir, "checkpoints", "1"))
+
+
+def test_the_launcher_shows_a_corrupt_checkpoint_as_one_error(saved_run, tmp_path):
+  """What a user of launch.py sees for a truncated checkpoint: the error and the fix, then the
+  pointer to --verbose; not a traceback for each of the restore's other reads that finished on
+  orbax's closed event loop ("RuntimeError: Event loop is closed", or asyncio's "Task exception
+  was never retrieved"; up to 54 lines, before and after the error: `integrity.reading`)."""
+  step_dir = _truncated_copy(saved_run, str(tmp_path / "copy"))
+  proc = subprocess.run(
+      [sys.executable, "launch.py", "--config=configs/generate.py:smoke",
+       f"--workdir={tmp_path / 'generate'}", f"--config.model.checkpoint={tmp_path / 'copy'}"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  shown = (proc.stdout + proc.stderr).strip().splitlines()
+  assert proc.returncode == 1, shown[-40:]
+  assert len(shown) == 2 and shown[0].startswith(
+      f"Error (CorruptCheckpointError): Checkpoint {step_dir} could not be read"), shown[-40:]
+  assert f"Fix: delete {step_dir}" in shown[0] and shown[1] == "(--verbose shows the traceback)"
 
 
 def test_a_runtime_failure_while_restoring_does_not_blame_the_files(saved_run, monkeypatch):

@@ -92,14 +92,20 @@ def _step_dir(manager: ocp.CheckpointManager, step: int) -> str:
   return os.path.join(str(manager.directory), str(step))
 
 
+def _restore(manager: ocp.CheckpointManager, step: int, path: str, **items):
+  """orbax's restore of the named items of `step` (folder `path`); files it cannot read raise
+  `integrity.restore_error`, the one message a failed restore shows (`integrity.reading`)."""
+  try:
+    with integrity.reading(path):
+      return manager.restore(step, args=ocp.args.Composite(**items))
+  except Exception as e:  # orbax/tensorstore raise assorted types on bad files
+    raise integrity.restore_error(path, step, e) from e
+
+
 def _restore_meta(manager: ocp.CheckpointManager, step: int) -> dict:
   """The meta item of `step`, its own digest verified."""
   path = _step_dir(manager, step)
-  try:
-    meta = dict(manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))["meta"])
-  except Exception as e:  # orbax/tensorstore raise assorted types on bad files
-    raise integrity.restore_error(path, step, e) from e
+  meta = dict(_restore(manager, step, path, meta=ocp.args.JsonRestore())["meta"])
   integrity.verify(path, step, meta)
   return meta
 
@@ -175,13 +181,10 @@ def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, mod
   if expected is not None:
     check_saved_settings(meta, expected[1], expected[0], path)
   check_structure(path, abstract_state, meta, config)
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract_state.params),
-        train=ocp.args.StandardRestore({"step": abstract_state.step,
-                                        "opt_state": abstract_state.opt_state})))
-  except Exception as e:  # orbax/tensorstore raise assorted types on bad files
-    raise integrity.restore_error(path, step, e) from e
+  restored = _restore(manager, step, path,
+                      params=ocp.args.StandardRestore(abstract_state.params),
+                      train=ocp.args.StandardRestore({"step": abstract_state.step,
+                                                      "opt_state": abstract_state.opt_state}))
   integrity.verify(path, step, meta, {"params": restored["params"], "train": restored["train"]})
   train = restored["train"]
   state = abstract_state.replace(step=train["step"], params=restored["params"],
@@ -264,7 +267,8 @@ def _structure_difference(path: str, built: dict[str, Any]) -> tuple[str, str] |
   where they do, or where the metadata does not decode (the restore names that)."""
   try:  # read from the step folder: a read-only manager has no handlers to read items with
     handler = ocp.StandardCheckpointHandler()
-    saved = {item: _shapes(handler.metadata(pathlib.Path(path) / item)) for item in built}
+    with integrity.reading(path):
+      saved = {item: _shapes(handler.metadata(pathlib.Path(path) / item)) for item in built}
   except Exception:  # orbax raises assorted types on unreadable metadata
     return None
   for item, tree in built.items():
@@ -496,11 +500,8 @@ def load_model(path: str, model_cfg: llama.LlamaConfig | None = None, *, shardin
           f"builds in this version of spec_jax ({wrong[1]}): it was written by another version, "
           "not damaged. Fix: load it with the spec_jax version that wrote it (its meta's config "
           "names the run), or retrain with this one.")
-    try:
-      params = manager.restore(step, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(abstract)))["params"]
-    except Exception as e:
-      raise integrity.restore_error(step_path, step, e) from e
+    params = _restore(manager, step, step_path,
+                      params=ocp.args.StandardRestore(abstract))["params"]
     integrity.verify(step_path, step, meta, {"params": params})
   finally:
     manager.close()

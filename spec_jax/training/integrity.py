@@ -20,16 +20,20 @@ not against deliberate tampering (use a cryptographic hash of the files for that
 The digests vouch for the values a load returns: a changed byte that alters none of them (in
 bytes of the storage format that a load does not use) goes unreported, and the values loaded are
 the saved ones. Checkpoints without `meta["integrity"]` (written before digests existed) load
-unverified. The errors a corrupt checkpoint raises (`unreadable`, `verify`) are built here too.
+unverified. The errors a corrupt checkpoint raises (`unreadable`, `verify`) are built here too,
+and `reading` makes such an error the one message a failed read shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import re
+import sys
 from typing import Any, Mapping
 
 import jax
@@ -176,6 +180,66 @@ def _array_named(err: Exception) -> str:
 # Errors of the runtime, not of a checkpoint's files: a device, the memory or the connection
 # between processes failed while the files were being restored.
 RUNTIME_ERRORS = (jax.errors.JaxRuntimeError, MemoryError)
+
+
+# Step folders whose read this process began and did not finish (in flight, or failed): how the
+# filters of `reading` know a failed read's late ones.
+_UNFINISHED: set[str] = set()
+
+
+@contextlib.contextmanager
+def reading(path: str):
+  """Around an orbax read of the step folder `path` (a restore, or its metadata): if it fails,
+  the error the caller makes of it (`restore_error`) is the one message the user sees. Orbax reads
+  a step's arrays concurrently on an event loop; when one read fails, the call raises and closes
+  that loop while other reads still run, and each of them reports itself when it ends: a
+  traceback from tensorstore's thread handing its result to the closed loop ("RuntimeError:
+  Event loop is closed", an unraisable exception), or asyncio's log line "Task exception was
+  never retrieved" with the read's error. One truncated checkpoint gave up to 54 such lines,
+  before and after the error. The filters that drop them are installed once, for the rest of the
+  process (a late read can end at any time); every other unraisable exception and log record
+  passes. A read that raises leaves `path` in `_UNFINISHED` on purpose."""
+  _install_filters()
+  paths = {path, os.path.abspath(path)} if "://" not in path else {path}
+  _UNFINISHED.update(paths)
+  yield
+  _UNFINISHED.difference_update(paths)
+
+
+def _install_filters() -> None:
+  hook = sys.unraisablehook
+  if not getattr(hook, "drops_late_reads", False):
+    def drop_late_reads(unraisable):
+      if not (_UNFINISHED and _on_a_closed_loop(unraisable)):
+        hook(unraisable)
+    drop_late_reads.drops_late_reads = True
+    sys.unraisablehook = drop_late_reads
+  log = logging.getLogger("asyncio")
+  if _not_a_late_read not in log.filters:
+    log.addFilter(_not_a_late_read)
+
+
+def _on_a_closed_loop(unraisable) -> bool:
+  """Whether an unraisable exception is a thread handing a result to a closed event loop."""
+  err = unraisable.exc_value
+  if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
+    return False
+  frames = []
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    frames.append(tb.tb_frame.f_code.co_name)
+    tb = tb.tb_next
+  return "call_soon_threadsafe" in frames
+
+
+def _not_a_late_read(record: logging.LogRecord) -> bool:
+  """False for asyncio's "... exception was never retrieved" about a read of an unfinished
+  restore's step folder (its error names the folder's files)."""
+  message = record.getMessage()
+  if "exception was never retrieved" not in message:
+    return True
+  text = message + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
+  return not any(path in text for path in _UNFINISHED)
 
 
 def restore_error(path: str, step: int, err: Exception) -> CheckpointError:
