@@ -330,7 +330,7 @@ def test_the_launcher_shows_a_corrupt_checkpoint_as_one_error(saved_run, tmp_pat
   """What a user of launch.py sees for a truncated checkpoint: the error and the fix, then the
   pointer to --verbose; not a traceback for each of the restore's other reads that finished on
   orbax's closed event loop ("RuntimeError: Event loop is closed", or asyncio's "Task exception
-  was never retrieved"; up to 54 lines, before and after the error: `integrity.reading`)."""
+  was never retrieved"; dozens of lines, before and after the error: `integrity.reading`)."""
   step_dir = _truncated_copy(saved_run, str(tmp_path / "copy"))
   proc = subprocess.run(
       [sys.executable, "launch.py", "--config=configs/generate.py:smoke",

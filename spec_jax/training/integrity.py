@@ -195,7 +195,7 @@ def reading(path: str):
   that loop while other reads still run, and each of them reports itself when it ends: a
   traceback from tensorstore's thread handing its result to the closed loop ("RuntimeError:
   Event loop is closed", an unraisable exception), or asyncio's log line "Task exception was
-  never retrieved" with the read's error. One truncated checkpoint gave up to 54 such lines,
+  never retrieved" with the read's error: dozens of lines for one truncated checkpoint,
   before and after the error. The filters that drop them are installed once, for the rest of the
   process (a late read can end at any time); every other unraisable exception and log record
   passes. A read that raises leaves `path` in `_UNFINISHED` on purpose."""
