@@ -34,6 +34,7 @@ import os
 import pathlib
 import re
 import sys
+import traceback
 from typing import Any, Mapping
 
 import jax
@@ -224,22 +225,19 @@ def _on_a_closed_loop(unraisable) -> bool:
   err = unraisable.exc_value
   if not (isinstance(err, RuntimeError) and str(err) == "Event loop is closed"):
     return False
-  frames = []
-  tb = unraisable.exc_traceback
-  while tb is not None:
-    frames.append(tb.tb_frame.f_code.co_name)
-    tb = tb.tb_next
-  return "call_soon_threadsafe" in frames
+  return any(frame.f_code.co_name == "call_soon_threadsafe"
+             for frame, _ in traceback.walk_tb(unraisable.exc_traceback))
 
 
 def _not_a_late_read(record: logging.LogRecord) -> bool:
   """False for asyncio's "... exception was never retrieved" about a read of an unfinished
-  restore's step folder (its error names the folder's files)."""
+  read's step folder (its error names the folder's files). Runs on orbax's threads: it reads a
+  copy of `_UNFINISHED`, which the main thread may be changing."""
   message = record.getMessage()
   if "exception was never retrieved" not in message:
     return True
   text = message + (str(record.exc_info[1]) if record.exc_info and record.exc_info[1] else "")
-  return not any(path in text for path in _UNFINISHED)
+  return not any(path in text for path in tuple(_UNFINISHED))
 
 
 def restore_error(path: str, step: int, err: Exception) -> CheckpointError:
