@@ -8,6 +8,7 @@ import collections
 import os
 import random
 import sys
+import tempfile
 import unicodedata
 
 import numpy as np
@@ -323,6 +324,22 @@ def test_errors(root, tmp_path):
   with pytest.raises(ValueError, match=rf"has {n} tokens.*batch_size = 4"):
     pipeline.lm_batches(SHAKES, "validation", tok, seq_len=n // 4, batch_size=4, seed=0,
                         data_dir=root)
+
+
+def test_a_builder_of_an_unprepared_dataset_leaves_no_temp_folder(monkeypatch, tmp_path):
+  """TFDS's DatasetInfo.initialize_from_bucket makes a temp folder and then finds GCS off; each
+  builder of an unprepared dataset left one behind (`pipeline._install_bucket_skip`). TFDS's own
+  call, run here too, shows the count would see it."""
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  with pytest.raises(FileNotFoundError, match="'lm1b' is not prepared"):
+    pipeline.check_dataset("lm1b", data_dir=str(tmp_path / "data"))
+  builder = tfds.builder(SHAKES, data_dir=str(tmp_path / "data"), file_format="array_record")
+  assert not builder.is_prepared()
+  assert os.listdir(temp) == []
+  tfds.core.dataset_info.DatasetInfo.initialize_from_bucket.__wrapped__(builder.info)
+  assert [name.endswith("tfds") for name in os.listdir(temp)] == [True]
 
 
 def test_portable_repr_is_reprs_text_with_unicode_3_2s_printable_characters():

@@ -44,6 +44,30 @@ _ENCODE_CHUNK = 512  # documents per `encode_batch` call: big enough to use the 
 LOCAL_NAMES = (*corpora.NAMES, sharegpt.NAME, humaneval.NAME)
 
 
+def _install_bucket_skip() -> None:
+  """A builder made for a dataset not yet prepared reads its info from TFDS's GCS bucket
+  (`DatasetInfo.initialize_from_bucket`), which makes a temp folder before it finds GCS turned
+  off, as it is here: every such builder left an empty /tmp/tmpXXXXtfds behind. With GCS off the
+  call does nothing else, so it is skipped; with GCS on (or a TFDS without the switch) it runs as
+  TFDS wrote it."""
+  info_cls = tfds.core.dataset_info.DatasetInfo
+  original = info_cls.initialize_from_bucket
+  if getattr(original, "_spec_jax_skip", False):
+    return
+
+  @functools.wraps(original)
+  def initialize_from_bucket(self) -> None:
+    if getattr(tfds.core.utils.gcs_utils, "_is_gcs_disabled", False):
+      return None
+    return original(self)
+
+  initialize_from_bucket._spec_jax_skip = True
+  info_cls.initialize_from_bucket = initialize_from_bucket
+
+
+_install_bucket_skip()
+
+
 def data_dir(path: str | None = None) -> str:
   """The TFDS data dir: `path`, else $SPEC_JAX_DATA_DIR, else ~/.cache/spec_jax/tensorflow_datasets.
 
