@@ -327,9 +327,9 @@ def test_errors(root, tmp_path):
 
 
 def test_a_builder_of_an_unprepared_dataset_leaves_no_temp_folder(monkeypatch, tmp_path):
-  """TFDS's DatasetInfo.initialize_from_bucket makes a temp folder and then finds GCS off; each
-  builder of an unprepared dataset left one behind (`pipeline._install_bucket_skip`). TFDS's own
-  call, run here too, shows the count would see it."""
+  """TFDS's DatasetInfo.initialize_from_bucket makes a temp folder, then finds GCS off and leaves
+  it behind empty; `pipeline._install_bucket_skip` skips the call while GCS is off. TFDS's own
+  call, run here too, shows that the count sees such a folder."""
   temp = tmp_path / "temp"
   temp.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(temp))

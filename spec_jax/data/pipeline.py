@@ -46,10 +46,9 @@ LOCAL_NAMES = (*corpora.NAMES, sharegpt.NAME, humaneval.NAME)
 
 def _install_bucket_skip() -> None:
   """A builder made for a dataset not yet prepared reads its info from TFDS's GCS bucket
-  (`DatasetInfo.initialize_from_bucket`), which makes a temp folder before it finds GCS turned
-  off, as it is here: every such builder left an empty /tmp/tmpXXXXtfds behind. With GCS off the
-  call does nothing else, so it is skipped; with GCS on (or a TFDS without the switch) it runs as
-  TFDS wrote it."""
+  (`DatasetInfo.initialize_from_bucket`), which makes a temp folder (/tmp/tmpXXXXtfds) before it
+  finds GCS off, as it is here, and leaves it behind empty. With GCS off the call does nothing
+  else, so it is skipped; with GCS on (or a TFDS without the switch) it runs as TFDS wrote it."""
   info_cls = tfds.core.dataset_info.DatasetInfo
   original = info_cls.initialize_from_bucket
   if getattr(original, "_spec_jax_skip", False):
