@@ -56,9 +56,8 @@ def _install_bucket_skip() -> None:
 
   @functools.wraps(original)
   def initialize_from_bucket(self) -> None:
-    if getattr(tfds.core.utils.gcs_utils, "_is_gcs_disabled", False):
-      return None
-    return original(self)
+    if not getattr(tfds.core.utils.gcs_utils, "_is_gcs_disabled", False):
+      original(self)
 
   initialize_from_bucket._spec_jax_skip = True
   info_cls.initialize_from_bucket = initialize_from_bucket
